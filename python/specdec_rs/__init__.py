@@ -1,0 +1,43 @@
+"""specdec_rs: exact speculative decoding with a Rust core.
+
+p = target, q = draft, k = γ (drafts per round).
+
+>>> import numpy as np, specdec_rs as sd
+>>> p = np.array([[0.5, 0.3, 0.2], [0.5, 0.3, 0.2]])
+>>> q = np.array([[0.3, 0.3, 0.4]])
+>>> out = sd.verify(p, q, np.array([1]), seed=0)   # draft 1 has p = q: always accepted
+>>> int(out[0]), 1 <= len(out) <= 2
+(1, True)
+>>> round(sd.expected_tokens(0.8, 4), 4)
+3.3616
+"""
+
+from specdec_rs._core import VARIANTS, __version__, row_seed
+from specdec_rs.lab import speculative_step
+from specdec_rs.sim import simulate, simulate_round_lengths
+from specdec_rs.theory import (
+    acceptance_rate,
+    best_k,
+    break_even_cost,
+    expected_speedup,
+    expected_tokens,
+    expected_tokens_per_position,
+)
+from specdec_rs.verify import verify, verify_batch
+
+__all__ = [
+    "VARIANTS",
+    "__version__",
+    "acceptance_rate",
+    "best_k",
+    "break_even_cost",
+    "expected_speedup",
+    "expected_tokens",
+    "expected_tokens_per_position",
+    "row_seed",
+    "simulate",
+    "simulate_round_lengths",
+    "speculative_step",
+    "verify",
+    "verify_batch",
+]

@@ -1,0 +1,46 @@
+"""The Rust core (specdec_rs._core). Use the wrappers in specdec_rs, which
+convert torch tensors, lists and mixed dtypes and check arguments."""
+
+import numpy as np
+import numpy.typing as npt
+
+VARIANTS: list[str]
+__version__: str
+
+def verify(
+    p_rows: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    q_rows: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    drafts: npt.NDArray[np.int64],
+    seed: int,
+    validate: bool = True,
+) -> npt.NDArray[np.int64]: ...
+def verify_batch(
+    p: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    q: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    drafts: npt.NDArray[np.int64],
+    seed: int,
+    validate: bool = True,
+    threads: int | None = None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def simulate(
+    p_table: npt.NDArray[np.float64],
+    q_table: npt.NDArray[np.float64],
+    k: int,
+    runs: int,
+    num_tokens: int,
+    start: int,
+    variant: str,
+    seed: int,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]: ...
+def simulate_round_lengths(
+    p_table: npt.NDArray[np.float64],
+    q_table: npt.NDArray[np.float64],
+    k: int,
+    rounds: int,
+    start: int,
+    variant: str,
+    seed: int,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]: ...
+def row_seed(seed: int, index: int) -> int: ...

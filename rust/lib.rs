@@ -1,0 +1,19 @@
+//! specdec_rs core: exact speculative-sampling verification and a Monte Carlo
+//! engine for toy models. p = target, q = draft, k = γ (drafts per round).
+//!
+//! Only `py.rs` (feature `python`) touches pyo3/numpy; everything else is
+//! plain Rust on ndarray views, tested with `cargo test`.
+
+pub mod error;
+pub mod prob;
+pub mod rng;
+pub mod sim;
+pub mod verify;
+
+#[cfg(feature = "python")]
+mod py;
+
+pub use error::{Loc, Result, SpecError};
+pub use rng::row_seed;
+pub use sim::{simulate, simulate_round_lengths, Chain, Variant};
+pub use verify::{verify, verify_batch, Batch};

@@ -1,0 +1,302 @@
+//! Probability rows: the element trait (f32 or f64, summed in f64), fast
+//! row scans that validate, and inverse-CDF sampling that reads a row once.
+//!
+//! Sampling from weights w (for the bonus token w = p, for the residual
+//! w = max(0, p − q)) takes one pass that sums w per chunk of `CHUNK`
+//! entries, then a scan of the one chunk that holds u · Σw. The token
+//! returned always has w > 0.
+
+use crate::error::{Loc, Result, SpecError};
+
+/// Chunk size of the two-level inverse CDF.
+const CHUNK: usize = 1024;
+/// Independent accumulators per sum, so the compiler can vectorize.
+const LANES: usize = 8;
+
+/// A probability element type. All arithmetic is done in f64.
+pub trait Prob: Copy + Send + Sync + 'static {
+    /// Allowed |row sum − 1| for this precision.
+    const SUM_TOL: f64;
+    fn to_f64(self) -> f64;
+}
+
+impl Prob for f32 {
+    const SUM_TOL: f64 = 1e-3;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self as f64
+    }
+}
+
+impl Prob for f64 {
+    const SUM_TOL: f64 = 1e-6;
+    #[inline(always)]
+    fn to_f64(self) -> f64 {
+        self
+    }
+}
+
+#[inline(always)]
+fn min(a: f64, b: f64) -> f64 {
+    if b < a {
+        b
+    } else {
+        a
+    }
+}
+
+/// Sum of a row in f64 and whether every entry is a finite, non-negative number.
+///
+/// NaN and ±inf show up in the sum and negatives in the running minimum;
+/// testing each entry's class instead keeps LLVM from vectorizing the loop.
+#[inline(never)]
+fn sum_and_ok<T: Prob>(row: &[T]) -> (f64, bool) {
+    let mut acc = [0.0f64; LANES];
+    let mut low = [0.0f64; LANES];
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..LANES {
+            let x = c[l].to_f64();
+            acc[l] += x;
+            low[l] = min(low[l], x);
+        }
+    }
+    let mut sum: f64 = acc.iter().sum();
+    let mut lowest = low.iter().fold(0.0, |a, &b| min(a, b));
+    for &x in tail {
+        let x = x.to_f64();
+        sum += x;
+        lowest = min(lowest, x);
+    }
+    (sum, sum.is_finite() && lowest >= 0.0)
+}
+
+/// The first bad entry of a row known to hold one (slow path, errors only).
+fn bad_entry<T: Prob>(row: &[T], loc: Loc) -> SpecError {
+    for (col, &x) in row.iter().enumerate() {
+        let x = x.to_f64();
+        if !x.is_finite() {
+            return SpecError::NotFinite { loc, col };
+        }
+        if x < 0.0 {
+            return SpecError::Negative { loc, col, value: x };
+        }
+    }
+    SpecError::Invalid(format!("{loc}: internal error locating a bad entry"))
+}
+
+fn check_sum<T: Prob>(sum: f64, loc: Loc) -> Result<()> {
+    if (sum - 1.0).abs() > T::SUM_TOL {
+        return Err(SpecError::NotNormalized { loc, sum, tol: T::SUM_TOL });
+    }
+    Ok(())
+}
+
+/// Full check of one probability row: finite, non-negative, sums to 1 ± tol.
+pub fn check_row<T: Prob>(row: &[T], loc: Loc) -> Result<()> {
+    let (sum, ok) = sum_and_ok(row);
+    if !ok {
+        return Err(bad_entry(row, loc));
+    }
+    check_sum::<T>(sum, loc)
+}
+
+/// Check one gathered probability (a single entry the round reads).
+#[inline]
+pub fn check_entry(x: f64, loc: Loc, col: usize) -> Result<()> {
+    if !x.is_finite() {
+        return Err(SpecError::NotFinite { loc, col });
+    }
+    if x < 0.0 {
+        return Err(SpecError::Negative { loc, col, value: x });
+    }
+    Ok(())
+}
+
+/// Pick the token at mass `target` in a row of weights given per-chunk sums.
+///
+/// `weight(j)` must be the same values the chunk sums were built from.
+/// Returns an index with weight > 0; the caller guarantees Σ chunk sums > 0.
+fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -> usize {
+    let mut before = 0.0;
+    let mut chosen = None;
+    let mut last_positive = 0;
+    for (c, &s) in sums.iter().enumerate() {
+        if s > 0.0 {
+            last_positive = c;
+            if before + s > target {
+                chosen = Some(c);
+                break;
+            }
+        }
+        before += s;
+    }
+    let c = match chosen {
+        Some(c) => c,
+        None => {
+            // u · Σw rounded up to Σw: take the last chunk with mass.
+            before = sums[..last_positive].iter().sum();
+            last_positive
+        }
+    };
+    let start = c * CHUNK;
+    let end = (start + CHUNK).min(len);
+    let t = target - before;
+    let mut cum = 0.0;
+    let mut last = None;
+    for j in start..end {
+        let w = weight(j);
+        if w > 0.0 {
+            cum += w;
+            last = Some(j);
+            if cum > t {
+                return j;
+            }
+        }
+    }
+    // Rounding between the lane sums and this scan: the chunk's last positive entry.
+    last.unwrap_or(start)
+}
+
+/// Sample an index of `row` with probability proportional to its entries,
+/// reading the row once (plus one chunk). Checks the whole row on the way.
+pub fn sample_row<T: Prob>(row: &[T], u: f64, loc: Loc) -> Result<usize> {
+    let mut sums = Vec::with_capacity(row.len().div_ceil(CHUNK));
+    let mut all_ok = true;
+    let mut total = 0.0;
+    for chunk in row.chunks(CHUNK) {
+        let (s, ok) = sum_and_ok(chunk);
+        all_ok &= ok;
+        sums.push(s);
+        total += s;
+    }
+    if !all_ok {
+        return Err(bad_entry(row, loc));
+    }
+    check_sum::<T>(total, loc)?;
+    if total <= 0.0 {
+        return Err(SpecError::ZeroMass { loc });
+    }
+    Ok(pick(&sums, row.len(), u * total, |j| row[j].to_f64()))
+}
+
+/// Per-chunk sums of max(0, p − q), Σp, Σq and validity, in one pass.
+#[inline(never)]
+fn residual_chunk<T: Prob>(p: &[T], q: &[T]) -> (f64, f64, f64, bool) {
+    let mut w_acc = [0.0f64; LANES];
+    let mut p_acc = [0.0f64; LANES];
+    let mut q_acc = [0.0f64; LANES];
+    let mut low = [0.0f64; LANES];
+    let pc = p.chunks_exact(LANES);
+    let qc = q.chunks_exact(LANES);
+    let (pt, qt) = (pc.remainder(), qc.remainder());
+    for (a, b) in pc.zip(qc) {
+        for l in 0..LANES {
+            let (x, y) = (a[l].to_f64(), b[l].to_f64());
+            w_acc[l] += (x - y).max(0.0);
+            p_acc[l] += x;
+            q_acc[l] += y;
+            low[l] = min(low[l], min(x, y));
+        }
+    }
+    let mut w: f64 = w_acc.iter().sum();
+    let mut ps: f64 = p_acc.iter().sum();
+    let mut qs: f64 = q_acc.iter().sum();
+    let mut lowest = low.iter().fold(0.0, |a, &b| min(a, b));
+    for (&x, &y) in pt.iter().zip(qt) {
+        let (x, y) = (x.to_f64(), y.to_f64());
+        w += (x - y).max(0.0);
+        ps += x;
+        qs += y;
+        lowest = min(lowest, min(x, y));
+    }
+    (w, ps, qs, ps.is_finite() && qs.is_finite() && lowest >= 0.0)
+}
+
+/// Sample from the residual norm(max(0, p − q)) in one pass over p and q.
+///
+/// When rounding leaves no residual mass (p ≤ q everywhere, which for
+/// normalized rows means p = q up to rounding) the exact residual is
+/// undefined; the sample is then drawn from p itself, which is the limit of
+/// the residual's role (P(emit x) = p(x)) and never a zero-probability token.
+pub fn sample_residual<T: Prob>(p: &[T], q: &[T], u: f64, p_loc: Loc, q_loc: Loc) -> Result<usize> {
+    let mut sums = Vec::with_capacity(p.len().div_ceil(CHUNK));
+    let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
+    for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
+        let (w, ps, qs, ok) = residual_chunk(pc, qc);
+        sums.push(w);
+        total += w;
+        p_sum += ps;
+        q_sum += qs;
+        all_ok &= ok;
+    }
+    if !all_ok {
+        check_row(p, p_loc)?;
+        return Err(bad_entry(q, q_loc));
+    }
+    check_sum::<T>(p_sum, p_loc)?;
+    check_sum::<T>(q_sum, q_loc)?;
+    if total <= 0.0 {
+        return sample_row(p, u, p_loc);
+    }
+    Ok(pick(&sums, p.len(), u * total, |j| (p[j].to_f64() - q[j].to_f64()).max(0.0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn loc() -> Loc {
+        Loc::new("p_rows", None, 0)
+    }
+
+    #[test]
+    fn sample_row_inverse_cdf_on_a_small_row() {
+        let row = [0.25f64, 0.0, 0.75];
+        assert_eq!(sample_row(&row, 0.0, loc()).unwrap(), 0);
+        assert_eq!(sample_row(&row, 0.2499, loc()).unwrap(), 0);
+        assert_eq!(sample_row(&row, 0.25, loc()).unwrap(), 2);
+        assert_eq!(sample_row(&row, 0.999_999_999, loc()).unwrap(), 2);
+    }
+
+    #[test]
+    fn sample_row_never_returns_zero_weight_across_chunks() {
+        // mass only at the very ends of a row spanning several chunks
+        let mut row = vec![0.0f32; 5000];
+        row[3] = 0.5;
+        row[4999] = 0.5;
+        for i in 0..=1000 {
+            let u = i as f64 / 1000.0 * (1.0 - 1e-12);
+            let j = sample_row(&row, u, loc()).unwrap();
+            assert!(j == 3 || j == 4999, "u={u} gave {j}");
+        }
+    }
+
+    #[test]
+    fn residual_is_p_minus_q_normalized() {
+        let p = [0.5f64, 0.3, 0.2];
+        let q = [0.3f64, 0.3, 0.4];
+        // residual = [0.2, 0, 0] / 0.2 -> always token 0
+        for i in 0..100 {
+            let u = i as f64 / 100.0;
+            assert_eq!(sample_residual(&p, &q, u, loc(), loc()).unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn residual_without_mass_falls_back_to_p() {
+        let p = [0.5f64, 0.5];
+        let j = sample_residual(&p, &p, 0.75, loc(), loc()).unwrap();
+        assert_eq!(j, 1);
+    }
+
+    #[test]
+    fn bad_rows_are_errors() {
+        assert!(matches!(check_row(&[0.5f64, f64::NAN], loc()), Err(SpecError::NotFinite { col: 1, .. })));
+        assert!(matches!(check_row(&[1.5f64, -0.5], loc()), Err(SpecError::Negative { col: 1, .. })));
+        assert!(matches!(check_row(&[0.5f32, 0.4], loc()), Err(SpecError::NotNormalized { .. })));
+        assert!(check_row(&[0.5f32, 0.5005], loc()).is_ok());
+        assert!(matches!(sample_row(&[0.0f64; 4], 0.5, loc()), Err(SpecError::NotNormalized { .. })));
+    }
+}

@@ -1,0 +1,249 @@
+//! The exact verifier: one speculative round, and B independent rounds.
+//!
+//! p = target, q = draft, k = γ. Row i of p is the target distribution
+//! conditioned on prefix + drafts[..i] (k + 1 rows), row i of q the
+//! distribution draft i was sampled from (k rows). Draft i is accepted with
+//! probability min(1, p_i(x)/q_i(x)) (tested as u · q_i(x) < p_i(x)); the first
+//! rejection emits a sample of norm(max(0, p_i − q_i)) and ends the round;
+//! if all k pass, a bonus token is drawn from p_k. Output: 1..=k+1 tokens.
+//!
+//! Cost: 2k gathers for the accept tests plus one pass over one p row (bonus)
+//! or one p row and one q row (residual). With `validate` every row is also
+//! checked in full (finite, ≥ 0, sums to 1); without it, only the entries and
+//! rows the round reads are checked, so no input can cause a panic, a NaN or
+//! an id outside [0, V), but an unread row that does not sum to 1 goes unseen.
+
+use ndarray::{ArrayView1, ArrayView2, ArrayView3, Axis};
+use rand::RngExt;
+use rayon::prelude::*;
+
+use crate::error::{Loc, Result, SpecError};
+use crate::prob::{check_entry, check_row, sample_residual, sample_row, Prob};
+use crate::rng::{row_seed, stream, Stream};
+
+/// The two dimensions of a round, checked: k (number of drafts) and V.
+fn round_dims(p: (usize, usize), q: (usize, usize), drafts: usize) -> Result<(usize, usize)> {
+    let (kp1, v) = p;
+    if kp1 == 0 {
+        return Err(SpecError::Shape(
+            "p_rows has 0 rows; expected k + 1 rows (the target distribution at each \
+             draft position plus the bonus position)"
+                .into(),
+        ));
+    }
+    let k = kp1 - 1;
+    if v == 0 {
+        return Err(SpecError::Shape("p_rows has vocabulary size V = 0; expected V >= 1".into()));
+    }
+    if q.0 != k || drafts != k {
+        return Err(SpecError::Shape(format!(
+            "shapes do not fit: p_rows has {kp1} rows, so k = {k} and q_rows must have {k} \
+             rows and drafts {k} entries, but q_rows has {} rows and drafts {} entries",
+            q.0, drafts
+        )));
+    }
+    if q.1 != v {
+        return Err(SpecError::Shape(format!(
+            "vocabulary mismatch: p_rows has V = {v} columns but q_rows has {}; \
+             expected the same vocabulary (slice both to the shared tokenizer's size)",
+            q.1
+        )));
+    }
+    Ok((k, v))
+}
+
+fn row_slice<'a, T>(a: &'a ArrayView2<'_, T>, i: usize, name: &str) -> Result<&'a [T]> {
+    a.index_axis(Axis(0), i).to_slice().ok_or_else(|| {
+        SpecError::Invalid(format!(
+            "{name} is not C-contiguous; pass np.ascontiguousarray({name})"
+        ))
+    })
+}
+
+/// Check every row of `rows` in full.
+pub fn check_rows<T: Prob>(rows: &ArrayView2<'_, T>, array: &'static str, batch: Option<usize>) -> Result<()> {
+    for i in 0..rows.nrows() {
+        check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i))?;
+    }
+    Ok(())
+}
+
+/// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
+///
+/// `batch` only labels error messages.
+pub fn verify_into<T: Prob>(
+    p: &ArrayView2<'_, T>,
+    q: &ArrayView2<'_, T>,
+    drafts: &ArrayView1<'_, i64>,
+    rng: &mut Stream,
+    validate: bool,
+    batch: Option<usize>,
+    out: &mut [i64],
+) -> Result<usize> {
+    let (k, v) = round_dims(p.dim(), q.dim(), drafts.len())?;
+    let (p_name, q_name) = if batch.is_some() { ("p", "q") } else { ("p_rows", "q_rows") };
+    // Draft ids first: they index everything else.
+    for (i, &x) in drafts.iter().enumerate() {
+        if x < 0 || x as u64 >= v as u64 {
+            return Err(SpecError::DraftOutOfRange { batch, index: i, token: x, vocab: v });
+        }
+    }
+    if validate {
+        check_rows(p, p_name, batch)?;
+        check_rows(q, q_name, batch)?;
+    }
+    for i in 0..k {
+        let x = drafts[i] as usize;
+        let (p_loc, q_loc) = (Loc::new(p_name, batch, i), Loc::new(q_name, batch, i));
+        let px = p[[i, x]].to_f64();
+        let qx = q[[i, x]].to_f64();
+        check_entry(px, p_loc, x)?;
+        check_entry(qx, q_loc, x)?;
+        if qx <= 0.0 {
+            return Err(SpecError::ZeroDraftProb { batch, index: i, token: drafts[i] });
+        }
+        let u: f64 = rng.random();
+        if u * qx < px {
+            out[i] = x as i64;
+            continue;
+        }
+        let u: f64 = rng.random();
+        let (p_row, q_row) = (row_slice(p, i, p_name)?, row_slice(q, i, q_name)?);
+        out[i] = sample_residual(p_row, q_row, u, p_loc, q_loc)? as i64;
+        return Ok(i + 1);
+    }
+    let u: f64 = rng.random();
+    out[k] = sample_row(row_slice(p, k, p_name)?, u, Loc::new(p_name, batch, k))? as i64;
+    Ok(k + 1)
+}
+
+/// One round: the emitted tokens (1..=k+1). Same inputs + same seed = same output.
+pub fn verify<T: Prob>(
+    p: ArrayView2<'_, T>,
+    q: ArrayView2<'_, T>,
+    drafts: ArrayView1<'_, i64>,
+    seed: u64,
+    validate: bool,
+) -> Result<Vec<i64>> {
+    let mut out = vec![-1i64; p.nrows().max(1)];
+    let n = verify_into(&p, &q, &drafts, &mut stream(seed), validate, None, &mut out)?;
+    out.truncate(n);
+    Ok(out)
+}
+
+/// Result of `verify_batch`: tokens (B × (k+1), row-major, padded with -1)
+/// and the number emitted per row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    pub tokens: Vec<i64>,
+    pub num_emitted: Vec<i64>,
+    pub width: usize,
+}
+
+/// B independent rounds, spread over the current rayon pool. Row b uses the
+/// stream of `row_seed(seed, b)`, so it equals `verify` with that seed.
+/// On bad input the error of the lowest bad row is returned.
+pub fn verify_batch<T: Prob>(
+    p: ArrayView3<'_, T>,
+    q: ArrayView3<'_, T>,
+    drafts: ArrayView2<'_, i64>,
+    seed: u64,
+    validate: bool,
+) -> Result<Batch> {
+    let (b, kp1, v) = p.dim();
+    if q.dim().0 != b || drafts.dim().0 != b {
+        return Err(SpecError::Shape(format!(
+            "batch sizes differ: p has {b} rows, q has {}, drafts has {}; expected the same B",
+            q.dim().0,
+            drafts.dim().0
+        )));
+    }
+    round_dims((kp1, v), (q.dim().1, q.dim().2), drafts.dim().1)?;
+    let width = kp1;
+    let mut tokens = vec![-1i64; b * width];
+    let mut num_emitted = vec![0i64; b];
+    let results: Vec<Result<()>> = tokens
+        .par_chunks_mut(width)
+        .zip(num_emitted.par_iter_mut())
+        .enumerate()
+        .map(|(row, (out, n))| {
+            let mut rng = stream(row_seed(seed, row as u64));
+            let (pr, qr, dr) = (p.index_axis(Axis(0), row), q.index_axis(Axis(0), row), drafts.index_axis(Axis(0), row));
+            *n = verify_into(&pr, &qr, &dr, &mut rng, validate, Some(row), out)? as i64;
+            Ok(())
+        })
+        .collect();
+    results.into_iter().collect::<Result<Vec<()>>>()?;
+    Ok(Batch { tokens, num_emitted, width })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ndarray::{array, Array2};
+
+    #[test]
+    fn equal_p_and_q_accept_everything() {
+        let p = Array2::from_elem((4, 5), 0.2f64);
+        let q = Array2::from_elem((3, 5), 0.2f64);
+        let d = array![1i64, 4, 0];
+        for seed in 0..200 {
+            let out = verify(p.view(), q.view(), d.view(), seed, true).unwrap();
+            assert_eq!(out.len(), 4);
+            assert_eq!(&out[..3], &[1, 4, 0]);
+        }
+    }
+
+    #[test]
+    fn zero_target_probability_is_always_rejected() {
+        // target certain of token 1, draft certain of token 0
+        let p = array![[0.0f32, 1.0], [0.5, 0.5], [0.5, 0.5]];
+        let q = array![[1.0f32, 0.0], [1.0, 0.0]];
+        let d = array![0i64, 0];
+        for seed in 0..100 {
+            assert_eq!(verify(p.view(), q.view(), d.view(), seed, true).unwrap(), vec![1]);
+        }
+    }
+
+    #[test]
+    fn k_zero_samples_from_p() {
+        let p = array![[0.0f64, 0.0, 1.0]];
+        let q = Array2::<f64>::zeros((0, 3));
+        let d = ndarray::Array1::<i64>::zeros(0);
+        assert_eq!(verify(p.view(), q.view(), d.view(), 3, true).unwrap(), vec![2]);
+    }
+
+    #[test]
+    fn bad_inputs_are_errors_not_panics() {
+        let p = array![[0.5f64, 0.5], [0.5, 0.5]];
+        let q = array![[0.5f64, 0.5]];
+        let err = verify(p.view(), q.view(), array![2i64].view(), 0, true).unwrap_err();
+        assert!(matches!(err, SpecError::DraftOutOfRange { token: 2, .. }));
+        let q0 = array![[1.0f64, 0.0]];
+        let err = verify(p.view(), q0.view(), array![1i64].view(), 0, false).unwrap_err();
+        assert!(matches!(err, SpecError::ZeroDraftProb { index: 0, .. }));
+        let err = verify(p.view(), q.view(), array![0i64, 1].view(), 0, true).unwrap_err();
+        assert!(matches!(err, SpecError::Shape(_)));
+    }
+
+    #[test]
+    fn batch_equals_single_rounds() {
+        let p = ndarray::Array3::from_shape_fn((6, 3, 4), |(b, i, j)| ((b + i + j) % 4 + 1) as f64 / 10.0);
+        let q = ndarray::Array3::from_shape_fn((6, 2, 4), |(b, i, j)| ((b * 3 + i + 3 * j) % 4 + 1) as f64 / 10.0);
+        let d = ndarray::Array2::from_shape_fn((6, 2), |(b, i)| ((b + i) % 4) as i64);
+        let batch = verify_batch(p.view(), q.view(), d.view(), 11, true).unwrap();
+        for row in 0..6 {
+            let single = verify(
+                p.index_axis(Axis(0), row),
+                q.index_axis(Axis(0), row),
+                d.index_axis(Axis(0), row),
+                row_seed(11, row as u64),
+                true,
+            )
+            .unwrap();
+            let n = batch.num_emitted[row] as usize;
+            assert_eq!(&batch.tokens[row * 3..row * 3 + n], single.as_slice());
+            assert!(batch.tokens[row * 3 + n..(row + 1) * 3].iter().all(|&t| t == -1));
+        }
+    }
+}
