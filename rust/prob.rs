@@ -183,7 +183,7 @@ pub fn sample_row<T: Prob>(row: &[T], u: f64, loc: Loc) -> Result<usize> {
 
 /// Per-chunk sums of max(0, p − q), Σp, Σq and validity, in one pass.
 #[inline(never)]
-fn residual_chunk<T: Prob>(p: &[T], q: &[T]) -> (f64, f64, f64, bool) {
+fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
     let mut w_acc = [0.0f64; LANES];
     let mut p_acc = [0.0f64; LANES];
     let mut q_acc = [0.0f64; LANES];
@@ -214,13 +214,14 @@ fn residual_chunk<T: Prob>(p: &[T], q: &[T]) -> (f64, f64, f64, bool) {
     (w, ps, qs, ps.is_finite() && qs.is_finite() && lowest >= 0.0)
 }
 
-/// Sample from the residual norm(max(0, p − q)) in one pass over p and q.
+/// Sample from the residual norm(max(0, p − q)) in one pass over p and q
+/// (each row of its own precision, checked against that precision's tolerance).
 ///
 /// When rounding leaves no residual mass (p ≤ q everywhere, which for
 /// normalized rows means p = q up to rounding) the exact residual is
 /// undefined; the sample is then drawn from p itself, which is the limit of
 /// the residual's role (P(emit x) = p(x)) and never a zero-probability token.
-pub fn sample_residual<T: Prob>(p: &[T], q: &[T], u: f64, p_loc: Loc, q_loc: Loc) -> Result<usize> {
+pub fn sample_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], u: f64, p_loc: Loc, q_loc: Loc) -> Result<usize> {
     let mut sums = Vec::with_capacity(p.len().div_ceil(CHUNK));
     let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
     for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
@@ -235,8 +236,8 @@ pub fn sample_residual<T: Prob>(p: &[T], q: &[T], u: f64, p_loc: Loc, q_loc: Loc
         check_row(p, p_loc)?;
         return Err(bad_entry(q, q_loc));
     }
-    check_sum::<T>(p_sum, p_loc)?;
-    check_sum::<T>(q_sum, q_loc)?;
+    check_sum::<P>(p_sum, p_loc)?;
+    check_sum::<Q>(q_sum, q_loc)?;
     if total <= 0.0 {
         return sample_row(p, u, p_loc);
     }
@@ -281,6 +282,16 @@ mod tests {
         for i in 0..100 {
             let u = i as f64 / 100.0;
             assert_eq!(sample_residual(&p, &q, u, loc(), loc()).unwrap(), 0);
+        }
+    }
+
+    #[test]
+    fn a_tiny_residual_mass_is_found_not_divided_away() {
+        let p = [0.5f64, 0.5];
+        let q = [0.5 + 1e-15, 0.5 - 1e-15];
+        for i in 0..100 {
+            let u = i as f64 / 100.0;
+            assert_eq!(sample_residual(&p, &q, u, loc(), loc()).unwrap(), 1);
         }
     }
 

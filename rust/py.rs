@@ -31,12 +31,12 @@ fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> crate::Result<T>
 
 fn dtype_error(what: &str) -> PyErr {
     PyValueError::new_err(format!(
-        "{what} must be C-contiguous float32 or float64 NumPy arrays of one dtype; \
-         use specdec_rs.verify, which converts torch tensors and mixed dtypes"
+        "{what} must be C-contiguous float32 or float64 NumPy arrays; \
+         use specdec_rs.verify, which converts torch tensors and lists"
     ))
 }
 
-fn verify_typed<T: Prob + numpy::Element>(
+fn verify_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
@@ -44,7 +44,7 @@ fn verify_typed<T: Prob + numpy::Element>(
     seed: u64,
     validate: bool,
 ) -> PyResult<Option<Py<PyArray1<i64>>>> {
-    let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray2<T>>(), q.extract::<PyReadonlyArray2<T>>()) else {
+    let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray2<P>>(), q.extract::<PyReadonlyArray2<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
@@ -63,10 +63,17 @@ fn verify(
     seed: u64,
     validate: bool,
 ) -> PyResult<Py<PyArray1<i64>>> {
-    if let Some(out) = verify_typed::<f32>(py, p_rows, q_rows, drafts.clone(), seed, validate)? {
+    let d = &drafts;
+    if let Some(out) = verify_typed::<f32, f32>(py, p_rows, q_rows, d.clone(), seed, validate)? {
         return Ok(out);
     }
-    if let Some(out) = verify_typed::<f64>(py, p_rows, q_rows, drafts, seed, validate)? {
+    if let Some(out) = verify_typed::<f64, f64>(py, p_rows, q_rows, d.clone(), seed, validate)? {
+        return Ok(out);
+    }
+    if let Some(out) = verify_typed::<f32, f64>(py, p_rows, q_rows, d.clone(), seed, validate)? {
+        return Ok(out);
+    }
+    if let Some(out) = verify_typed::<f64, f32>(py, p_rows, q_rows, d.clone(), seed, validate)? {
         return Ok(out);
     }
     Err(dtype_error("p_rows and q_rows"))
@@ -74,7 +81,7 @@ fn verify(
 
 type BatchOut = (Py<PyArray2<i64>>, Py<PyArray1<i64>>);
 
-fn batch_typed<T: Prob + numpy::Element>(
+fn batch_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
@@ -83,7 +90,7 @@ fn batch_typed<T: Prob + numpy::Element>(
     validate: bool,
     threads: Option<usize>,
 ) -> PyResult<Option<BatchOut>> {
-    let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray3<T>>(), q.extract::<PyReadonlyArray3<T>>()) else {
+    let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray3<P>>(), q.extract::<PyReadonlyArray3<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
@@ -106,10 +113,16 @@ fn verify_batch(
     validate: bool,
     threads: Option<usize>,
 ) -> PyResult<BatchOut> {
-    if let Some(out) = batch_typed::<f32>(py, p, q, &drafts, seed, validate, threads)? {
+    if let Some(out) = batch_typed::<f32, f32>(py, p, q, &drafts, seed, validate, threads)? {
         return Ok(out);
     }
-    if let Some(out) = batch_typed::<f64>(py, p, q, &drafts, seed, validate, threads)? {
+    if let Some(out) = batch_typed::<f64, f64>(py, p, q, &drafts, seed, validate, threads)? {
+        return Ok(out);
+    }
+    if let Some(out) = batch_typed::<f32, f64>(py, p, q, &drafts, seed, validate, threads)? {
+        return Ok(out);
+    }
+    if let Some(out) = batch_typed::<f64, f32>(py, p, q, &drafts, seed, validate, threads)? {
         return Ok(out);
     }
     Err(dtype_error("p and q"))

@@ -71,9 +71,9 @@ pub fn check_rows<T: Prob>(rows: &ArrayView2<'_, T>, array: &'static str, batch:
 /// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
 ///
 /// `batch` only labels error messages.
-pub fn verify_into<T: Prob>(
-    p: &ArrayView2<'_, T>,
-    q: &ArrayView2<'_, T>,
+pub fn verify_into<P: Prob, Q: Prob>(
+    p: &ArrayView2<'_, P>,
+    q: &ArrayView2<'_, Q>,
     drafts: &ArrayView1<'_, i64>,
     rng: &mut Stream,
     validate: bool,
@@ -118,9 +118,10 @@ pub fn verify_into<T: Prob>(
 }
 
 /// One round: the emitted tokens (1..=k+1). Same inputs + same seed = same output.
-pub fn verify<T: Prob>(
-    p: ArrayView2<'_, T>,
-    q: ArrayView2<'_, T>,
+/// p and q may differ in precision (f32/f64); each is checked with its own tolerance.
+pub fn verify<P: Prob, Q: Prob>(
+    p: ArrayView2<'_, P>,
+    q: ArrayView2<'_, Q>,
     drafts: ArrayView1<'_, i64>,
     seed: u64,
     validate: bool,
@@ -143,9 +144,9 @@ pub struct Batch {
 /// B independent rounds, spread over the current rayon pool. Row b uses the
 /// stream of `row_seed(seed, b)`, so it equals `verify` with that seed.
 /// On bad input the error of the lowest bad row is returned.
-pub fn verify_batch<T: Prob>(
-    p: ArrayView3<'_, T>,
-    q: ArrayView3<'_, T>,
+pub fn verify_batch<P: Prob, Q: Prob>(
+    p: ArrayView3<'_, P>,
+    q: ArrayView3<'_, Q>,
     drafts: ArrayView2<'_, i64>,
     seed: u64,
     validate: bool,

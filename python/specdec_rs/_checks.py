@@ -73,13 +73,6 @@ def prob_array(x: Any, name: str, ndim: int) -> np.ndarray:
     return a if a.flags.c_contiguous else np.ascontiguousarray(a)
 
 
-def same_dtype(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Upcast the float32 one when one is float32 and the other float64 (lossless)."""
-    if a.dtype == b.dtype:
-        return a, b
-    return a.astype(np.float64), b.astype(np.float64)
-
-
 def token_array(x: Any, name: str, ndim: int) -> npt.NDArray[np.int64]:
     """A C-contiguous int64 array of token ids with `ndim` dimensions."""
     a = as_numpy(x, name)
