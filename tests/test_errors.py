@@ -5,9 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import P_TABLE, Q_TABLE
-
 import specdec_rs as sd
+from conftest import P_TABLE, Q_TABLE
 
 P = np.array([[0.5, 0.3, 0.2], [0.2, 0.3, 0.5]])
 Q = np.array([[0.3, 0.3, 0.4]])
@@ -18,7 +17,9 @@ def verify_with(**changes):  # type: ignore[no-untyped-def]
     return sd.verify(args.pop("p_rows"), args.pop("q_rows"), args.pop("drafts"), **args)
 
 
-def with_entry(a: np.ndarray, index: tuple[int, int], value: float, dtype: type = np.float64) -> np.ndarray:
+def with_entry(
+    a: np.ndarray, index: tuple[int, int], value: float, dtype: type = np.float64
+) -> np.ndarray:
     out = a.astype(dtype).copy()
     out[index] = value
     return out
@@ -30,17 +31,34 @@ def with_entry(a: np.ndarray, index: tuple[int, int], value: float, dtype: type 
         ({"p_rows": P[0]}, r"p_rows has shape \(3,\); expected 2 dimensions"),
         ({"q_rows": np.vstack([Q, Q])}, r"q_rows must have 1 rows.*q_rows has 2 rows"),
         ({"drafts": np.array([1, 2])}, r"drafts 1 entries.*drafts 2 entries"),
-        ({"q_rows": np.full((1, 4), 0.25)}, r"vocabulary mismatch: p_rows has V = 3 columns but q_rows has 4"),
-        ({"p_rows": with_entry(P, (1, 2), np.nan)}, r"p_rows row 1 has a non-finite value.*column 2"),
-        ({"q_rows": with_entry(Q, (0, 0), np.inf)}, r"q_rows row 0 has a non-finite value.*column 0"),
+        (
+            {"q_rows": np.full((1, 4), 0.25)},
+            r"vocabulary mismatch: p_rows has V = 3 columns but q_rows has 4",
+        ),
+        (
+            {"p_rows": with_entry(P, (1, 2), np.nan)},
+            r"p_rows row 1 has a non-finite value.*column 2",
+        ),
+        (
+            {"q_rows": with_entry(Q, (0, 0), np.inf)},
+            r"q_rows row 0 has a non-finite value.*column 0",
+        ),
         ({"p_rows": with_entry(P, (0, 0), -0.1)}, r"p_rows row 0 has a negative probability -0.1"),
-        ({"p_rows": with_entry(P, (1, 0), 0.17, np.float32)},
-         r"p_rows row 1 sums to 0.97.*expected 1 ± 1e-3"),
-        ({"q_rows": with_entry(Q, (0, 0), 0.30001)}, r"q_rows row 0 sums to 1.00001.*expected 1 ± 1e-6"),
+        (
+            {"p_rows": with_entry(P, (1, 0), 0.17, np.float32)},
+            r"p_rows row 1 sums to 0.97.*expected 1 ± 1e-3",
+        ),
+        (
+            {"q_rows": with_entry(Q, (0, 0), 0.30001)},
+            r"q_rows row 0 sums to 1.00001.*expected 1 ± 1e-6",
+        ),
         ({"drafts": np.array([3])}, r"drafts\[0\] = 3 is outside the vocabulary \[0, 3\)"),
         ({"drafts": np.array([-1])}, r"drafts\[0\] = -1 is outside the vocabulary"),
         ({"drafts": np.array([1.0])}, r"drafts has dtype float64; expected integer token ids"),
-        ({"q_rows": np.array([[0.5, 0.0, 0.5]])}, r"drafts\[0\] = 1 has probability 0 under q row 0"),
+        (
+            {"q_rows": np.array([[0.5, 0.0, 0.5]])},
+            r"drafts\[0\] = 1 has probability 0 under q row 0",
+        ),
         ({"p_rows": P.astype(np.complex128)}, r"p_rows has dtype complex128"),
         ({"p_rows": np.zeros((0, 3))}, r"p_rows has 0 rows"),
         ({"seed": -1}, r"seed = -1 is out of range"),
@@ -60,8 +78,9 @@ def test_without_full_validation_the_rows_read_are_still_checked() -> None:
         sd.verify(p, q, [0], seed=0, validate=False)  # p = q: accepted, bonus row read
     with pytest.raises(ValueError, match=r"q_rows row 0 has a non-finite value"):
         # p(1) = 0: rejected, so the residual pass reads q row 0
-        sd.verify(np.array([[1.0, 0.0], [0.5, 0.5]]), np.array([[np.nan, 1.0]]), [1], 0,
-                  validate=False)
+        sd.verify(
+            np.array([[1.0, 0.0], [0.5, 0.5]]), np.array([[np.nan, 1.0]]), [1], 0, validate=False
+        )
 
 
 def test_batch_errors_name_the_batch_row() -> None:
@@ -90,8 +109,10 @@ def test_torch_inputs_that_cannot_be_read_zero_copy() -> None:
 @pytest.mark.parametrize(
     ("changes", "match"),
     [
-        ({"p_table": P_TABLE[:2], "q_table": Q_TABLE[:2]},
-         r"tables have shape \(2, 3\); expected \(V, V\)"),
+        (
+            {"p_table": P_TABLE[:2], "q_table": Q_TABLE[:2]},
+            r"tables have shape \(2, 3\); expected \(V, V\)",
+        ),
         ({"q_table": Q_TABLE[:1]}, r"p_table has shape \(3, 3\) but q_table has shape"),
         ({"p_table": P_TABLE * 1.1}, r"p_table row 0 sums to 1.1"),
         ({"q_table": with_entry(Q_TABLE, (1, 1), -0.4)}, r"q_table row 1 has a negative"),
@@ -107,8 +128,14 @@ def test_torch_inputs_that_cannot_be_read_zero_copy() -> None:
     ],
 )
 def test_simulate_rejects_bad_input(changes, match: str) -> None:  # type: ignore[no-untyped-def]
-    args = {"p_table": P_TABLE, "q_table": Q_TABLE, "k": 2, "runs": 10, "num_tokens": 2,
-            "start": 0} | changes
+    args = {
+        "p_table": P_TABLE,
+        "q_table": Q_TABLE,
+        "k": 2,
+        "runs": 10,
+        "num_tokens": 2,
+        "start": 0,
+    } | changes
     with pytest.raises(ValueError, match=match):
         sd.simulate(args.pop("p_table"), args.pop("q_table"), **args)
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import EXACT_PAIRS, P_IID, P_TABLE, Q_IID, Q_TABLE, TV_RUNS, TV_THRESHOLD, tv
-
 import specdec_rs as sd
+from conftest import EXACT_PAIRS, P_IID, P_TABLE, Q_IID, Q_TABLE, TV_RUNS, TV_THRESHOLD, tv
 
 
 def markov(table: np.ndarray):  # type: ignore[no-untyped-def]
@@ -75,12 +74,14 @@ def test_step_paths_agree_with_each_other() -> None:
 def test_step_k0_is_one_target_sample() -> None:
     rng = np.random.default_rng(3)
     for backend in ("rust", "python"):
-        out = sd.speculative_step(lambda _: [0.0, 1.0], lambda _: [1.0, 0.0], (0,), 0, rng,
-                                  backend=backend)
+        out = sd.speculative_step(
+            lambda _: [0.0, 1.0], lambda _: [1.0, 0.0], (0,), 0, rng, backend=backend
+        )
         assert out == [1]
 
 
 def test_step_rejects_a_bad_backend() -> None:
     with pytest.raises(ValueError, match="backend"):
-        sd.speculative_step(lambda _: P_IID, lambda _: Q_IID, (0,), 2, np.random.default_rng(0),
-                            backend="cuda")  # type: ignore[arg-type]
+        sd.speculative_step(
+            lambda _: P_IID, lambda _: Q_IID, (0,), 2, np.random.default_rng(0), backend="cuda"
+        )  # type: ignore[arg-type]

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from conftest import P_IID, P_TABLE, Q_IID, Q_TABLE
-
 import specdec_rs as sd
+from conftest import P_IID, P_TABLE, Q_IID, Q_TABLE
 
 # The handout's table at c = 0.05: γ -> (tokens, speedup) for α = 0.6 and α = 0.8.
 HANDOUT_TABLE = {

@@ -11,12 +11,11 @@ import time
 
 import numpy as np
 import pytest
+import specdec_rs as sd
 from conftest import softmax
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
-
-import specdec_rs as sd
 from specdec_rs import _checks
 from specdec_rs.reference import verify_batch_numpy, verify_numpy
 
@@ -42,8 +41,9 @@ def rounds(draw):  # type: ignore[no-untyped-def]
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     p = random_rows(rng, k + 1, v, sparsity).astype(dtype)
     q = random_rows(rng, k, v, sparsity).astype(dtype)
-    drafts = np.array([rng.choice(v, p=row / row.sum()) for row in q.astype(np.float64)],
-                      dtype=np.int64)
+    drafts = np.array(
+        [rng.choice(v, p=row / row.sum()) for row in q.astype(np.float64)], dtype=np.int64
+    )
     return p, q.reshape(k, v), drafts, draw(st.integers(0, 2**64 - 1))
 
 
@@ -110,7 +110,7 @@ def test_batch_equals_per_row_calls(cases, b: int, seed: int) -> None:  # type: 
         single = sd.verify(p[row], q[row], d[row], seed=sd.row_seed(seed, row))
         assert num[row] == len(single)
         assert np.array_equal(tokens[row, : num[row]], single)
-        assert (tokens[row, num[row]:] == -1).all()
+        assert (tokens[row, num[row] :] == -1).all()
     for threads in (1, 2, 3):
         t2, n2 = sd.verify_batch(p, q, d, seed, threads=threads)
         assert np.array_equal(t2, tokens) and np.array_equal(n2, num)
@@ -133,13 +133,16 @@ def chi2_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
     return float(stats.chi2.sf(stat, max(int(support.sum()) - 1, 1)))
 
 
-def exactness_pvalues(p: np.ndarray, q: np.ndarray, tokens: np.ndarray, num: np.ndarray) -> list[float]:
+def exactness_pvalues(
+    p: np.ndarray, q: np.ndarray, tokens: np.ndarray, num: np.ndarray
+) -> list[float]:
     """p-values of: the round length law (with α_i = Σ min(p_i, q_i)), and for each
     position i, the emitted token given the first i drafts accepted follows p_i."""
     k, v = q.shape
     alphas = np.minimum(p[:k], q).sum(axis=1)
     length_law = np.array(
-        [0.0] + [np.prod(alphas[: n - 1]) * (1 - alphas[n - 1]) for n in range(1, k + 1)]
+        [0.0]
+        + [np.prod(alphas[: n - 1]) * (1 - alphas[n - 1]) for n in range(1, k + 1)]
         + [np.prod(alphas)]
     )
     out = [chi2_pvalue(np.bincount(num, minlength=k + 2), length_law)]
@@ -152,8 +155,10 @@ def exactness_pvalues(p: np.ndarray, q: np.ndarray, tokens: np.ndarray, num: np.
 def draw_drafts(q: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
     cdf = np.cumsum(q, axis=1)
     u = rng.random((n, q.shape[0]))
-    return np.stack([np.minimum((cdf[i] <= u[:, i, None]).sum(1), q.shape[1] - 1)
-                     for i in range(q.shape[0])], axis=1).astype(np.int64)
+    return np.stack(
+        [np.minimum((cdf[i] <= u[:, i, None]).sum(1), q.shape[1] - 1) for i in range(q.shape[0])],
+        axis=1,
+    ).astype(np.int64)
 
 
 CASES = ["dense", "one_hot_q", "sparse"]
@@ -188,9 +193,12 @@ def test_emitted_tokens_follow_p_at_every_position(case: str, dtype: type) -> No
 def test_numpy_reference_passes_the_same_suite() -> None:
     p, q, drafts = chi2_case("dense")
     n = len(drafts)
-    tokens, num = verify_batch_numpy(np.broadcast_to(p, (n, *p.shape)),
-                                     np.broadcast_to(q, (n, *q.shape)), drafts,
-                                     np.random.default_rng(8))
+    tokens, num = verify_batch_numpy(
+        np.broadcast_to(p, (n, *p.shape)),
+        np.broadcast_to(q, (n, *q.shape)),
+        drafts,
+        np.random.default_rng(8),
+    )
     assert min(exactness_pvalues(p, q, tokens, num)) > SIGNIFICANCE
 
 
@@ -198,9 +206,13 @@ def test_numpy_reference_passes_the_same_suite() -> None:
 def test_every_bug_fails_the_chi_square_suite(variant: str) -> None:
     p, q, drafts = chi2_case("dense")
     n = len(drafts)
-    tokens, num = verify_batch_numpy(np.broadcast_to(p, (n, *p.shape)),
-                                     np.broadcast_to(q, (n, *q.shape)), drafts,
-                                     np.random.default_rng(9), variant=variant)
+    tokens, num = verify_batch_numpy(
+        np.broadcast_to(p, (n, *p.shape)),
+        np.broadcast_to(q, (n, *q.shape)),
+        drafts,
+        np.random.default_rng(9),
+        variant=variant,
+    )
     assert min(exactness_pvalues(p, q, tokens, num)) < SIGNIFICANCE
 
 
@@ -212,8 +224,9 @@ def test_greedy_drafter_with_its_softmax_as_q_fails() -> None:
     drafts = np.broadcast_to(q_soft.argmax(1), (n, q_soft.shape[0])).astype(np.int64)
     q_hot = np.eye(p.shape[1])[q_soft.argmax(1)]
     for q, exact in ((q_hot, True), (q_soft, False)):
-        tokens, num = sd.verify_batch(np.broadcast_to(p, (n, *p.shape)),
-                                      np.broadcast_to(q, (n, *q.shape)), drafts, seed=4)
+        tokens, num = sd.verify_batch(
+            np.broadcast_to(p, (n, *p.shape)), np.broadcast_to(q, (n, *q.shape)), drafts, seed=4
+        )
         ok = min(exactness_pvalues(p, q_hot, tokens, num)) > SIGNIFICANCE
         assert ok == exact
 
@@ -269,7 +282,10 @@ def test_large_vocab_round_matches_the_numpy_reference_marginal() -> None:
     drafts = draw_drafts(q.astype(np.float64), n, rng)
     firsts = np.array([sd.verify(p, q, drafts[i], seed=i)[0] for i in range(n)])
     buckets = p[0].astype(np.float64).reshape(12, -1).sum(1)
-    assert chi2_pvalue(np.bincount(firsts // 4096, minlength=12), buckets / buckets.sum()) > SIGNIFICANCE
+    assert (
+        chi2_pvalue(np.bincount(firsts // 4096, minlength=12), buckets / buckets.sum())
+        > SIGNIFICANCE
+    )
 
 
 # ---------------------------------------------------------------- inputs

@@ -49,7 +49,8 @@ def simulate(
     p, q = _tables(p_table, q_table)
     m = _checks.integer(num_tokens, "num_tokens", minimum=1)
     flat = _core.simulate(
-        p, q,
+        p,
+        q,
         _checks.integer(k, "k", maximum=10_000),
         _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX),
         m,
@@ -78,7 +79,8 @@ def simulate_round_lengths(
     """
     p, q = _tables(p_table, q_table)
     return _core.simulate_round_lengths(
-        p, q,
+        p,
+        q,
         _checks.integer(k, "k", maximum=10_000),
         _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX),
         _checks.integer(start, "start"),

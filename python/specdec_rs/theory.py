@@ -2,7 +2,8 @@
 
 α = Σ_x min(p(x), q(x)) = 1 − TV(p, q)
 E[tokens per target pass] = Σ_{i=0..k} α^i = (1 − α^(k+1)) / (1 − α)
-speedup = E[tokens] / (k·c + v),  v = cost of verifying k+1 tokens / one target step (1 in the handout)
+speedup = E[tokens] / (k·c + v), v = cost of verifying k+1 tokens / one target step
+(v = 1 in the handout: verification is free)
 break-even: speculation pays only when c < (E[tokens] − 1) / k   (with v = 1)
 """
 
@@ -26,7 +27,9 @@ def _alpha(alpha: Any) -> float:
 def _cost(c: Any, name: str = "cost_ratio") -> float:
     x = float(c)
     if not (x >= 0.0 and np.isfinite(x)):
-        raise ValueError(f"{name} = {c!r}; expected a finite number >= 0 (draft step / target step)")
+        raise ValueError(
+            f"{name} = {c!r}; expected a finite number >= 0 (draft step / target step)"
+        )
     return x
 
 
