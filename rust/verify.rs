@@ -60,12 +60,14 @@ fn row_slice<'a, T>(a: &'a ArrayView2<'_, T>, i: usize, name: &str) -> Result<&'
     })
 }
 
-/// Check every row of `rows` in full.
+/// Check every row of `rows` in full, rows in parallel (memory-bound: two
+/// cores read faster than one). The lowest bad row's error is returned.
 pub fn check_rows<T: Prob>(rows: &ArrayView2<'_, T>, array: &'static str, batch: Option<usize>) -> Result<()> {
-    for i in 0..rows.nrows() {
-        check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i))?;
-    }
-    Ok(())
+    let results: Vec<Result<()>> = (0..rows.nrows())
+        .into_par_iter()
+        .map(|i| check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i)))
+        .collect();
+    results.into_iter().collect()
 }
 
 /// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
