@@ -4,6 +4,16 @@ convert torch tensors, lists and mixed dtypes and check arguments."""
 import numpy as np
 import numpy.typing as npt
 
+__all__ = [
+    "VARIANTS",
+    "__version__",
+    "row_seed",
+    "simulate",
+    "simulate_round_lengths",
+    "verify",
+    "verify_batch",
+]
+
 VARIANTS: list[str]
 __version__: str
 

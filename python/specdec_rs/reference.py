@@ -18,8 +18,8 @@ def sample_rows(weights: np.ndarray, rng: np.random.Generator) -> IntArray:
     """One index per row of `weights` (B, V), proportional to the row (inverse CDF)."""
     cdf = np.cumsum(weights, axis=-1, dtype=np.float64)
     t = rng.random(cdf.shape[0]) * cdf[:, -1]
-    idx = (cdf <= t[:, None]).sum(axis=-1)
-    return np.minimum(idx, weights.shape[-1] - 1).astype(np.int64)
+    idx: IntArray = np.minimum((cdf <= t[:, None]).sum(axis=-1), weights.shape[-1] - 1)
+    return idx.astype(np.int64)
 
 
 def verify_numpy(
@@ -118,7 +118,8 @@ def simulate_round_lengths_numpy(
 
     def draw(cdf: np.ndarray, states: np.ndarray) -> np.ndarray:
         u = rng.random(len(states))
-        return np.minimum((cdf[states] <= u[:, None]).sum(-1), v - 1)
+        tokens: np.ndarray = np.minimum((cdf[states] <= u[:, None]).sum(-1), v - 1)
+        return tokens
 
     counts = np.zeros(k + 2, dtype=np.int64)
     last = np.full(chains, start, dtype=np.int64)
