@@ -60,9 +60,19 @@ fn row_slice<'a, T>(a: &'a ArrayView2<'_, T>, i: usize, name: &str) -> Result<&'
     })
 }
 
-/// Check every row of `rows` in full, rows in parallel (memory-bound: two
-/// cores read faster than one). The lowest bad row's error is returned.
+/// Below this many entries a full check runs on the calling thread: handing
+/// the rows to the rayon pool costs tens of µs, more than checking them.
+const PARALLEL_CHECK_MIN: usize = 1 << 16;
+
+/// Check every row of `rows` in full; large inputs row-parallel (memory-bound:
+/// two cores read faster than one). The lowest bad row's error is returned.
 pub fn check_rows<T: Prob>(rows: &ArrayView2<'_, T>, array: &'static str, batch: Option<usize>) -> Result<()> {
+    if rows.len() < PARALLEL_CHECK_MIN {
+        for i in 0..rows.nrows() {
+            check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i))?;
+        }
+        return Ok(());
+    }
     let results: Vec<Result<()>> = (0..rows.nrows())
         .into_par_iter()
         .map(|i| check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i)))
