@@ -36,11 +36,29 @@ fn dtype_error(what: &str) -> PyErr {
     ))
 }
 
+/// Call `$typed::<P, Q>(args)` for each (P, Q) in f32/f64 × f32/f64 until one
+/// matches the arrays' dtypes (`Some`); otherwise the dtype error for `$what`.
+macro_rules! dispatch_dtypes {
+    ($typed:ident($($arg:expr),*), $what:expr) => {{
+        if let Some(out) = $typed::<f32, f32>($($arg),*)? {
+            Ok(out)
+        } else if let Some(out) = $typed::<f64, f64>($($arg),*)? {
+            Ok(out)
+        } else if let Some(out) = $typed::<f32, f64>($($arg),*)? {
+            Ok(out)
+        } else if let Some(out) = $typed::<f64, f32>($($arg),*)? {
+            Ok(out)
+        } else {
+            Err(dtype_error($what))
+        }
+    }};
+}
+
 fn verify_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
-    drafts: PyReadonlyArray1<'_, i64>,
+    drafts: &PyReadonlyArray1<'_, i64>,
     seed: u64,
     validate: bool,
 ) -> PyResult<Option<Py<PyArray1<i64>>>> {
@@ -63,20 +81,7 @@ fn verify(
     seed: u64,
     validate: bool,
 ) -> PyResult<Py<PyArray1<i64>>> {
-    let d = &drafts;
-    if let Some(out) = verify_typed::<f32, f32>(py, p_rows, q_rows, d.clone(), seed, validate)? {
-        return Ok(out);
-    }
-    if let Some(out) = verify_typed::<f64, f64>(py, p_rows, q_rows, d.clone(), seed, validate)? {
-        return Ok(out);
-    }
-    if let Some(out) = verify_typed::<f32, f64>(py, p_rows, q_rows, d.clone(), seed, validate)? {
-        return Ok(out);
-    }
-    if let Some(out) = verify_typed::<f64, f32>(py, p_rows, q_rows, d.clone(), seed, validate)? {
-        return Ok(out);
-    }
-    Err(dtype_error("p_rows and q_rows"))
+    dispatch_dtypes!(verify_typed(py, p_rows, q_rows, &drafts, seed, validate), "p_rows and q_rows")
 }
 
 type BatchOut = (Py<PyArray2<i64>>, Py<PyArray1<i64>>);
@@ -113,19 +118,7 @@ fn verify_batch(
     validate: bool,
     threads: Option<usize>,
 ) -> PyResult<BatchOut> {
-    if let Some(out) = batch_typed::<f32, f32>(py, p, q, &drafts, seed, validate, threads)? {
-        return Ok(out);
-    }
-    if let Some(out) = batch_typed::<f64, f64>(py, p, q, &drafts, seed, validate, threads)? {
-        return Ok(out);
-    }
-    if let Some(out) = batch_typed::<f32, f64>(py, p, q, &drafts, seed, validate, threads)? {
-        return Ok(out);
-    }
-    if let Some(out) = batch_typed::<f64, f32>(py, p, q, &drafts, seed, validate, threads)? {
-        return Ok(out);
-    }
-    Err(dtype_error("p and q"))
+    dispatch_dtypes!(batch_typed(py, p, q, &drafts, seed, validate, threads), "p and q")
 }
 
 fn chain(p_table: &PyReadonlyArray2<'_, f64>, q_table: &PyReadonlyArray2<'_, f64>) -> PyResult<Chain> {
