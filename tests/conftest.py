@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
+from scipy import stats
 
 # The handout's 3-token chain: α = 0.6 after token 0, 0.5 after tokens 1 and 2.
 P_TABLE = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
@@ -33,6 +34,20 @@ def tv(counts: np.ndarray, exact: np.ndarray) -> float:
     """Total-variation distance between empirical counts and exact probabilities."""
     c = np.asarray(counts, dtype=np.float64).ravel()
     return float(np.abs(c / c.sum() - np.asarray(exact).ravel()).sum() / 2)
+
+
+def chi2_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
+    """Goodness of fit of counts to probabilities; 0 if a zero-probability cell is hit."""
+    observed = np.asarray(observed, dtype=np.float64)
+    n = observed.sum()
+    if n == 0:
+        return 1.0
+    support = probs > 0
+    if observed[~support].sum() > 0:
+        return 0.0
+    expected = probs[support] * n
+    stat = ((observed[support] - expected) ** 2 / expected).sum()
+    return float(stats.chi2.sf(stat, max(int(support.sum()) - 1, 1)))
 
 
 def softmax(x: np.ndarray) -> np.ndarray:

@@ -12,7 +12,7 @@ import time
 import numpy as np
 import pytest
 import specdec_rs as sd
-from conftest import softmax
+from conftest import chi2_pvalue, softmax
 from hypothesis import given
 from hypothesis import strategies as st
 from scipy import stats
@@ -117,20 +117,6 @@ def test_batch_equals_per_row_calls(cases, b: int, seed: int) -> None:  # type: 
 
 
 # ------------------------------------------------- exactness: chi-square suite
-
-
-def chi2_pvalue(observed: np.ndarray, probs: np.ndarray) -> float:
-    """Goodness of fit of counts to probabilities; 0 if a zero-probability cell is hit."""
-    observed = np.asarray(observed, dtype=np.float64)
-    n = observed.sum()
-    if n == 0:
-        return 1.0
-    support = probs > 0
-    if observed[~support].sum() > 0:
-        return 0.0
-    expected = probs[support] * n
-    stat = ((observed[support] - expected) ** 2 / expected).sum()
-    return float(stats.chi2.sf(stat, max(int(support.sum()) - 1, 1)))
 
 
 def exactness_pvalues(

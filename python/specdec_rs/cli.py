@@ -127,13 +127,11 @@ def run_theory(*, alphas: Sequence[float], cost: float, k_max: int) -> dict[str,
         }
         for k in range(1, k_max + 1)
     ]
-    best = {
-        f"{a:g}": {
-            "k": sd.best_k(a, cost, k_max),
-            "break_even_cost_at_best_k": sd.break_even_cost(a, max(sd.best_k(a, cost, k_max), 1)),
-        }
-        for a in alphas
-    }
+    best = {}
+    for a in alphas:
+        k = sd.best_k(a, cost, k_max)
+        # break-even at the best γ; at γ = 1 when no γ pays (best_k = 0)
+        best[f"{a:g}"] = {"k": k, "break_even_cost_at_best_k": sd.break_even_cost(a, max(k, 1))}
     return {"cost_ratio": cost, "table": rows, "best": best}
 
 
