@@ -5,6 +5,10 @@ p = target, q = draft, k = γ.
 
 from __future__ import annotations
 
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the tests never download
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings

@@ -13,7 +13,10 @@ p = target, q = draft, k = γ (drafts per round).
 """
 
 from specdec_rs._core import VARIANTS, __version__, row_seed
+from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
+from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.lab import speculative_step
+from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.sim import simulate, simulate_round_lengths
 from specdec_rs.theory import (
     acceptance_rate,
@@ -26,6 +29,15 @@ from specdec_rs.theory import (
 from specdec_rs.verify import verify, verify_batch
 
 __all__ = [
+    "Draft",
+    "DraftModel",
+    "Drafter",
+    "EarlyExit",
+    "GenerationResult",
+    "PromptLookup",
+    "SamplingConfig",
+    "generate",
+    "logits_to_probs",
     "VARIANTS",
     "__version__",
     "acceptance_rate",

@@ -3,6 +3,8 @@
 
   specdec simulate [--k 2] [--runs 1000000] [--variant exact] [--seed 0] [--json]
   specdec theory --alpha 0.6 0.8 --cost 0.05 [--k-max 10] [--json]
+  specdec generate "PROMPT" [--drafter prompt-lookup] [--k 4] ... [--json]
+  specdec demo [--max-new-tokens 64] [--json]
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 import specdec_rs as sd
+from specdec_rs import cli_generate
 
 # The handout's 3-token chain (α = 0.6 after token 0, 0.5 after 1 and 2) and its i.i.d. pair.
 CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
@@ -168,10 +171,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--cost", type=float, default=0.05)
     t.add_argument("--k-max", type=int, default=10)
     t.add_argument("--json", action="store_true")
+    cli_generate.add_parsers(sub)
     args = parser.parse_args(argv)
     console = Console()
     try:
-        if args.command == "simulate":
+        if args.command in ("generate", "demo"):
+            result, show = cli_generate.run(args, console)
+        elif args.command == "simulate":
             result = run_simulate(
                 k=args.k, runs=args.runs, variant=args.variant, seed=args.seed, threads=args.threads
             )

@@ -1,0 +1,377 @@
+"""Speculative generation with transformers causal LMs. p = target, q = draft, k = γ.
+
+Each round: the drafter proposes k' <= k tokens with the rows q they were drawn
+from; one target forward over [last token, drafts] gives p at k'+1 positions;
+the Rust `verify` keeps an accepted prefix plus one token; the target cache is
+cut to the accepted length (the new last token waits for the next round).
+With drafter=None every round is a plain target step through the same code
+(the like-for-like baseline). Batch size 1.
+
+>>> import specdec_rs as sd
+>>> from specdec_rs.models import tiny_llama
+>>> target = tiny_llama(num_layers=2)
+>>> out = sd.generate(target, sd.PromptLookup(), [5, 6, 7, 5, 6], max_new_tokens=8,
+...                   k=3, temperature=0, eos_token_id=[])
+>>> plain = sd.generate(target, None, [5, 6, 7, 5, 6], max_new_tokens=8,
+...                     temperature=0, eos_token_id=[])
+>>> out.tokens == plain.tokens, out.new_tokens
+(True, 8)
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs._core import row_seed
+from specdec_rs.processors import Sampler, SamplingConfig
+from specdec_rs.verify import verify
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from specdec_rs.drafters import Drafter
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    """New tokens and the statistics that explain the speed.
+
+    accepted_histogram[m]: rounds that kept m drafts (m = 0..k).
+    reached[i], accepted[i]: rounds whose draft i (0-based) was checked / kept;
+    position_alpha[i] = accepted[i] / reached[i] is P(accept i | reached i).
+    alpha = sum(accepted) / sum(reached): the i.i.d. estimate of α.
+    Times in seconds; total includes the prefill.
+    """
+
+    tokens: list[int]
+    prompt_length: int
+    drafter: str
+    k: int
+    temperature: float
+    seed: int
+    stop_reason: str
+    rounds: int
+    drafted: int
+    accepted_histogram: list[int]
+    reached: list[int]
+    accepted: list[int]
+    time_prefill: float
+    time_draft: float
+    time_target: float
+    time_verify: float
+    time_total: float
+    k_per_round: list[int] = field(repr=False)
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """New tokens per target forward (the prefill not counted)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Accepted drafts / drafts checked (nan when nothing was drafted)."""
+        checked = sum(self.reached)
+        return sum(self.accepted) / checked if checked else float("nan")
+
+    @property
+    def position_alpha(self) -> list[float]:
+        return [
+            a / r if r else float("nan") for a, r in zip(self.accepted, self.reached, strict=True)
+        ]
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics as a flat JSON-ready dict."""
+        summary: dict[str, Any] = _json_safe(
+            {
+                "drafter": self.drafter,
+                "k": self.k,
+                "temperature": self.temperature,
+                "seed": self.seed,
+                "new_tokens": self.new_tokens,
+                "stop_reason": self.stop_reason,
+                "rounds": self.rounds,
+                "tokens_per_pass": self.tokens_per_pass,
+                "alpha": self.alpha,
+                "position_alpha": self.position_alpha,
+                "accepted_histogram": self.accepted_histogram,
+                "tokens_per_second": self.tokens_per_second,
+                "time_prefill": self.time_prefill,
+                "time_draft": self.time_draft,
+                "time_target": self.time_target,
+                "time_verify": self.time_verify,
+                "time_total": self.time_total,
+            }
+        )
+        return summary
+
+
+def _json_safe(x: Any) -> Any:
+    """nan -> None, recursively (JSON has no nan)."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {key: _json_safe(v) for key, v in x.items()}
+    if isinstance(x, list):
+        return [_json_safe(v) for v in x]
+    return x
+
+
+def prompt_tensor(input_ids: Any, vocab_size: int) -> torch.Tensor:
+    """(n,) int64 tokens from a list, (n,) or (1, n) tensor/array; batch 1 only."""
+    import numpy as np
+    import torch
+
+    ids = torch.as_tensor(np.asarray(_checks.as_numpy(input_ids, "input_ids")))
+    if ids.ndim == 2:
+        if ids.shape[0] != 1:
+            raise ValueError(
+                f"input_ids has batch size {ids.shape[0]}; generate() decodes one sequence "
+                "(batch size 1): call it once per prompt"
+            )
+        ids = ids[0]
+    if ids.ndim != 1 or ids.numel() == 0:
+        raise ValueError(
+            f"input_ids has shape {tuple(ids.shape)}; expected a non-empty prompt (n,) or (1, n)"
+        )
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ValueError(f"input_ids has dtype {ids.dtype}; expected integer token ids")
+    ids = ids.to(torch.long)
+    if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+        raise ValueError(
+            f"input_ids holds ids outside [0, {vocab_size}); tokenize with the model's tokenizer"
+        )
+    return ids.contiguous()
+
+
+def shared_vocab(target: PreTrainedModel, drafter: Any, vocab_size: int | None) -> int:
+    """Entries of p and q compared: vocab_size, else the target's LM head rows,
+    which the drafter's must equal (padded heads need vocab_size=len(tokenizer))."""
+    v_target = models.vocab_of(target)
+    v_draft = getattr(drafter, "vocab_size", None)
+    if vocab_size is not None:
+        v = _checks.integer(vocab_size, "vocab_size", minimum=1)
+        for who, rows in (("target", v_target), ("drafter", v_draft)):
+            if rows is not None and rows < v:
+                raise ValueError(f"vocab_size = {v} but the {who}'s LM head has only {rows} rows")
+        return v
+    if v_draft is not None and v_draft != v_target:
+        raise ValueError(
+            f"the target's LM head has {v_target} rows and the drafter's {v_draft}: models with "
+            "different tokenizers cannot be paired; if they share one (padded heads), pass "
+            "vocab_size=len(tokenizer)"
+        )
+    return v_target
+
+
+def eos_set(eos_token_id: int | Iterable[int] | None, target: PreTrainedModel) -> frozenset[int]:
+    """None -> the target's generation_config.eos_token_id; [] -> never stop early."""
+    if eos_token_id is None:
+        config = getattr(target, "generation_config", None)
+        eos_token_id = getattr(config, "eos_token_id", None)
+        if eos_token_id is None:
+            return frozenset()
+    if isinstance(eos_token_id, int):
+        return frozenset([eos_token_id])
+    return frozenset(int(t) for t in eos_token_id)
+
+
+def round_k(k: int, remaining: int) -> int:
+    """Drafts this round: a round emits at most k+1 tokens, never past the budget."""
+    return max(0, min(k, remaining - 1))
+
+
+def generate(
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    input_ids: Any,
+    *,
+    max_new_tokens: int,
+    k: int = 4,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Iterable[int] | None = None,
+    vocab_size: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+) -> GenerationResult:
+    """Sample up to `max_new_tokens` from the target, speculatively.
+
+    The output has exactly the distribution of target-only sampling with the
+    same processors (at temperature 0: the target's greedy output). Stops after
+    the first EOS (kept) or at the budget. `on_tokens` gets each round's new ids.
+    seed=None draws one (reported in the result); same seed, same output.
+    input_ids: one prompt, (n,) or (1, n); batch > 1 is a ValueError.
+    """
+    import torch
+
+    config = SamplingConfig(temperature, top_k, top_p, min_p)
+    k = _checks.integer(k, "k", minimum=1)
+    max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
+    seed = secrets.randbits(63) if seed is None else _checks.seed(seed)
+    eos = eos_set(eos_token_id, target)
+    with torch.inference_mode():
+        decoder = Decoder(target, drafter, input_ids, config, seed, vocab_size)
+        stop = "length"
+        while decoder.generated < max_new:
+            new = decoder.step(
+                round_k(k if drafter is not None else 0, max_new - decoder.generated)
+            )
+            hit = next((i for i, t in enumerate(new) if t in eos), None)
+            if hit is not None:
+                new = new[: hit + 1]
+                stop = "eos"
+            decoder.append(new)
+            if on_tokens is not None:
+                on_tokens(new)
+            if stop == "eos":
+                break
+    return decoder.result(stop, k if drafter is not None else 0)
+
+
+class Decoder:
+    """The state of one speculative generation: the sequence, the target's
+    cache (always all of seq but its last token), the drafter, the RNGs.
+
+    Draft tokens come from `sampler` (a torch.Generator seeded with `seed`);
+    round r's accept/residual draws from the Rust stream row_seed(seed, r).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter | None,
+        input_ids: Any,
+        config: SamplingConfig,
+        seed: int,
+        vocab_size: int | None = None,
+    ):
+        import torch
+
+        self.t_start = time.perf_counter()
+        self.target, self.drafter, self.config, self.seed = target, drafter, config, seed
+        vocab = shared_vocab(target, drafter, vocab_size)
+        self.seq = prompt_tensor(input_ids, vocab)
+        self.prompt_length = len(self.seq)
+        self.sampler = Sampler(config, vocab, torch.Generator().manual_seed(seed % 2**63))
+        self.stats = _Stats()
+        self.cache = models.new_cache(target)
+        if self.prompt_length > 1:
+            models.forward(target, self.seq[:-1], self.cache, keep=1)
+        if drafter is not None:
+            drafter.start(self.seq, self.cache)
+        self.stats.prefill = time.perf_counter() - self.t_start
+
+    @property
+    def generated(self) -> int:
+        return len(self.seq) - self.prompt_length
+
+    def step(self, k: int) -> list[int]:
+        """One draft-verify round with up to k drafts; returns the emitted
+        tokens (1..k+1). Call append() with them (or a prefix, at EOS) next."""
+        import torch
+
+        seq, sampler = self.seq, self.sampler
+        t0 = time.perf_counter()
+        draft = (
+            self.drafter.propose(seq, k, sampler) if self.drafter is not None and k > 0 else None
+        )
+        drafts = draft.tokens if draft is not None else torch.zeros(0, dtype=torch.long)
+        t1 = time.perf_counter()
+        logits = models.forward(
+            self.target, torch.cat([seq[-1:], drafts]), self.cache, keep=len(drafts) + 1
+        )
+        t2 = time.perf_counter()
+        p = sampler.probs(logits)
+        q = draft.q if draft is not None else p[:0]
+        emitted = verify(p, q, drafts, row_seed(self.seed, self.stats.rounds), validate=False)
+        out = [int(t) for t in emitted]
+        num_accepted = len(out) - 1
+        models.crop(self.cache, len(seq) + num_accepted)
+        if self.drafter is not None:
+            self.drafter.update(seq, num_accepted)
+        t3 = time.perf_counter()
+        self.stats.add(k, len(drafts), num_accepted, t1 - t0, t2 - t1, t3 - t2)
+        return out
+
+    def append(self, tokens: list[int]) -> None:
+        import torch
+
+        self.seq = torch.cat([self.seq, torch.tensor(tokens, dtype=torch.long)])
+
+    def result(self, stop: str, k: int) -> GenerationResult:
+        s = self.stats
+        return GenerationResult(
+            tokens=[int(t) for t in self.seq[self.prompt_length :]],
+            prompt_length=self.prompt_length,
+            drafter=self.drafter.name if self.drafter is not None else "none",
+            k=k,
+            temperature=self.config.temperature,
+            seed=self.seed,
+            stop_reason=stop,
+            rounds=s.rounds,
+            drafted=s.drafted,
+            accepted_histogram=s.histogram,
+            reached=s.reached,
+            accepted=s.accepted,
+            time_prefill=s.prefill,
+            time_draft=s.draft,
+            time_target=s.target,
+            time_verify=s.verify,
+            time_total=time.perf_counter() - self.t_start,
+            k_per_round=s.k_per_round,
+        )
+
+
+class _Stats:
+    """Running counters of one generation (lists grow with the largest k seen)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.drafted = 0
+        self.histogram = [0]
+        self.reached: list[int] = []
+        self.accepted: list[int] = []
+        self.k_per_round: list[int] = []
+        self.prefill = self.draft = self.target = self.verify = 0.0
+
+    def add(
+        self,
+        k: int,
+        drafted: int,
+        num_accepted: int,
+        t_draft: float,
+        t_target: float,
+        t_verify: float,
+    ) -> None:
+        grow = k - len(self.reached)
+        if grow > 0:
+            self.histogram += [0] * grow
+            self.reached += [0] * grow
+            self.accepted += [0] * grow
+        self.rounds += 1
+        self.drafted += drafted
+        self.k_per_round.append(k)
+        self.histogram[num_accepted] += 1
+        checked = min(num_accepted + 1, drafted)  # drafts 0..m-1 kept, draft m (if any) rejected
+        for i in range(checked):
+            self.reached[i] += 1
+            self.accepted[i] += i < num_accepted
+        self.draft += t_draft
+        self.target += t_target
+        self.verify += t_verify

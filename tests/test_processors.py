@@ -1,0 +1,63 @@
+"""The shared processors equal transformers' warpers; prompt lookup finds the
+longest earlier match."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from specdec_rs.drafters import lookup
+from specdec_rs.processors import SamplingConfig, logits_to_probs
+
+torch = pytest.importorskip("torch")
+lp = pytest.importorskip("transformers.generation.logits_process")
+
+
+def hf_probs(logits: torch.Tensor, c: SamplingConfig) -> torch.Tensor:
+    warpers = [lp.TemperatureLogitsWarper(c.temperature)]
+    if c.top_k is not None:
+        warpers.append(lp.TopKLogitsWarper(c.top_k))
+    if c.top_p is not None:
+        warpers.append(lp.TopPLogitsWarper(c.top_p))
+    if c.min_p is not None:
+        warpers.append(lp.MinPLogitsWarper(c.min_p))
+    scores = logits.clone()
+    for w in warpers:
+        scores = w(None, scores)
+    return scores.softmax(-1)
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        SamplingConfig(1.0),
+        SamplingConfig(0.7, top_k=20),
+        SamplingConfig(0.7, top_p=0.9),
+        SamplingConfig(1.3, top_k=50, top_p=0.8),
+        SamplingConfig(0.5, min_p=0.1),
+        SamplingConfig(0.9, top_k=10, top_p=0.95, min_p=0.05),
+    ],
+)
+def test_processors_match_transformers(config: SamplingConfig) -> None:
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(5, 1000, generator=g) * 3
+    logits[0, :3] = 4.0  # ties at the top-k boundary
+    ours = logits_to_probs(logits, config)
+    torch.testing.assert_close(ours, hf_probs(logits, config), rtol=1e-5, atol=1e-7)
+    assert torch.allclose(ours.sum(-1), torch.ones(5))
+
+
+def test_greedy_is_one_hot_at_the_first_argmax() -> None:
+    logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
+    assert logits_to_probs(logits, SamplingConfig(0)).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_lookup_takes_the_longest_match() -> None:
+    seq = np.array([1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3])
+    # "2 3" occurs twice earlier, "1 2 3" once (at the start): copy what followed it
+    assert lookup(seq, 3, 1, 8).tolist() == [4, 9, 2]
+    assert lookup(seq, 3, 4, 8).tolist() == []  # no 4-token match
+    assert lookup(np.array([5, 7, 5]), 4, 1, 3).tolist() == [7, 5]
+    assert lookup(np.array([5]), 4, 1, 3).tolist() == []
+    first_last = np.array([8, 1, 2, 8, 3, 4, 8])
+    assert lookup(first_last, 2, 1, 3).tolist() == [1, 2]
+    assert lookup(first_last, 2, 1, 3, first=False).tolist() == [3, 4]

@@ -1,0 +1,45 @@
+"""The embedded default, SmolLM2-135M-Instruct: speculative greedy output equals
+target-only greedy on a code prompt and a chat prompt, for each drafter."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import specdec_rs as sd
+from specdec_rs import models, workloads
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Any, Any]:
+    try:
+        models.smollm2_gguf()
+    except ValueError as e:  # an install step is missing: fail loudly, do not skip
+        pytest.fail(str(e))
+    return models.load_smollm2()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("workload", ["code", "chat"])
+def test_greedy_speculative_equals_target_greedy(smollm2: tuple[Any, Any], workload: str) -> None:
+    model, tokenizer = smollm2
+    ids = workloads.encode(tokenizer, workloads.prompts(workload)[0])
+    plain = sd.generate(model, None, ids, max_new_tokens=64, temperature=0)
+    assert plain.new_tokens > 8
+    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8), (sd.EarlyExit(model, 24), 2)]
+    for drafter, k in drafters:
+        out = sd.generate(model, drafter, ids, max_new_tokens=64, k=k, temperature=0)
+        assert out.tokens == plain.tokens, drafter.name
+        assert out.stop_reason == plain.stop_reason
+    if workload == "code":  # the answer copies the function: lookup drafts get accepted
+        lookup = sd.generate(model, sd.PromptLookup(), ids, max_new_tokens=64, k=8, temperature=0)
+        assert lookup.tokens_per_pass > 1.5, lookup.summary()
+
+
+def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    assert models.vocab_of(model) == len(tokenizer) == 49152
+    models.check_same_tokenizer(tokenizer, tokenizer)
