@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import specdec_rs as sd
@@ -45,3 +46,21 @@ def test_module_entry_point_prints_tables() -> None:
         check=True,
     ).stdout
     assert "TV distance" in out and "tokens per target pass" in out
+
+
+def test_theory_plot_and_experiments_write_files(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    png = tmp_path / "theory.png"
+    assert main(["theory", "--alpha", "0.6", "0.8", "--cost", "0.05", "--plot", str(png)]) == 0
+    assert png.stat().st_size > 10_000
+    capsys.readouterr()
+    assert main(["experiments", "--out", str(tmp_path / "exp"), "--seed", "3", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out)
+    assert r["seed"] == 3 and set(r) >= {
+        "noise_vs_bias",
+        "non_iid",
+        "temperature",
+        "greedy_drafter",
+    }
+    assert "(seed 3)" in (tmp_path / "exp" / "report.md").read_text()

@@ -137,16 +137,35 @@ def exact_pairs(model: Any, config: SamplingConfig) -> np.ndarray:
     return (first[:, None] * torch.stack(rows)).double().numpy()
 
 
-def pair_counts(target: Any, make: Callable[[], sd.Drafter], config: SamplingConfig) -> np.ndarray:
+class Swerve:
+    """An adversarial γ policy: after a round that kept all its drafts ask for 3,
+    after one that rejected ask for none; γ depends on every past outcome."""
+
+    name = "swerve"
+
+    def __init__(self) -> None:
+        self.k = 2
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.k = 3 if num_accepted == drafted else 0 if self.k else 1
+
+
+def pair_counts(
+    target: Any, make: Callable[[], sd.Drafter], config: SamplingConfig, setting: str = ""
+) -> np.ndarray:
     counts = np.zeros((SMALL_V, SMALL_V))
     drafter = make()
+    adaptive = setting.startswith("adaptive")
     for seed in range(RUNS):
         out = sd.generate(
             target,
             drafter,
             PROMPT,
-            max_new_tokens=3,
-            k=2,
+            max_new_tokens=5 if adaptive else 3,
+            k=Swerve() if adaptive else 2,
             temperature=config.temperature,
             top_k=config.top_k,
             top_p=config.top_p,
@@ -203,6 +222,12 @@ CONFIGS: dict[str, tuple[SamplingConfig, Factory, Factory, Any]] = {
         lambda t, d: sd.EarlyExit(t, 1),
         buggy_verifier("greedy_check"),
     ),
+    "adaptive-γ-temperature-1": (
+        SamplingConfig(1.0),
+        lambda t, d: sd.DraftModel(d),
+        lambda t, d: sd.DraftModel(d),
+        buggy_verifier("resample_from_p"),
+    ),
     "t0.7-top-k-top-p": (
         SamplingConfig(0.7, top_k=4, top_p=0.9),
         lambda t, d: sd.DraftModel(d),
@@ -228,12 +253,12 @@ def test_first_two_tokens_follow_the_target(
     config, exact_drafter, broken_drafter, broken_verifier = CONFIGS[setting]
     exact = exact_pairs(target, config)
     threshold = tv_threshold(exact, RUNS)
-    good = pair_counts(target, lambda: exact_drafter(target, draft), config)
+    good = pair_counts(target, lambda: exact_drafter(target, draft), config, setting)
     tv_good = 0.5 * np.abs(good / RUNS - exact).sum()
     assert tv_good < threshold, f"exact decoder: TV {tv_good:.4f} >= {threshold:.4f}"
     if broken_verifier is not None:
         monkeypatch.setattr(sys.modules["specdec_rs.generate"], "verify", broken_verifier)
-    bad = pair_counts(target, lambda: broken_drafter(target, draft), config)
+    bad = pair_counts(target, lambda: broken_drafter(target, draft), config, setting)
     tv_bad = 0.5 * np.abs(bad / RUNS - exact).sum()
     assert tv_bad > threshold, f"the bug went unnoticed: TV {tv_bad:.4f} <= {threshold:.4f}"
 

@@ -16,6 +16,7 @@ from specdec_rs._core import VARIANTS, __version__, row_seed
 from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
 from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.lab import speculative_step
+from specdec_rs.policy import AdaptiveK, FixedK, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.sim import simulate, simulate_round_lengths
 from specdec_rs.theory import (
@@ -29,6 +30,10 @@ from specdec_rs.theory import (
 from specdec_rs.verify import verify, verify_batch
 
 __all__ = [
+    "AdaptiveK",
+    "FixedK",
+    "HeuristicK",
+    "KPolicy",
     "Draft",
     "DraftModel",
     "Drafter",

@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 import specdec_rs as sd
-from specdec_rs import cli_generate
+from specdec_rs import cli_generate, cli_measure
 
 # The handout's 3-token chain (α = 0.6 after token 0, 0.5 after 1 and 2) and its i.i.d. pair.
 CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
@@ -156,6 +156,53 @@ def show_theory(r: dict[str, Any], console: Console) -> None:
         )
 
 
+def run_experiments(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    from pathlib import Path
+
+    from rich.progress import Progress
+
+    from specdec_rs import experiments
+
+    command = (
+        "specdec experiments " + " ".join(sys.argv[2:])
+        if sys.argv[1:2] == ["experiments"]
+        else (f"specdec experiments --out {args.out} --seed {args.seed}")
+    )
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("experiments", total=len(experiments.EXPERIMENTS))
+        result = experiments.run_all(
+            Path(args.out), args.seed, command, lambda: progress.advance(task)
+        )
+    return {"out": args.out, "seed": args.seed, **result}
+
+
+def show_experiments(r: dict[str, Any], console: Console) -> None:
+    from pathlib import Path
+
+    console.out((Path(r["out"]) / "report.md").read_text(), highlight=False)
+    console.print(f"figures and report written to {r['out']}/")
+
+
+def plot_theory(r: dict[str, Any], path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ks = [row["k"] for row in r["table"]]
+    for a in r["best"]:
+        ax.plot(ks, [row[a]["speedup"] for row in r["table"]], "o-", label=f"α = {a}")
+    ax.axhline(1.0, color="grey", linewidth=0.8)
+    ax.set_xlabel("γ (drafts per round)")
+    ax.set_ylabel("expected speedup (×)")
+    ax.set_title(f"(1 − α^(γ+1)) / ((1 − α)(γc + 1)), c = {r['cost_ratio']:g}")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -170,13 +217,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     t.add_argument("--alpha", type=float, nargs="+", default=[0.6, 0.8])
     t.add_argument("--cost", type=float, default=0.05)
     t.add_argument("--k-max", type=int, default=10)
+    t.add_argument("--plot", default=None, help="write speedup against γ to this PNG")
     t.add_argument("--json", action="store_true")
+    e = sub.add_parser("experiments", help="toy-chain experiments: PNGs and a Markdown report")
+    e.add_argument("--out", default="experiments")
+    e.add_argument("--seed", type=int, default=0)
+    e.add_argument("--json", action="store_true")
     cli_generate.add_parsers(sub)
+    cli_measure.add_parsers(sub)
     args = parser.parse_args(argv)
     console = Console()
     try:
         if args.command in ("generate", "demo"):
             result, show = cli_generate.run(args, console)
+        elif args.command in ("predict", "bench"):
+            result, show = cli_measure.run(args, console)
+        elif args.command == "experiments":
+            result, show = run_experiments(args, console), show_experiments
         elif args.command == "simulate":
             result = run_simulate(
                 k=args.k, runs=args.runs, variant=args.variant, seed=args.seed, threads=args.threads
@@ -185,6 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         else:
             result = run_theory(alphas=args.alpha, cost=args.cost, k_max=args.k_max)
             show = show_theory
+            if args.plot:
+                plot_theory(result, args.plot)
     except ValueError as e:
         print(f"specdec: error: {e}", file=sys.stderr)
         return 2

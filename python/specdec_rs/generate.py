@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
+from specdec_rs.policy import FixedK, KPolicy, as_policy
 from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.verify import verify
 
@@ -42,10 +43,12 @@ if TYPE_CHECKING:
 class GenerationResult:
     """New tokens and the statistics that explain the speed.
 
+    k: the most drafts any round asked for; policy: how k was chosen.
     accepted_histogram[m]: rounds that kept m drafts (m = 0..k).
     reached[i], accepted[i]: rounds whose draft i (0-based) was checked / kept;
     position_alpha[i] = accepted[i] / reached[i] is P(accept i | reached i).
     alpha = sum(accepted) / sum(reached): the i.i.d. estimate of α.
+    k_per_round, kept_per_round: drafts asked for and kept, round by round.
     Times in seconds; total includes the prefill.
     """
 
@@ -53,6 +56,7 @@ class GenerationResult:
     prompt_length: int
     drafter: str
     k: int
+    policy: str
     temperature: float
     seed: int
     stop_reason: str
@@ -67,6 +71,7 @@ class GenerationResult:
     time_verify: float
     time_total: float
     k_per_round: list[int] = field(repr=False)
+    kept_per_round: list[int] = field(repr=False)
 
     @property
     def new_tokens(self) -> int:
@@ -99,6 +104,7 @@ class GenerationResult:
             {
                 "drafter": self.drafter,
                 "k": self.k,
+                "policy": self.policy,
                 "temperature": self.temperature,
                 "seed": self.seed,
                 "new_tokens": self.new_tokens,
@@ -200,7 +206,7 @@ def generate(
     input_ids: Any,
     *,
     max_new_tokens: int,
-    k: int = 4,
+    k: int | KPolicy = 4,
     temperature: float = 1.0,
     top_k: int | None = None,
     top_p: float | None = None,
@@ -215,13 +221,14 @@ def generate(
     The output has exactly the distribution of target-only sampling with the
     same processors (at temperature 0: the target's greedy output). Stops after
     the first EOS (kept) or at the budget. `on_tokens` gets each round's new ids.
+    k: drafts per round, or a policy choosing them each round (see policy.py).
     seed=None draws one (reported in the result); same seed, same output.
     input_ids: one prompt, (n,) or (1, n); batch > 1 is a ValueError.
     """
     import torch
 
     config = SamplingConfig(temperature, top_k, top_p, min_p)
-    k = _checks.integer(k, "k", minimum=1)
+    policy = as_policy(_checks.integer(k, "k", minimum=1) if not hasattr(k, "next_k") else k)
     max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
     seed = secrets.randbits(63) if seed is None else _checks.seed(seed)
     eos = eos_set(eos_token_id, target)
@@ -229,9 +236,10 @@ def generate(
         decoder = Decoder(target, drafter, input_ids, config, seed, vocab_size)
         stop = "length"
         while decoder.generated < max_new:
-            new = decoder.step(
-                round_k(k if drafter is not None else 0, max_new - decoder.generated)
-            )
+            want = policy.next_k() if drafter is not None else 0
+            new = decoder.step(round_k(want, max_new - decoder.generated))
+            if drafter is not None:
+                policy.observe(*decoder.last_round)
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:
                 new = new[: hit + 1]
@@ -241,7 +249,9 @@ def generate(
                 on_tokens(new)
             if stop == "eos":
                 break
-    return decoder.result(stop, k if drafter is not None else 0)
+    if drafter is None:
+        return decoder.result(stop, "none", 0)
+    return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
 
 
 class Decoder:
@@ -307,6 +317,7 @@ class Decoder:
             self.drafter.update(seq, num_accepted)
         t3 = time.perf_counter()
         self.stats.add(k, len(drafts), num_accepted, t1 - t0, t2 - t1, t3 - t2)
+        self.last_round = (k, len(drafts), num_accepted)
         return out
 
     def append(self, tokens: list[int]) -> None:
@@ -314,13 +325,15 @@ class Decoder:
 
         self.seq = torch.cat([self.seq, torch.tensor(tokens, dtype=torch.long)])
 
-    def result(self, stop: str, k: int) -> GenerationResult:
+    def result(self, stop: str, policy: str, k: int | None = None) -> GenerationResult:
+        """k: the k to report (default: the most any round used)."""
         s = self.stats
         return GenerationResult(
             tokens=[int(t) for t in self.seq[self.prompt_length :]],
             prompt_length=self.prompt_length,
             drafter=self.drafter.name if self.drafter is not None else "none",
-            k=k,
+            k=max(s.k_per_round, default=0) if k is None else k,
+            policy=policy,
             temperature=self.config.temperature,
             seed=self.seed,
             stop_reason=stop,
@@ -335,6 +348,7 @@ class Decoder:
             time_verify=s.verify,
             time_total=time.perf_counter() - self.t_start,
             k_per_round=s.k_per_round,
+            kept_per_round=s.kept_per_round,
         )
 
 
@@ -348,6 +362,7 @@ class _Stats:
         self.reached: list[int] = []
         self.accepted: list[int] = []
         self.k_per_round: list[int] = []
+        self.kept_per_round: list[int] = []
         self.prefill = self.draft = self.target = self.verify = 0.0
 
     def add(
@@ -367,6 +382,7 @@ class _Stats:
         self.rounds += 1
         self.drafted += drafted
         self.k_per_round.append(k)
+        self.kept_per_round.append(num_accepted)
         self.histogram[num_accepted] += 1
         checked = min(num_accepted + 1, drafted)  # drafts 0..m-1 kept, draft m (if any) rejected
         for i in range(checked):
