@@ -77,6 +77,19 @@ def test_sampled_teacher_forcing_is_sum_of_min(pair: tuple[Any, Any]) -> None:
     assert a[-1, 1] == 0 and a[-2, 2] == 0  # past the end of the answer
 
 
+def test_cost_measurements_leave_the_drafters_ready(pair: tuple[Any, Any]) -> None:
+    target, draft = pair
+    context = torch.arange(2, 40)
+    for drafter in (sd.DraftModel(draft), sd.EarlyExit(target, 1), sd.PromptLookup()):
+        assert measure.drafter_step_time(drafter, target, context, repeats=5) > 0
+        cache = getattr(drafter, "_cache", None)
+        if cache is not None:  # back where it started: the context but its last token
+            assert cache.get_seq_length() == len(context) - 1
+    assert measure.decode_step_time(target, context, repeats=5) > 0
+    v = measure.verify_cost_curve(target, context, max_n=4, repeats=3)
+    assert len(v) == 4 and v[0] == 1.0 and all(x > 0 for x in v)
+
+
 def test_constant_acceptance_reduces_to_the_handout_formula() -> None:
     alpha, k_max = 0.7, 6
     acc = measure.summarize([np.full((50, k_max), alpha)])

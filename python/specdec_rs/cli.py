@@ -21,7 +21,7 @@ from rich.console import Console
 from rich.table import Table
 
 import specdec_rs as sd
-from specdec_rs import cli_generate, cli_measure
+from specdec_rs import cli_generate, cli_measure, plotting
 
 # The handout's 3-token chain (α = 0.6 after token 0, 0.5 after 1 and 2) and its i.i.d. pair.
 CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
@@ -184,10 +184,7 @@ def show_experiments(r: dict[str, Any], console: Console) -> None:
 
 
 def plot_theory(r: dict[str, Any], path: str) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot()
 
     fig, ax = plt.subplots(figsize=(6, 4))
     ks = [row["k"] for row in r["table"]]
@@ -198,9 +195,7 @@ def plot_theory(r: dict[str, Any], path: str) -> None:
     ax.set_ylabel("expected speedup (×)")
     ax.set_title(f"(1 − α^(γ+1)) / ((1 − α)(γc + 1)), c = {r['cost_ratio']:g}")
     ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

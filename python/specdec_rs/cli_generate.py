@@ -69,6 +69,16 @@ def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> No
     )
 
 
+def sampling(args: argparse.Namespace) -> dict[str, Any]:
+    """generate() keywords of the sampling flags."""
+    return {
+        "temperature": args.temperature,
+        "top_k": args.top_k,
+        "top_p": args.top_p,
+        "min_p": args.min_p,
+    }
+
+
 def add_parsers(sub: Any) -> None:
     g = sub.add_parser("generate", help="speculative generation with statistics")
     g.add_argument("prompt")
@@ -103,11 +113,8 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         ids,
         max_new_tokens=args.max_new_tokens,
         k=args.k,
-        temperature=args.temperature,
-        top_k=args.top_k,
-        top_p=args.top_p,
-        min_p=args.min_p,
         seed=args.seed,
+        **sampling(args),
         vocab_size=len(tokenizer) if drafter is not None else None,
         on_tokens=stream,
     )
@@ -185,11 +192,8 @@ def run_demo(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             encoded[i],
             max_new_tokens=args.max_new_tokens,
             k=k,
-            temperature=args.temperature,
-            top_k=args.top_k,
-            top_p=args.top_p,
-            min_p=args.min_p,
             seed=args.seed + i,
+            **sampling(args),
         )
         t = totals.setdefault(
             spec,

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 import specdec_rs as sd
-from specdec_rs import measure, workloads
+from specdec_rs import measure, plotting, workloads
 from specdec_rs.cli_generate import load_target, make_drafter
 from specdec_rs.generate import eos_set
 from specdec_rs.policy import AdaptiveK, HeuristicK
@@ -405,10 +405,7 @@ def markdown_report(result: dict[str, Any]) -> str:
 
 def plot_speedups(result: dict[str, Any], path: Path) -> None:
     """Predicted (handout, refined) and measured speedup against γ, one panel per setting."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = plotting.pyplot()
 
     settings = list(dict.fromkeys((r["workload"], r["temperature"]) for r in result["rows"]))
     fig, axes = plt.subplots(1, len(settings), figsize=(5 * len(settings), 4), squeeze=False)
@@ -443,9 +440,7 @@ def plot_speedups(result: dict[str, Any], path: Path) -> None:
         ax.set_xlabel("γ (drafts per round)")
         ax.set_ylabel("speedup over target-only (×)")
         ax.legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
 
 
 def show_bench(r: dict[str, Any], console: Console) -> None:

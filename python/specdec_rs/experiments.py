@@ -18,21 +18,12 @@ from typing import Any
 import numpy as np
 
 import specdec_rs as sd
-from specdec_rs import theory
+from specdec_rs import plotting, theory
 
 # The handout's 3-token chain (rows: previous token).
 CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
 CHAIN_Q = np.array([[0.2, 0.5, 0.3], [0.4, 0.4, 0.2], [0.1, 0.8, 0.1]])
 EXACT_PAIRS = CHAIN_P[0][:, None] * CHAIN_P
-
-
-def _pyplot() -> Any:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
 
 
 def noise_vs_bias(path: Path, seed: int = 0, repeats: int = 5) -> dict[str, Any]:
@@ -57,7 +48,7 @@ def noise_vs_bias(path: Path, seed: int = 0, repeats: int = 5) -> dict[str, Any]
                 tvs.append(0.5 * np.abs(hist / n - EXACT_PAIRS).sum())
             curve.append(float(np.mean(tvs)))
         curves[variant] = curve
-    plt = _pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4.5))
     for variant, curve in curves.items():
         ax.loglog(
@@ -73,9 +64,7 @@ def noise_vs_bias(path: Path, seed: int = 0, repeats: int = 5) -> dict[str, Any]
     ax.set_ylabel("TV distance to the exact two-token law")
     ax.set_title("Noise falls as 1/√n; a bug levels off at its bias")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
     return {"runs": ns, "tv": curves, "repeats": repeats}
 
 
@@ -129,7 +118,7 @@ def non_iid(path: Path, seed: int = 0, rounds: int = 2_000_000) -> dict[str, Any
         t = chain_round_theory(CHAIN_P, CHAIN_Q, k)
         per_position.append(theory.expected_tokens_per_position(t["position_alpha"]))
         alphas.append(t["position_alpha"])
-    plt = _pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     ax.plot(ks, measured, "o-", label=f"measured ({rounds:,} rounds each)")
     ax.plot(ks, formula, "s--", label=f"i.i.d. formula at average α = {alpha_avg:.3f}")
@@ -138,9 +127,7 @@ def non_iid(path: Path, seed: int = 0, rounds: int = 2_000_000) -> dict[str, Any
     ax.set_ylabel("mean tokens per target pass")
     ax.set_title("Non-i.i.d. acceptance on the 3-token chain")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
     return {
         "k": ks,
         "measured": measured,
@@ -167,7 +154,7 @@ def temperature(path: Path, seed: int = 0, vocab: int = 1000, pairs: int = 200) 
             curve.append(float(np.minimum(p, q).sum(axis=1).mean()))
         agree = float((zp.argmax(1) == zq.argmax(1)).mean())
         curves[f"{rho:g}"] = {"alpha": curve, "argmax_agreement": agree}
-    plt = _pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     for n, (rho_label, c) in enumerate(curves.items()):
         ax.semilogx(temps, c["alpha"], label=f"ρ = {rho_label}", color=f"C{n}")
@@ -176,9 +163,7 @@ def temperature(path: Path, seed: int = 0, vocab: int = 1000, pairs: int = 200) 
     ax.set_ylabel("α = Σ min(p, q)")
     ax.set_title(f"Acceptance against temperature (V = {vocab}; dotted: argmax agreement)")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
     return {"temperature": temps.tolist(), "curves": curves, "vocab": vocab, "pairs": pairs}
 
 
@@ -212,7 +197,7 @@ def greedy_drafter(path: Path, seed: int = 0, rounds: int = 1_000_000) -> dict[s
             "tv": float(0.5 * np.abs(counts / rounds - CHAIN_P[0]).sum()),
             "chi2_pvalue": float(chi2.pvalue),
         }
-    plt = _pyplot()
+    plt = plotting.pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     width = 0.27
     x = np.arange(3)
@@ -226,9 +211,7 @@ def greedy_drafter(path: Path, seed: int = 0, rounds: int = 1_000_000) -> dict[s
     ax.set_ylabel("probability")
     ax.set_title(f"Greedy drafter (draft = argmax q = {draft}), sampled verification")
     ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    plotting.save(fig, path)
     return {"draft": draft, "rounds": rounds, "results": results}
 
 
