@@ -56,8 +56,10 @@ def test_greedy_teacher_forcing_replays_the_real_rounds(pair: tuple[Any, Any], k
         a = measure.acceptance_matrix(
             target, make(), prompt, torch.tensor(out.tokens), SamplingConfig(0), k_max=8
         )
-        assert set(np.unique(a)) <= {0.0, 1.0}
+        assert set(np.unique(a[np.isfinite(a)])) <= {0.0, 1.0}
         assert replay(a, k) == out.kept_per_round
+        rounds, cost = measure.replay(a, k, 0.0, [1.0] * 9)
+        assert rounds == pytest.approx(out.rounds) and cost == pytest.approx(out.rounds)
         checked += sum(out.kept_per_round)
     assert checked > 0
 
@@ -74,7 +76,7 @@ def test_sampled_teacher_forcing_is_sum_of_min(pair: tuple[Any, Any]) -> None:
     expected = torch.minimum(p, q).sum(-1).numpy()
     np.testing.assert_allclose(a[:, 0], expected, rtol=1e-9)
     np.testing.assert_allclose(a[:-1, 1], expected[1:], rtol=1e-9)  # depth 2 reads t + 1
-    assert a[-1, 1] == 0 and a[-2, 2] == 0  # past the end of the answer
+    assert np.isnan(a[-1, 1]) and np.isnan(a[-2, 2])  # past the end of the answer
 
 
 def test_cost_measurements_leave_the_drafters_ready(pair: tuple[Any, Any]) -> None:
@@ -88,6 +90,17 @@ def test_cost_measurements_leave_the_drafters_ready(pair: tuple[Any, Any]) -> No
     assert measure.decode_step_time(target, context, repeats=5) > 0
     v = measure.verify_cost_curve(target, context, max_n=4, repeats=3)
     assert len(v) == 4 and v[0] == 1.0 and all(x > 0 for x in v)
+
+
+def test_replay_prices_each_round() -> None:
+    # one answer of 4 tokens; at t = 0 two drafts exist and are kept surely, then t = 3 is last
+    a = np.array([[1.0, 1.0, np.nan], [0.5, 0.5, 0.5], [0.5, 0.5, 0.5], [0.5, np.nan, np.nan]])
+    rounds, cost = measure.replay(a, 3, 0.25, [1.0, 1.5, 2.0, 2.5])
+    assert rounds == pytest.approx(2.0)  # t = 0 keeps both drafts, t = 3 is a plain step
+    assert cost == pytest.approx(2 * 0.25 + 2.0 + 1.0)
+    half = np.full((3, 1), 0.5)
+    rounds, _ = measure.replay(half, 1, 0.0, [1.0, 1.0])  # t=0: 1 or 2 tokens; t=1: 1 or 2; t=2: 1
+    assert rounds == pytest.approx(1 + 0.5 * (1 + 0.5 * 1) + 0.5 * 1)
 
 
 def test_constant_acceptance_reduces_to_the_handout_formula() -> None:

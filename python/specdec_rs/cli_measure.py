@@ -173,8 +173,10 @@ def show_predict(r: dict[str, Any], console: Console) -> None:
             "α_γ",
             "tokens (handout)",
             "speedup (handout)",
-            "tokens (refined)",
-            "speedup (refined)",
+            "tokens (per-position)",
+            "speedup (per-position)",
+            "tokens (replay)",
+            "speedup (replay)",
         ):
             t.add_column(col, justify="right")
         for i, k in enumerate(pred["k"]):
@@ -185,11 +187,14 @@ def show_predict(r: dict[str, Any], console: Console) -> None:
                 f"{pred['speedup_handout'][i]:.2f}x",
                 f"{pred['tokens_refined'][i]:.2f}",
                 f"{pred['speedup_refined'][i]:.2f}x",
+                f"{pred['tokens_replay'][i]:.2f}",
+                f"{pred['speedup_replay'][i]:.2f}x",
             )
         console.print(t)
         console.print(
             f"best γ: {pred['best_k_handout']} (handout), "
-            f"{pred['best_k_refined']} (refined; 0 = do not speculate)"
+            f"{pred['best_k_refined']} (per-position), {pred['best_k_replay']} (replay; "
+            "0 = do not speculate)"
         )
         if res["near_break_even"]:
             console.print(
@@ -268,6 +273,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             row |= {
                                 "tokens": r.new_tokens,
                                 "seconds": r.time_total,
+                                "prefill": None,
                                 "passes": 0,
                                 "kept": 0,
                                 "checked": 0,
@@ -293,6 +299,7 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
                             row |= {
                                 "tokens": out.new_tokens,
                                 "seconds": out.time_total,
+                                "prefill": out.time_prefill,
                                 "passes": out.rounds,
                                 "kept": sum(out.accepted),
                                 "checked": sum(out.reached),
@@ -320,20 +327,26 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
 
 def aggregate(runs: list[dict[str, Any]], predicted: dict[str, Any]) -> list[dict[str, Any]]:
     """Totals per (workload, T, drafter, method) over prompts, with the speedup
-    against target-only in the same setting and the prediction at that γ."""
-    sums: dict[tuple[Any, ...], dict[str, float]] = {}
+    against target-only in the same setting (wall time, and decode only: the
+    prefill excluded, which is what the predictions describe) and the
+    prediction at that γ."""
+    sums: dict[tuple[Any, ...], dict[str, Any]] = {}
     for r in runs:
         key = (r["workload"], r["temperature"], r["drafter"], r["method"])
         s = sums.setdefault(
-            key, {"tokens": 0, "seconds": 0.0, "passes": 0, "kept": 0, "checked": 0}
+            key, {"tokens": 0, "seconds": 0.0, "prefill": 0.0, "passes": 0, "kept": 0, "checked": 0}
         )
         for f in s:
-            s[f] += r[f]
+            s[f] = None if s[f] is None or r[f] is None else s[f] + r[f]
     preds = {(p["workload"], p["temperature"], p["drafter"]): p for p in predicted["results"]}
     rows = []
     for (workload, temperature, spec, method), s in sums.items():
         base = sums[(workload, temperature, "none", "target-only")]
         tps = s["tokens"] / s["seconds"]
+        decode = None
+        if s["prefill"] is not None and base["prefill"] is not None:
+            base_decode = base["tokens"] / (base["seconds"] - base["prefill"])
+            decode = s["tokens"] / (s["seconds"] - s["prefill"]) / base_decode
         row: dict[str, Any] = {
             "workload": workload,
             "temperature": temperature,
@@ -343,16 +356,16 @@ def aggregate(runs: list[dict[str, Any]], predicted: dict[str, Any]) -> list[dic
             "tokens_per_pass": s["tokens"] / s["passes"] if s["passes"] else None,
             "alpha": s["kept"] / s["checked"] if s["checked"] else None,
             "speedup": tps / (base["tokens"] / base["seconds"]),
+            "decode_speedup": decode,
         }
         p = preds.get((workload, temperature, spec))
         if p is not None and method.startswith("k="):
             i = int(method[2:]) - 1
             pr = p["prediction"]
             row |= {
-                "predicted_tokens_handout": pr["tokens_handout"][i],
-                "predicted_tokens_refined": pr["tokens_refined"][i],
-                "predicted_speedup_handout": pr["speedup_handout"][i],
-                "predicted_speedup_refined": pr["speedup_refined"][i],
+                f"predicted_{what}_{how}": pr[f"{what}_{how}"][i]
+                for what in ("tokens", "speedup")
+                for how in ("handout", "refined", "replay")
             }
         rows.append(row)
     return rows
@@ -378,33 +391,33 @@ def markdown_report(result: dict[str, Any]) -> str:
             "",
             f"### {workload}, temperature {temperature:g}",
             "",
-            "| drafter | γ | α | tokens/pass | predicted (handout / refined) | tokens/s | speedup "
-            "| predicted speedup (handout / refined) |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
+            "| drafter | γ | α | tokens/pass | predicted: handout / per-position / replay "
+            "| tokens/s | speedup | decode speedup | predicted: handout / per-position / replay |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in result["rows"]:
             if (r["workload"], r["temperature"]) != (workload, temperature):
                 continue
-            pt = (
-                f"{r['predicted_tokens_handout']:.2f} / {r['predicted_tokens_refined']:.2f}"
+            pt, ps = (
+                " / ".join(
+                    format(r[f"predicted_{what}_{how}"], fmt)
+                    for how in ("handout", "refined", "replay")
+                )
                 if "predicted_tokens_handout" in r
                 else "-"
-            )
-            ps = (
-                f"{r['predicted_speedup_handout']:.2f}x / {r['predicted_speedup_refined']:.2f}x"
-                if "predicted_speedup_handout" in r
-                else "-"
+                for what, fmt in (("tokens", ".2f"), ("speedup", ".2f"))
             )
             lines.append(
                 f"| {r['drafter']} | {r['method']} | {_f(r['alpha'], '.3f')} "
-                f"| {_f(r['tokens_per_pass'], '.2f')} "
-                f"| {pt} | {r['tokens_per_second']:.1f} | {r['speedup']:.2f}x | {ps} |"
+                f"| {_f(r['tokens_per_pass'], '.2f')} | {pt} | {r['tokens_per_second']:.1f} "
+                f"| {r['speedup']:.2f}x | {_f(r['decode_speedup'], '.2f')} | {ps} |"
             )
     return "\n".join(lines) + "\n"
 
 
 def plot_speedups(result: dict[str, Any], path: Path) -> None:
-    """Predicted (handout, refined) and measured speedup against γ, one panel per setting."""
+    """Predicted (handout, per-position, replay) and measured decode speedup
+    against γ, one panel per setting."""
     plt = plotting.pyplot()
 
     settings = list(dict.fromkeys((r["workload"], r["temperature"]) for r in result["rows"]))
@@ -419,10 +432,17 @@ def plot_speedups(result: dict[str, Any], path: Path) -> None:
                 pr["k"], pr["speedup_handout"], ":", color=color, label=f"{p['drafter']} handout"
             )
             ax.plot(
-                pr["k"], pr["speedup_refined"], "--", color=color, label=f"{p['drafter']} refined"
+                pr["k"],
+                pr["speedup_refined"],
+                "--",
+                color=color,
+                label=f"{p['drafter']} per-position",
+            )
+            ax.plot(
+                pr["k"], pr["speedup_replay"], "-.", color=color, label=f"{p['drafter']} replay"
             )
             pts = [
-                (int(r["method"][2:]), r["speedup"])
+                (int(r["method"][2:]), r["decode_speedup"])
                 for r in result["rows"]
                 if (r["workload"], r["temperature"], r["drafter"])
                 == (workload, temperature, p["drafter"])
@@ -433,7 +453,7 @@ def plot_speedups(result: dict[str, Any], path: Path) -> None:
                     *zip(*sorted(pts), strict=True),
                     "o-",
                     color=color,
-                    label=f"{p['drafter']} measured",
+                    label=f"{p['drafter']} measured (decode)",
                 )
         ax.axhline(1.0, color="grey", linewidth=0.8)
         ax.set_title(f"{workload}, temperature {temperature:g}")

@@ -21,7 +21,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -141,14 +141,15 @@ def acceptance_matrix(
     k_max: int = 8,
 ) -> np.ndarray:
     """a(t, i): (len(answer), k_max) probability that draft i+1 of a round
-    starting at answer position t is kept, given the drafts before it were."""
+    starting at answer position t is kept, given the drafts before it were;
+    NaN where no such draft exists (past the lookup's proposal or the answer)."""
     import torch
 
     seq = torch.cat([prompt, answer])
     n, start = len(answer), len(prompt)
     vocab = models.vocab_of(target)
     p = _probs(target, seq, start, config, vocab)  # row t predicts answer[t]
-    a = np.zeros((n, k_max))
+    a = np.full((n, k_max), np.nan)
     if isinstance(drafter, drafters_mod.PromptLookup):
         seq_np = seq.numpy()
         answer_np = answer.numpy()
@@ -185,12 +186,14 @@ class Acceptance:
     """Teacher-forced acceptance over a set of answers.
 
     survive[i] = mean_t Π_{j<=i} a(t, j), i = 0..k_max-1 (rounds starting at t
-    with t + k_max <= len(answer)); alpha = mean_t a(t, 1).
+    with t + k_max <= len(answer); a missing draft counts as rejected);
+    alpha = mean over drafted positions of a(t, 1). `matrices` are kept for replay.
     """
 
     alpha: float
     survive: list[float]
     positions: int
+    matrices: list[np.ndarray] = field(repr=False, default_factory=list)
 
     @property
     def position_alpha(self) -> list[float]:
@@ -207,15 +210,46 @@ def summarize(matrices: Sequence[np.ndarray]) -> Acceptance:
     rows = []
     for a in matrices:
         k_max = a.shape[1]
-        usable = a[: max(0, len(a) - k_max + 1)]
+        usable = np.nan_to_num(a[: max(0, len(a) - k_max + 1)])
         rows.append(np.cumprod(usable, axis=1))
     stacked = np.concatenate(rows) if rows else np.zeros((0, 1))
     if len(stacked) == 0:
         raise ValueError(
             "the answers are too short for teacher forcing; generate more tokens than k_max"
         )
-    alpha = float(np.concatenate([a[:, 0] for a in matrices]).mean())
-    return Acceptance(alpha, stacked.mean(axis=0).tolist(), len(stacked))
+    first = np.concatenate([a[:, 0] for a in matrices])
+    alpha = float(np.nanmean(first)) if np.isfinite(first).any() else 0.0
+    return Acceptance(alpha, stacked.mean(axis=0).tolist(), len(stacked), list(matrices))
+
+
+def replay(
+    a: np.ndarray, k: int, cost_ratio: float, verify_cost: Sequence[float]
+) -> tuple[float, float]:
+    """Expected (rounds, cost) to write one answer with γ = k, rounds placed as
+    generate() places them: each starts where the last ended, so positions
+    after a long accepted run are skipped (round starts are not uniform over t).
+
+    A round at t drafts d = the drafts that exist among a(t, 1..min(k, n-t-1)),
+    costs d·c + v(d+1) target steps, and keeps m drafts with probability
+    Π_{j<=m} a(t, j) · (1 − a(t, m+1)). Backward recursion over t; target-only
+    costs n. At greedy (a in {0, 1}) this is the run itself.
+    """
+    n = len(a)
+    rounds = np.zeros(n + 2)
+    cost = np.zeros(n + 2)
+    for t in range(n - 1, -1, -1):
+        row = a[t, : max(0, min(k, n - t - 1))]
+        drafted = int(np.isfinite(row).sum())  # missing drafts are trailing NaNs
+        row = np.nan_to_num(row[:drafted])
+        r, c, survive = 1.0, drafted * cost_ratio + verify_cost[drafted], 1.0
+        for m in range(drafted + 1):
+            p_m = survive * (1.0 - row[m]) if m < drafted else survive
+            r += p_m * rounds[t + m + 1]
+            c += p_m * cost[t + m + 1]
+            if m < drafted:
+                survive *= row[m]
+        rounds[t], cost[t] = r, c
+    return float(rounds[0]), float(cost[0])
 
 
 # ---- predictions --------------------------------------------------------------------------
@@ -230,14 +264,19 @@ class Prediction:
     speedup_handout: list[float]
     tokens_refined: list[float]
     speedup_refined: list[float]
+    tokens_replay: list[float]
+    speedup_replay: list[float]
     best_k_handout: int
     best_k_refined: int
+    best_k_replay: int
     break_even_cost: float
 
 
 def predict(acceptance: Acceptance, cost_ratio: float, verify_cost: Sequence[float]) -> Prediction:
-    """The handout's formulas at the single α (v ≡ 1), and the refined ones
-    (per-position acceptance, measured v(n)). best_k = 0: speculation does not pay."""
+    """Three predictions per γ: the handout's formulas at the single α (v ≡ 1);
+    the refined ones (per-position acceptance, measured v(n)); and the replay of
+    rounds over the teacher-forced a(t, i) (round starts placed as generation
+    places them, real proposal lengths). best_k = 0: speculation does not pay."""
     k_max = len(acceptance.survive)
     ks = list(range(1, k_max + 1))
     a = min(acceptance.alpha, 1 - 1e-12)
@@ -247,5 +286,14 @@ def predict(acceptance: Acceptance, cost_ratio: float, verify_cost: Sequence[flo
     speed_r = [t / (k * cost_ratio + verify_cost[k]) for k, t in zip(ks, tokens_r, strict=True)]
     best_h = theory.best_k(a, cost_ratio, k_max)
     best_r = max(ks, key=lambda k: speed_r[k - 1]) if max(speed_r) > 1.0 else 0
+    tokens_p, speed_p = [], []
+    answer_tokens = sum(len(m) for m in acceptance.matrices)
+    for k in ks:
+        replays = [replay(m, k, cost_ratio, verify_cost) for m in acceptance.matrices]
+        tokens_p.append(answer_tokens / sum(r for r, _ in replays) if replays else float("nan"))
+        speed_p.append(answer_tokens / sum(c for _, c in replays) if replays else float("nan"))
+    best_p = max(ks, key=lambda k: speed_p[k - 1]) if max(speed_p, default=0) > 1.0 else 0
     be = theory.break_even_cost(a, max(best_h, 1))
-    return Prediction(ks, tokens_h, speed_h, tokens_r, speed_r, best_h, best_r, be)
+    return Prediction(
+        ks, tokens_h, speed_h, tokens_r, speed_r, tokens_p, speed_p, best_h, best_r, best_p, be
+    )
