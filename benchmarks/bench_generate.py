@@ -26,6 +26,7 @@ import torch
 from rich.console import Console
 from rich.progress import Progress
 from specdec_rs import models, workloads
+from specdec_rs.generate import eos_set
 from specdec_rs.hf import hf_generate
 from specdec_rs.processors import SamplingConfig
 
@@ -38,7 +39,7 @@ K_MODEL = 1  # α ≈ 0.1–0.2 for the untrained drafters: one draft is their b
 
 def methods(target: Any, greedy_code: bool) -> list[tuple[str, str, Any]]:
     """(family, label, run(ids, config, seed) -> (tokens, seconds, passes, kept, checked))."""
-    eos = [int(target.generation_config.eos_token_id)]
+    eos = sorted(eos_set(None, target))
     draft = models.layer_view(target, DRAFT_LAYERS)
 
     def ours(drafter_fn: Any, k: int) -> Any:

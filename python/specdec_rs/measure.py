@@ -121,15 +121,11 @@ def _probs(
     model: PreTrainedModel, seq: torch.Tensor, start: int, config: SamplingConfig, vocab: int
 ) -> torch.Tensor:
     """Processed rows predicting seq[start:], shape (len(seq) - start, vocab)."""
-    with _inference():
-        logits = models.forward(model, seq[:-1], models.new_cache(model), keep=len(seq) - start)
-    return logits_to_probs(logits[:, :vocab], config)
-
-
-def _inference() -> Any:
     import torch
 
-    return torch.inference_mode()
+    with torch.inference_mode():
+        logits = models.forward(model, seq[:-1], models.new_cache(model), keep=len(seq) - start)
+    return logits_to_probs(logits[:, :vocab], config)
 
 
 def acceptance_matrix(
