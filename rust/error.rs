@@ -38,13 +38,25 @@ pub enum SpecError {
     /// A row whose sum is not 1 within `tol`.
     NotNormalized { loc: Loc, sum: f64, tol: f64 },
     /// A draft token id outside [0, V).
-    DraftOutOfRange { batch: Option<usize>, index: usize, token: i64, vocab: usize },
+    DraftOutOfRange {
+        batch: Option<usize>,
+        index: usize,
+        token: i64,
+        vocab: usize,
+    },
     /// A draft that q gives probability 0: it cannot have been sampled from q.
-    ZeroDraftProb { batch: Option<usize>, index: usize, token: i64 },
+    ZeroDraftProb {
+        batch: Option<usize>,
+        index: usize,
+        token: i64,
+    },
     /// A row with no positive mass to sample from.
     ZeroMass { loc: Loc },
     /// Any other bad argument (already a full sentence).
     Invalid(String),
+    /// The caller asked the work to stop (Ctrl-C); the Python boundary raises
+    /// the pending KeyboardInterrupt instead.
+    Interrupted,
 }
 
 fn at_batch(batch: Option<usize>) -> String {
@@ -70,7 +82,12 @@ impl fmt::Display for SpecError {
                 "{loc} sums to {sum:.6} (expected 1 ± {tol:e}); pass softmax(logits), \
                  or divide the row by its sum"
             ),
-            SpecError::DraftOutOfRange { batch, index, token, vocab } => write!(
+            SpecError::DraftOutOfRange {
+                batch,
+                index,
+                token,
+                vocab,
+            } => write!(
                 f,
                 "drafts[{index}]{} = {token} is outside the vocabulary [0, {vocab}); \
                  expected token ids below V = {vocab}, the last dimension of p and q",
@@ -83,6 +100,7 @@ impl fmt::Display for SpecError {
                  drafts were actually sampled from (one-hot rows for greedy drafters)",
                 at_batch(*batch)
             ),
+            SpecError::Interrupted => f.write_str("interrupted before the work was done"),
             SpecError::ZeroMass { loc } => write!(
                 f,
                 "{loc} has no positive probability to sample from; expected a row that \

@@ -15,5 +15,5 @@ mod py;
 
 pub use error::{Loc, Result, SpecError};
 pub use rng::row_seed;
-pub use sim::{simulate, simulate_round_lengths, Chain, Variant};
-pub use verify::{verify, verify_batch, Batch};
+pub use sim::{simulate, simulate_round_lengths, Chain, Sim, Variant};
+pub use verify::{verify, verify_batch, Batch, Checks};

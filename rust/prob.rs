@@ -15,7 +15,8 @@ const LANES: usize = 8;
 
 /// A probability element type. All arithmetic is done in f64.
 pub trait Prob: Copy + Send + Sync + 'static {
-    /// Allowed |row sum − 1| for this precision.
+    /// The default allowed |row sum − 1| for this precision (callers may pass
+    /// another, e.g. for float16 rows widened to f32).
     const SUM_TOL: f64;
     fn to_f64(self) -> f64;
 }
@@ -72,6 +73,21 @@ fn sum_and_ok<T: Prob>(row: &[T]) -> (f64, bool) {
     (sum, sum.is_finite() && lowest >= 0.0)
 }
 
+/// One probability row as the round sees it: its entries, where it sits in the
+/// input (for error messages) and its allowed |sum − 1|.
+#[derive(Clone, Copy)]
+pub struct Row<'a, T> {
+    pub data: &'a [T],
+    pub loc: Loc,
+    pub tol: f64,
+}
+
+impl<'a, T: Prob> Row<'a, T> {
+    pub fn new(data: &'a [T], loc: Loc, tol: f64) -> Self {
+        Row { data, loc, tol }
+    }
+}
+
 /// The first bad entry of a row known to hold one (slow path, errors only).
 fn bad_entry<T: Prob>(row: &[T], loc: Loc) -> SpecError {
     for (col, &x) in row.iter().enumerate() {
@@ -86,20 +102,20 @@ fn bad_entry<T: Prob>(row: &[T], loc: Loc) -> SpecError {
     SpecError::Invalid(format!("{loc}: internal error locating a bad entry"))
 }
 
-fn check_sum<T: Prob>(sum: f64, loc: Loc) -> Result<()> {
-    if (sum - 1.0).abs() > T::SUM_TOL {
-        return Err(SpecError::NotNormalized { loc, sum, tol: T::SUM_TOL });
+fn check_sum(sum: f64, loc: Loc, tol: f64) -> Result<()> {
+    if (sum - 1.0).abs() > tol {
+        return Err(SpecError::NotNormalized { loc, sum, tol });
     }
     Ok(())
 }
 
 /// Full check of one probability row: finite, non-negative, sums to 1 ± tol.
-pub fn check_row<T: Prob>(row: &[T], loc: Loc) -> Result<()> {
-    let (sum, ok) = sum_and_ok(row);
+pub fn check_row<T: Prob>(row: Row<'_, T>) -> Result<()> {
+    let (sum, ok) = sum_and_ok(row.data);
     if !ok {
-        return Err(bad_entry(row, loc));
+        return Err(bad_entry(row.data, row.loc));
     }
-    check_sum::<T>(sum, loc)
+    check_sum(sum, row.loc, row.tol)
 }
 
 /// Check one gathered probability (a single entry the round reads).
@@ -161,7 +177,8 @@ fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -
 
 /// Sample an index of `row` with probability proportional to its entries,
 /// reading the row once (plus one chunk). Checks the whole row on the way.
-pub fn sample_row<T: Prob>(row: &[T], u: f64, loc: Loc) -> Result<usize> {
+pub fn sample_row<T: Prob>(row: Row<'_, T>, u: f64) -> Result<usize> {
+    let Row { data: row, loc, tol } = row;
     let mut sums = Vec::with_capacity(row.len().div_ceil(CHUNK));
     let mut all_ok = true;
     let mut total = 0.0;
@@ -174,7 +191,7 @@ pub fn sample_row<T: Prob>(row: &[T], u: f64, loc: Loc) -> Result<usize> {
     if !all_ok {
         return Err(bad_entry(row, loc));
     }
-    check_sum::<T>(total, loc)?;
+    check_sum(total, loc, tol)?;
     if total <= 0.0 {
         return Err(SpecError::ZeroMass { loc });
     }
@@ -221,7 +238,8 @@ fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
 /// normalized rows means p = q up to rounding) the exact residual is
 /// undefined; the sample is then drawn from p itself, which is the limit of
 /// the residual's role (P(emit x) = p(x)) and never a zero-probability token.
-pub fn sample_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], u: f64, p_loc: Loc, q_loc: Loc) -> Result<usize> {
+pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u: f64) -> Result<usize> {
+    let (p, q) = (p_row.data, q_row.data);
     let mut sums = Vec::with_capacity(p.len().div_ceil(CHUNK));
     let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
     for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
@@ -233,32 +251,34 @@ pub fn sample_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], u: f64, p_loc: Loc, q
         all_ok &= ok;
     }
     if !all_ok {
-        check_row(p, p_loc)?;
-        return Err(bad_entry(q, q_loc));
+        check_row(p_row)?;
+        return Err(bad_entry(q, q_row.loc));
     }
-    check_sum::<P>(p_sum, p_loc)?;
-    check_sum::<Q>(q_sum, q_loc)?;
+    check_sum(p_sum, p_row.loc, p_row.tol)?;
+    check_sum(q_sum, q_row.loc, q_row.tol)?;
     if total <= 0.0 {
-        return sample_row(p, u, p_loc);
+        return sample_row(p_row, u);
     }
-    Ok(pick(&sums, p.len(), u * total, |j| (p[j].to_f64() - q[j].to_f64()).max(0.0)))
+    Ok(pick(&sums, p.len(), u * total, |j| {
+        (p[j].to_f64() - q[j].to_f64()).max(0.0)
+    }))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn loc() -> Loc {
-        Loc::new("p_rows", None, 0)
+    fn at<T: Prob>(data: &[T]) -> Row<'_, T> {
+        Row::new(data, Loc::new("p_rows", None, 0), T::SUM_TOL)
     }
 
     #[test]
     fn sample_row_inverse_cdf_on_a_small_row() {
         let row = [0.25f64, 0.0, 0.75];
-        assert_eq!(sample_row(&row, 0.0, loc()).unwrap(), 0);
-        assert_eq!(sample_row(&row, 0.2499, loc()).unwrap(), 0);
-        assert_eq!(sample_row(&row, 0.25, loc()).unwrap(), 2);
-        assert_eq!(sample_row(&row, 0.999_999_999, loc()).unwrap(), 2);
+        assert_eq!(sample_row(at(&row), 0.0).unwrap(), 0);
+        assert_eq!(sample_row(at(&row), 0.2499).unwrap(), 0);
+        assert_eq!(sample_row(at(&row), 0.25).unwrap(), 2);
+        assert_eq!(sample_row(at(&row), 0.999_999_999).unwrap(), 2);
     }
 
     #[test]
@@ -269,7 +289,7 @@ mod tests {
         row[4999] = 0.5;
         for i in 0..=1000 {
             let u = i as f64 / 1000.0 * (1.0 - 1e-12);
-            let j = sample_row(&row, u, loc()).unwrap();
+            let j = sample_row(at(&row), u).unwrap();
             assert!(j == 3 || j == 4999, "u={u} gave {j}");
         }
     }
@@ -281,7 +301,7 @@ mod tests {
         // residual = [0.2, 0, 0] / 0.2 -> always token 0
         for i in 0..100 {
             let u = i as f64 / 100.0;
-            assert_eq!(sample_residual(&p, &q, u, loc(), loc()).unwrap(), 0);
+            assert_eq!(sample_residual(at(&p), at(&q), u).unwrap(), 0);
         }
     }
 
@@ -291,23 +311,35 @@ mod tests {
         let q = [0.5 + 1e-15, 0.5 - 1e-15];
         for i in 0..100 {
             let u = i as f64 / 100.0;
-            assert_eq!(sample_residual(&p, &q, u, loc(), loc()).unwrap(), 1);
+            assert_eq!(sample_residual(at(&p), at(&q), u).unwrap(), 1);
         }
     }
 
     #[test]
     fn residual_without_mass_falls_back_to_p() {
         let p = [0.5f64, 0.5];
-        let j = sample_residual(&p, &p, 0.75, loc(), loc()).unwrap();
+        let j = sample_residual(at(&p), at(&p), 0.75).unwrap();
         assert_eq!(j, 1);
     }
 
     #[test]
     fn bad_rows_are_errors() {
-        assert!(matches!(check_row(&[0.5f64, f64::NAN], loc()), Err(SpecError::NotFinite { col: 1, .. })));
-        assert!(matches!(check_row(&[1.5f64, -0.5], loc()), Err(SpecError::Negative { col: 1, .. })));
-        assert!(matches!(check_row(&[0.5f32, 0.4], loc()), Err(SpecError::NotNormalized { .. })));
-        assert!(check_row(&[0.5f32, 0.5005], loc()).is_ok());
-        assert!(matches!(sample_row(&[0.0f64; 4], 0.5, loc()), Err(SpecError::NotNormalized { .. })));
+        assert!(matches!(
+            check_row(at(&[0.5f64, f64::NAN])),
+            Err(SpecError::NotFinite { col: 1, .. })
+        ));
+        assert!(matches!(
+            check_row(at(&[1.5f64, -0.5])),
+            Err(SpecError::Negative { col: 1, .. })
+        ));
+        assert!(matches!(
+            check_row(at(&[0.5f32, 0.4])),
+            Err(SpecError::NotNormalized { .. })
+        ));
+        assert!(check_row(at(&[0.5f32, 0.5005])).is_ok());
+        assert!(matches!(
+            sample_row(at(&[0.0f64; 4]), 0.5),
+            Err(SpecError::NotNormalized { .. })
+        ));
     }
 }

@@ -1,14 +1,22 @@
 //! The Python boundary (module `specdec_rs._core`): NumPy arrays in, zero-copy,
-//! GIL released around the work, `SpecError` out as `ValueError`.
+//! GIL released around the work, `SpecError` out as `ValueError`, Ctrl-C
+//! honoured during long simulations.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use ndarray::Array2;
-use numpy::{IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods};
-use pyo3::exceptions::PyValueError;
+use numpy::{
+    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
+};
+use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::error::SpecError;
 use crate::prob::Prob;
-use crate::sim::{Chain, Variant};
+use crate::sim::{Chain, Sim, Variant};
+use crate::verify::Checks;
 
 impl From<SpecError> for PyErr {
     fn from(e: SpecError) -> PyErr {
@@ -16,16 +24,81 @@ impl From<SpecError> for PyErr {
     }
 }
 
+/// Most threads a call may ask for (the Python wrappers enforce it too).
+const MAX_THREADS: usize = 256;
+/// Thread pools kept for reuse, most recent first: building one per call
+/// costs milliseconds per thread.
+const POOLS_KEPT: usize = 4;
+
+/// A pool of `n` threads, reused across calls.
+fn pool(n: usize) -> crate::Result<Arc<rayon::ThreadPool>> {
+    static POOLS: Mutex<Vec<(usize, Arc<rayon::ThreadPool>)>> = Mutex::new(Vec::new());
+    if n == 0 || n > MAX_THREADS {
+        return Err(SpecError::Invalid(format!(
+            "threads = {n}; expected 1 <= threads <= {MAX_THREADS}, or None for one per core"
+        )));
+    }
+    let mut pools = POOLS.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some(i) = pools.iter().position(|(size, _)| *size == n) {
+        let entry = pools.remove(i);
+        pools.insert(0, entry);
+        return Ok(pools[0].1.clone());
+    }
+    let built = rayon::ThreadPoolBuilder::new()
+        .num_threads(n)
+        .build()
+        .map_err(|e| SpecError::Invalid(format!("cannot start {n} threads: {e}")))?;
+    pools.insert(0, (n, Arc::new(built)));
+    pools.truncate(POOLS_KEPT);
+    Ok(pools[0].1.clone())
+}
+
 /// Run `f` on a pool of `threads` threads, or on rayon's global pool.
 fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> crate::Result<T> + Send) -> crate::Result<T> {
     match threads {
         None => f(),
-        Some(0) => Err(SpecError::Invalid("threads = 0; expected threads >= 1 or None".into())),
-        Some(n) => rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build()
-            .map_err(|e| SpecError::Invalid(format!("cannot start {n} threads: {e}")))?
-            .install(f),
+        Some(n) => pool(n)?.install(f),
+    }
+}
+
+/// Run `work` with the GIL released on a helper thread while the calling
+/// thread checks for signals every 50 ms. On Ctrl-C (or any signal handler
+/// that raises) `stop` is set, the work ends at its next check, and the
+/// handler's exception (KeyboardInterrupt) is raised.
+fn interruptible<T: Send>(
+    py: Python<'_>,
+    threads: Option<usize>,
+    work: impl FnOnce(&AtomicBool) -> crate::Result<T> + Send,
+) -> PyResult<T> {
+    let stop = AtomicBool::new(false);
+    let mut raised: Option<PyErr> = None;
+    let joined = py.detach(|| {
+        std::thread::scope(|scope| {
+            let caller = std::thread::current();
+            let stop = &stop;
+            let worker = scope.spawn(move || {
+                let out = in_pool(threads, || work(stop));
+                caller.unpark();
+                out
+            });
+            while !worker.is_finished() {
+                std::thread::park_timeout(Duration::from_millis(50));
+                if raised.is_none() && !worker.is_finished() {
+                    if let Err(e) = Python::attach(|py| py.check_signals()) {
+                        raised = Some(e);
+                        stop.store(true, Ordering::Relaxed);
+                    }
+                }
+            }
+            worker.join()
+        })
+    });
+    if let Some(e) = raised {
+        return Err(e);
+    }
+    match joined {
+        Ok(out) => Ok(out?),
+        Err(_) => Err(PyRuntimeError::new_err("internal error: a worker thread panicked")),
     }
 }
 
@@ -54,83 +127,128 @@ macro_rules! dispatch_dtypes {
     }};
 }
 
+/// The row checks of a call: `full`, and each array's tolerance (the
+/// element type's default when not given).
+fn checks<P: Prob, Q: Prob>(full: bool, p_tol: Option<f64>, q_tol: Option<f64>) -> Checks {
+    let default = Checks::of::<P, Q>(full);
+    Checks {
+        full,
+        p_tol: p_tol.unwrap_or(default.p_tol),
+        q_tol: q_tol.unwrap_or(default.q_tol),
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
 fn verify_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
     drafts: &PyReadonlyArray1<'_, i64>,
     seed: u64,
-    validate: bool,
+    full: bool,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
 ) -> PyResult<Option<Py<PyArray1<i64>>>> {
     let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray2<P>>(), q.extract::<PyReadonlyArray2<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
-    let out = py.detach(|| crate::verify::verify(pv, qv, dv, seed, validate))?;
+    let checks = checks::<P, Q>(full, p_tol, q_tol);
+    let out = py.detach(|| crate::verify::verify(pv, qv, dv, seed, checks))?;
     Ok(Some(out.into_pyarray(py).unbind()))
 }
 
 /// One speculative round; see `specdec_rs.verify`.
 #[pyfunction]
-#[pyo3(signature = (p_rows, q_rows, drafts, seed, validate=true))]
+#[pyo3(signature = (p_rows, q_rows, drafts, seed, full=true, p_tol=None, q_tol=None))]
+#[allow(clippy::too_many_arguments)]
 fn verify(
     py: Python<'_>,
     p_rows: &Bound<'_, PyAny>,
     q_rows: &Bound<'_, PyAny>,
     drafts: PyReadonlyArray1<'_, i64>,
     seed: u64,
-    validate: bool,
+    full: bool,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
 ) -> PyResult<Py<PyArray1<i64>>> {
-    dispatch_dtypes!(verify_typed(py, p_rows, q_rows, &drafts, seed, validate), "p_rows and q_rows")
+    dispatch_dtypes!(
+        verify_typed(py, p_rows, q_rows, &drafts, seed, full, p_tol, q_tol),
+        "p_rows and q_rows"
+    )
 }
 
 type BatchOut = (Py<PyArray2<i64>>, Py<PyArray1<i64>>);
 
+#[allow(clippy::too_many_arguments)]
 fn batch_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
     drafts: &PyReadonlyArray2<'_, i64>,
     seed: u64,
-    validate: bool,
+    full: bool,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
     threads: Option<usize>,
 ) -> PyResult<Option<BatchOut>> {
     let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray3<P>>(), q.extract::<PyReadonlyArray3<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
-    let batch = py.detach(|| in_pool(threads, || crate::verify::verify_batch(pv, qv, dv, seed, validate)))?;
+    let checks = checks::<P, Q>(full, p_tol, q_tol);
+    let batch = py.detach(|| in_pool(threads, || crate::verify::verify_batch(pv, qv, dv, seed, checks)))?;
     let rows = batch.num_emitted.len();
-    let tokens = Array2::from_shape_vec((rows, batch.width), batch.tokens)
-        .map_err(|e| PyValueError::new_err(e.to_string()))?;
-    Ok(Some((tokens.into_pyarray(py).unbind(), batch.num_emitted.into_pyarray(py).unbind())))
+    let tokens =
+        Array2::from_shape_vec((rows, batch.width), batch.tokens).map_err(|e| PyValueError::new_err(e.to_string()))?;
+    Ok(Some((
+        tokens.into_pyarray(py).unbind(),
+        batch.num_emitted.into_pyarray(py).unbind(),
+    )))
 }
 
 /// B independent rounds; see `specdec_rs.verify_batch`.
 #[pyfunction]
-#[pyo3(signature = (p, q, drafts, seed, validate=true, threads=None))]
+#[pyo3(signature = (p, q, drafts, seed, full=true, p_tol=None, q_tol=None, threads=None))]
+#[allow(clippy::too_many_arguments)]
 fn verify_batch(
     py: Python<'_>,
     p: &Bound<'_, PyAny>,
     q: &Bound<'_, PyAny>,
     drafts: PyReadonlyArray2<'_, i64>,
     seed: u64,
-    validate: bool,
+    full: bool,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
     threads: Option<usize>,
 ) -> PyResult<BatchOut> {
-    dispatch_dtypes!(batch_typed(py, p, q, &drafts, seed, validate, threads), "p and q")
+    dispatch_dtypes!(
+        batch_typed(py, p, q, &drafts, seed, full, p_tol, q_tol, threads),
+        "p and q"
+    )
 }
 
-fn chain(p_table: &PyReadonlyArray2<'_, f64>, q_table: &PyReadonlyArray2<'_, f64>) -> PyResult<Chain> {
+fn chain(
+    p_table: &PyReadonlyArray2<'_, f64>,
+    q_table: &PyReadonlyArray2<'_, f64>,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+) -> PyResult<Chain> {
     if !p_table.is_c_contiguous() || !q_table.is_c_contiguous() {
         return Err(dtype_error("p_table and q_table"));
     }
-    Ok(Chain::new(p_table.as_array(), q_table.as_array())?)
+    let tol = f64::SUM_TOL;
+    Ok(Chain::new(
+        p_table.as_array(),
+        q_table.as_array(),
+        p_tol.unwrap_or(tol),
+        q_tol.unwrap_or(tol),
+    )?)
 }
 
 /// Joint histogram (flat) of the first `num_tokens` tokens; see `specdec_rs.simulate`.
 #[pyfunction]
-#[pyo3(signature = (p_table, q_table, k, runs, num_tokens, start, variant, seed, threads=None))]
+#[pyo3(signature = (p_table, q_table, *, k, runs, num_tokens, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn simulate(
     py: Python<'_>,
@@ -142,17 +260,26 @@ fn simulate(
     start: usize,
     variant: &str,
     seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
     threads: Option<usize>,
 ) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table)?;
-    let variant: Variant = variant.parse()?;
-    let hist = py.detach(|| in_pool(threads, || crate::sim::simulate(&chain, variant, k, runs, num_tokens, start, seed)))?;
+    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
+    let sim = Sim {
+        variant: variant.parse()?,
+        k,
+        start,
+        seed,
+    };
+    let hist = interruptible(py, threads, |stop| {
+        crate::sim::simulate(&chain, sim, runs, num_tokens, stop)
+    })?;
     Ok(hist.into_pyarray(py).unbind())
 }
 
 /// Counts of rounds by tokens emitted; see `specdec_rs.simulate_round_lengths`.
 #[pyfunction]
-#[pyo3(signature = (p_table, q_table, k, rounds, start, variant, seed, threads=None))]
+#[pyo3(signature = (p_table, q_table, *, k, rounds, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
 #[allow(clippy::too_many_arguments)]
 fn simulate_round_lengths(
     py: Python<'_>,
@@ -163,11 +290,20 @@ fn simulate_round_lengths(
     start: usize,
     variant: &str,
     seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
     threads: Option<usize>,
 ) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table)?;
-    let variant: Variant = variant.parse()?;
-    let counts = py.detach(|| in_pool(threads, || crate::sim::simulate_round_lengths(&chain, variant, k, rounds, start, seed)))?;
+    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
+    let sim = Sim {
+        variant: variant.parse()?,
+        k,
+        start,
+        seed,
+    };
+    let counts = interruptible(py, threads, |stop| {
+        crate::sim::simulate_round_lengths(&chain, sim, rounds, stop)
+    })?;
     Ok(counts.into_pyarray(py).unbind())
 }
 
@@ -184,7 +320,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_round_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
-    m.add("VARIANTS", Variant::NAMES.to_vec())?;
+    m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
+    m.add("MAX_THREADS", MAX_THREADS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

@@ -10,13 +10,14 @@
 //! blocks, identical for any thread count.
 
 use std::str::FromStr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use ndarray::ArrayView2;
 use rand::RngExt;
 use rayon::prelude::*;
 
 use crate::error::{Loc, Result, SpecError};
-use crate::prob::check_row;
+use crate::prob::{check_row, Row};
 use crate::rng::{row_seed, stream, Stream};
 
 /// Runs (or rounds) per independent random stream.
@@ -46,39 +47,38 @@ pub enum Variant {
 }
 
 impl Variant {
-    pub const NAMES: [&'static str; 8] = [
-        "exact",
-        "no_bonus",
-        "resample_from_p",
-        "continue_after_reject",
-        "inverted_ratio",
-        "greedy_check",
-        "no_verification",
-        "off_by_one",
+    /// Every variant with its name: the one table both directions read.
+    pub const TABLE: [(Variant, &'static str); 8] = [
+        (Variant::Exact, "exact"),
+        (Variant::NoBonus, "no_bonus"),
+        (Variant::ResampleFromP, "resample_from_p"),
+        (Variant::ContinueAfterReject, "continue_after_reject"),
+        (Variant::InvertedRatio, "inverted_ratio"),
+        (Variant::GreedyCheck, "greedy_check"),
+        (Variant::NoVerification, "no_verification"),
+        (Variant::OffByOne, "off_by_one"),
     ];
-    const ALL: [Variant; 8] = [
-        Variant::Exact,
-        Variant::NoBonus,
-        Variant::ResampleFromP,
-        Variant::ContinueAfterReject,
-        Variant::InvertedRatio,
-        Variant::GreedyCheck,
-        Variant::NoVerification,
-        Variant::OffByOne,
-    ];
+
+    pub fn name(self) -> &'static str {
+        Variant::TABLE.iter().find(|(v, _)| *v == self).map_or("", |(_, n)| n)
+    }
+
+    pub fn names() -> impl Iterator<Item = &'static str> {
+        Variant::TABLE.iter().map(|(_, n)| *n)
+    }
 }
 
 impl FromStr for Variant {
     type Err = SpecError;
     fn from_str(s: &str) -> Result<Self> {
-        Variant::NAMES
+        Variant::TABLE
             .iter()
-            .position(|&n| n == s)
-            .map(|i| Variant::ALL[i])
+            .find(|(_, n)| *n == s)
+            .map(|(v, _)| *v)
             .ok_or_else(|| {
                 SpecError::Invalid(format!(
                     "unknown variant {s:?}; expected one of {}",
-                    Variant::NAMES.join(", ")
+                    Variant::names().collect::<Vec<_>>().join(", ")
                 ))
             })
     }
@@ -119,7 +119,9 @@ fn draw(cdf_row: &[f64], u: f64) -> usize {
 
 impl Chain {
     /// Build from p and q tables of shape (S, V), S = 1 or S = V.
-    pub fn new(p: ArrayView2<'_, f64>, q: ArrayView2<'_, f64>) -> Result<Chain> {
+    /// Each row is checked: finite, ≥ 0, sum within `p_tol` / `q_tol` of 1.
+    /// Sampling normalizes every row by its sum.
+    pub fn new(p: ArrayView2<'_, f64>, q: ArrayView2<'_, f64>, p_tol: f64, q_tol: f64) -> Result<Chain> {
         let (s, v) = p.dim();
         if q.dim() != (s, v) {
             return Err(SpecError::Shape(format!(
@@ -136,10 +138,19 @@ impl Chain {
         let p: Vec<f64> = p.iter().copied().collect();
         let q: Vec<f64> = q.iter().copied().collect();
         for r in 0..s {
-            check_row(&p[r * v..(r + 1) * v], Loc::new("p_table", None, r))?;
-            check_row(&q[r * v..(r + 1) * v], Loc::new("q_table", None, r))?;
+            check_row(Row::new(&p[r * v..(r + 1) * v], Loc::new("p_table", None, r), p_tol))?;
+            check_row(Row::new(&q[r * v..(r + 1) * v], Loc::new("q_table", None, r), q_tol))?;
         }
-        let mut chain = Chain { v, s, p, q, cdf_p: vec![], cdf_q: vec![], cdf_residual: vec![], argmax_p: vec![] };
+        let mut chain = Chain {
+            v,
+            s,
+            p,
+            q,
+            cdf_p: vec![],
+            cdf_q: vec![],
+            cdf_residual: vec![],
+            argmax_p: vec![],
+        };
         for r in 0..s {
             let (pr, qr) = (chain.p_row(r).to_vec(), chain.q_row(r).to_vec());
             chain.cdf_p.extend(cdf(&pr));
@@ -177,7 +188,15 @@ impl Chain {
 
     /// One round after context token `last`; appends the emitted tokens to `out`
     /// (cleared first). `drafts` is scratch space.
-    pub fn round(&self, variant: Variant, k: usize, last: usize, rng: &mut Stream, drafts: &mut Vec<usize>, out: &mut Vec<usize>) {
+    pub fn round(
+        &self,
+        variant: Variant,
+        k: usize,
+        last: usize,
+        rng: &mut Stream,
+        drafts: &mut Vec<usize>,
+        out: &mut Vec<usize>,
+    ) {
         out.clear();
         drafts.clear();
         let mut cur = last;
@@ -248,23 +267,31 @@ fn argmax(row: &[f64]) -> usize {
     best
 }
 
-fn check_start(chain: &Chain, start: usize) -> Result<()> {
-    if start >= chain.v {
-        return Err(SpecError::Invalid(format!(
-            "start = {start} is outside the vocabulary [0, {}); expected a token id",
-            chain.v
-        )));
-    }
-    Ok(())
+/// What a simulation runs: the rule (exact or a known bug), drafts per round,
+/// the context token every run (or generation) starts from, and the seed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sim {
+    pub variant: Variant,
+    pub k: usize,
+    pub start: usize,
+    pub seed: u64,
 }
 
-fn check_emits(variant: Variant, k: usize) -> Result<()> {
-    if variant == Variant::NoBonus && k == 0 {
-        return Err(SpecError::Invalid(
-            "variant no_bonus with k = 0 emits no tokens; use k >= 1".into(),
-        ));
+impl Sim {
+    fn check(&self, chain: &Chain) -> Result<()> {
+        if self.start >= chain.v {
+            return Err(SpecError::Invalid(format!(
+                "start = {} is outside the vocabulary [0, {}); expected a token id",
+                self.start, chain.v
+            )));
+        }
+        if self.variant == Variant::NoBonus && self.k == 0 {
+            return Err(SpecError::Invalid(
+                "variant no_bonus with k = 0 emits no tokens; use k >= 1".into(),
+            ));
+        }
+        Ok(())
     }
-    Ok(())
 }
 
 /// Split `total` items into blocks: (block index, items in it).
@@ -273,16 +300,25 @@ fn blocks(total: u64) -> impl ParallelIterator<Item = (u64, u64)> {
     (0..n).into_par_iter().map(move |b| (b, BLOCK.min(total - b * BLOCK)))
 }
 
-fn add(mut a: Vec<i64>, b: Vec<i64>) -> Vec<i64> {
+fn add(mut a: Vec<i64>, b: Vec<i64>) -> Result<Vec<i64>> {
     a.iter_mut().zip(b).for_each(|(x, y)| *x += y);
-    a
+    Ok(a)
 }
 
-/// Joint histogram of the first `num_tokens` tokens emitted after `start`,
+/// `Err(Interrupted)` once `stop` is set (checked between runs and rounds).
+#[inline(always)]
+fn go_on(stop: &AtomicBool) -> Result<()> {
+    if stop.load(Ordering::Relaxed) {
+        return Err(SpecError::Interrupted);
+    }
+    Ok(())
+}
+
+/// Joint histogram of the first `num_tokens` tokens emitted after `sim.start`,
 /// over `runs` independent runs; flat, index Σ_j tok_j · V^(m−1−j).
-pub fn simulate(chain: &Chain, variant: Variant, k: usize, runs: u64, num_tokens: usize, start: usize, seed: u64) -> Result<Vec<i64>> {
-    check_start(chain, start)?;
-    check_emits(variant, k)?;
+/// Setting `stop` (from another thread) ends the work early with `Interrupted`.
+pub fn simulate(chain: &Chain, sim: Sim, runs: u64, num_tokens: usize, stop: &AtomicBool) -> Result<Vec<i64>> {
+    sim.check(chain)?;
     let v = chain.v;
     let size = (0..num_tokens).try_fold(1usize, |acc, _| acc.checked_mul(v).filter(|&n| n <= MAX_HIST));
     let size = match (num_tokens, size) {
@@ -295,16 +331,17 @@ pub fn simulate(chain: &Chain, variant: Variant, k: usize, runs: u64, num_tokens
             )))
         }
     };
-    Ok(blocks(runs)
-        .fold(
+    blocks(runs)
+        .try_fold(
             || vec![0i64; size],
             |mut hist, (b, n)| {
-                let mut rng = stream(row_seed(seed, b));
+                let mut rng = stream(row_seed(sim.seed, b));
                 let (mut drafts, mut out) = (Vec::new(), Vec::new());
                 for _ in 0..n {
-                    let (mut emitted, mut idx, mut last) = (0, 0usize, start);
+                    let (mut emitted, mut idx, mut last) = (0, 0usize, sim.start);
                     while emitted < num_tokens {
-                        chain.round(variant, k, last, &mut rng, &mut drafts, &mut out);
+                        go_on(stop)?;
+                        chain.round(sim.variant, sim.k, last, &mut rng, &mut drafts, &mut out);
                         for &t in out.iter().take(num_tokens - emitted) {
                             idx = idx * v + t;
                             emitted += 1;
@@ -313,34 +350,35 @@ pub fn simulate(chain: &Chain, variant: Variant, k: usize, runs: u64, num_tokens
                     }
                     hist[idx] += 1;
                 }
-                hist
+                Ok(hist)
             },
         )
-        .reduce(|| vec![0i64; size], add))
+        .try_reduce(|| vec![0i64; size], add)
 }
 
 /// Counts of rounds by tokens emitted (index 0..=k+1) over `rounds` rounds.
-/// Each block of rounds is one continuing generation from `start`: the next
-/// round's context is the last token emitted.
-pub fn simulate_round_lengths(chain: &Chain, variant: Variant, k: usize, rounds: u64, start: usize, seed: u64) -> Result<Vec<i64>> {
-    check_start(chain, start)?;
-    check_emits(variant, k)?;
-    Ok(blocks(rounds)
-        .fold(
+/// Each block of rounds is one continuing generation from `sim.start`: the
+/// next round's context is the last token emitted. `stop` as in `simulate`.
+pub fn simulate_round_lengths(chain: &Chain, sim: Sim, rounds: u64, stop: &AtomicBool) -> Result<Vec<i64>> {
+    sim.check(chain)?;
+    let k = sim.k;
+    blocks(rounds)
+        .try_fold(
             || vec![0i64; k + 2],
             |mut counts, (b, n)| {
-                let mut rng = stream(row_seed(seed, b));
+                let mut rng = stream(row_seed(sim.seed, b));
                 let (mut drafts, mut out) = (Vec::new(), Vec::new());
-                let mut last = start;
+                let mut last = sim.start;
                 for _ in 0..n {
-                    chain.round(variant, k, last, &mut rng, &mut drafts, &mut out);
+                    go_on(stop)?;
+                    chain.round(sim.variant, k, last, &mut rng, &mut drafts, &mut out);
                     counts[out.len()] += 1;
                     last = *out.last().unwrap_or(&last);
                 }
-                counts
+                Ok(counts)
             },
         )
-        .reduce(|| vec![0i64; k + 2], add))
+        .try_reduce(|| vec![0i64; k + 2], add)
 }
 
 #[cfg(test)]
@@ -351,12 +389,27 @@ mod tests {
     fn lab_chain() -> Chain {
         let p = array![[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]];
         let q = array![[0.2, 0.5, 0.3], [0.4, 0.4, 0.2], [0.1, 0.8, 0.1]];
-        Chain::new(p.view(), q.view()).unwrap()
+        Chain::new(p.view(), q.view(), 1e-6, 1e-6).unwrap()
     }
+
+    fn sim(variant: Variant, k: usize, start: usize, seed: u64) -> Sim {
+        Sim {
+            variant,
+            k,
+            start,
+            seed,
+        }
+    }
+
+    static GO: AtomicBool = AtomicBool::new(false);
 
     fn tv(hist: &[i64], exact: &[f64]) -> f64 {
         let n: i64 = hist.iter().sum();
-        hist.iter().zip(exact).map(|(&c, &e)| (c as f64 / n as f64 - e).abs()).sum::<f64>() / 2.0
+        hist.iter()
+            .zip(exact)
+            .map(|(&c, &e)| (c as f64 / n as f64 - e).abs())
+            .sum::<f64>()
+            / 2.0
     }
 
     #[test]
@@ -364,10 +417,17 @@ mod tests {
         let chain = lab_chain();
         let p0 = chain.p_row(0).to_vec();
         let exact: Vec<f64> = (0..9).map(|i| p0[i / 3] * chain.p_row(i / 3)[i % 3]).collect();
-        let hist = simulate(&chain, Variant::Exact, 2, 30_000, 2, 0, 0).unwrap();
+        let hist = simulate(&chain, sim(Variant::Exact, 2, 0, 0), 30_000, 2, &GO).unwrap();
         assert!(tv(&hist, &exact) < 0.015);
-        for v in [Variant::ResampleFromP, Variant::ContinueAfterReject, Variant::InvertedRatio, Variant::GreedyCheck, Variant::NoVerification, Variant::OffByOne] {
-            let hist = simulate(&chain, v, 2, 30_000, 2, 0, 0).unwrap();
+        for v in [
+            Variant::ResampleFromP,
+            Variant::ContinueAfterReject,
+            Variant::InvertedRatio,
+            Variant::GreedyCheck,
+            Variant::NoVerification,
+            Variant::OffByOne,
+        ] {
+            let hist = simulate(&chain, sim(v, 2, 0, 0), 30_000, 2, &GO).unwrap();
             assert!(tv(&hist, &exact) > 0.015, "{v:?} passed");
         }
     }
@@ -377,8 +437,8 @@ mod tests {
         let chain = lab_chain();
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-        let a = one.install(|| simulate_round_lengths(&chain, Variant::Exact, 3, 50_000, 0, 9).unwrap());
-        let b = three.install(|| simulate_round_lengths(&chain, Variant::Exact, 3, 50_000, 0, 9).unwrap());
+        let a = one.install(|| simulate_round_lengths(&chain, sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
+        let b = three.install(|| simulate_round_lengths(&chain, sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
         assert_eq!(a, b);
         assert_eq!(a.iter().sum::<i64>(), 50_000);
         assert_eq!(a[0], 0);
@@ -387,9 +447,12 @@ mod tests {
     #[test]
     fn no_bonus_never_emits_k_plus_one() {
         let chain = lab_chain();
-        let counts = simulate_round_lengths(&chain, Variant::NoBonus, 2, 10_000, 0, 1).unwrap();
+        let counts = simulate_round_lengths(&chain, sim(Variant::NoBonus, 2, 0, 1), 10_000, &GO).unwrap();
         assert_eq!(counts[3], 0);
-        assert!(matches!(simulate_round_lengths(&chain, Variant::NoBonus, 0, 10, 0, 1), Err(SpecError::Invalid(_))));
+        assert!(matches!(
+            simulate_round_lengths(&chain, sim(Variant::NoBonus, 0, 0, 1), 10, &GO),
+            Err(SpecError::Invalid(_))
+        ));
     }
 
     #[test]
@@ -397,6 +460,27 @@ mod tests {
         assert!("exactly".parse::<Variant>().is_err());
         let p = array![[0.5, 0.5]];
         let q = array![[0.5, 0.5], [0.5, 0.5]];
-        assert!(Chain::new(p.view(), q.view()).is_err());
+        assert!(Chain::new(p.view(), q.view(), 1e-6, 1e-6).is_err());
+        for (v, name) in Variant::TABLE {
+            assert_eq!(name.parse::<Variant>().unwrap(), v);
+            assert_eq!(v.name(), name);
+        }
+    }
+
+    #[test]
+    fn row_tolerances_are_the_callers() {
+        let p = array![[0.5, 0.5004]];
+        assert!(Chain::new(p.view(), p.view(), 1e-6, 1e-6).is_err());
+        assert!(Chain::new(p.view(), p.view(), 1e-3, 1e-3).is_ok());
+    }
+
+    #[test]
+    fn a_set_stop_flag_ends_the_work() {
+        let chain = lab_chain();
+        let stop = AtomicBool::new(true);
+        let err = simulate(&chain, sim(Variant::Exact, 2, 0, 0), u64::MAX, 2, &stop).unwrap_err();
+        assert_eq!(err, SpecError::Interrupted);
+        let err = simulate_round_lengths(&chain, sim(Variant::Exact, 2, 0, 0), u64::MAX, &stop).unwrap_err();
+        assert_eq!(err, SpecError::Interrupted);
     }
 }

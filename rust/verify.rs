@@ -8,17 +8,18 @@
 //! if all k pass, a bonus token is drawn from p_k. Output: 1..=k+1 tokens.
 //!
 //! Cost: 2k gathers for the accept tests plus one pass over one p row (bonus)
-//! or one p row and one q row (residual). With `validate` every row is also
-//! checked in full (finite, ≥ 0, sums to 1); without it, only the entries and
-//! rows the round reads are checked, so no input can cause a panic, a NaN or
-//! an id outside [0, V), but an unread row that does not sum to 1 goes unseen.
+//! or one p row and one q row (residual). With `Checks::full` every row is
+//! also checked (finite, ≥ 0, sums to 1 within its tolerance); without it,
+//! only the entries and rows the round reads are checked, so no input can
+//! cause a panic, a NaN or an id outside [0, V), but an unread row that does
+//! not sum to 1 goes unseen.
 
 use ndarray::{ArrayView1, ArrayView2, ArrayView3, Axis};
 use rand::RngExt;
 use rayon::prelude::*;
 
 use crate::error::{Loc, Result, SpecError};
-use crate::prob::{check_entry, check_row, sample_residual, sample_row, Prob};
+use crate::prob::{check_entry, check_row, sample_residual, sample_row, Prob, Row};
 use crate::rng::{row_seed, stream, Stream};
 
 /// The two dimensions of a round, checked: k (number of drafts) and V.
@@ -33,7 +34,9 @@ fn round_dims(p: (usize, usize), q: (usize, usize), drafts: usize) -> Result<(us
     }
     let k = kp1 - 1;
     if v == 0 {
-        return Err(SpecError::Shape("p_rows has vocabulary size V = 0; expected V >= 1".into()));
+        return Err(SpecError::Shape(
+            "p_rows has vocabulary size V = 0; expected V >= 1".into(),
+        ));
     }
     if q.0 != k || drafts != k {
         return Err(SpecError::Shape(format!(
@@ -53,11 +56,31 @@ fn round_dims(p: (usize, usize), q: (usize, usize), drafts: usize) -> Result<(us
 }
 
 fn row_slice<'a, T>(a: &'a ArrayView2<'_, T>, i: usize, name: &str) -> Result<&'a [T]> {
-    a.index_axis(Axis(0), i).to_slice().ok_or_else(|| {
-        SpecError::Invalid(format!(
-            "{name} is not C-contiguous; pass np.ascontiguousarray({name})"
-        ))
-    })
+    a.index_axis(Axis(0), i)
+        .to_slice()
+        .ok_or_else(|| SpecError::Invalid(format!("{name} is not C-contiguous; pass np.ascontiguousarray({name})")))
+}
+
+/// How much of the input a round checks, and each array's row-sum tolerance.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Checks {
+    /// Check every row in full before the round; otherwise only what the round
+    /// reads (the 2k gathered entries and the one or two rows it samples from).
+    pub full: bool,
+    /// Allowed |row sum − 1| of p's rows and of q's rows.
+    pub p_tol: f64,
+    pub q_tol: f64,
+}
+
+impl Checks {
+    /// The default tolerances of the element types (1e-3 for f32, 1e-6 for f64).
+    pub fn of<P: Prob, Q: Prob>(full: bool) -> Self {
+        Checks {
+            full,
+            p_tol: P::SUM_TOL,
+            q_tol: Q::SUM_TOL,
+        }
+    }
 }
 
 /// Below this many entries a full check runs on the calling thread: handing
@@ -66,17 +89,17 @@ const PARALLEL_CHECK_MIN: usize = 1 << 16;
 
 /// Check every row of `rows` in full; large inputs row-parallel (memory-bound:
 /// two cores read faster than one). The lowest bad row's error is returned.
-pub fn check_rows<T: Prob>(rows: &ArrayView2<'_, T>, array: &'static str, batch: Option<usize>) -> Result<()> {
+pub fn check_rows<T: Prob>(
+    rows: &ArrayView2<'_, T>,
+    array: &'static str,
+    batch: Option<usize>,
+    tol: f64,
+) -> Result<()> {
+    let check = |i: usize| check_row(Row::new(row_slice(rows, i, array)?, Loc::new(array, batch, i), tol));
     if rows.len() < PARALLEL_CHECK_MIN {
-        for i in 0..rows.nrows() {
-            check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i))?;
-        }
-        return Ok(());
+        return (0..rows.nrows()).try_for_each(check);
     }
-    let results: Vec<Result<()>> = (0..rows.nrows())
-        .into_par_iter()
-        .map(|i| check_row(row_slice(rows, i, array)?, Loc::new(array, batch, i)))
-        .collect();
+    let results: Vec<Result<()>> = (0..rows.nrows()).into_par_iter().map(check).collect();
     results.into_iter().collect()
 }
 
@@ -88,21 +111,30 @@ pub fn verify_into<P: Prob, Q: Prob>(
     q: &ArrayView2<'_, Q>,
     drafts: &ArrayView1<'_, i64>,
     rng: &mut Stream,
-    validate: bool,
+    checks: Checks,
     batch: Option<usize>,
     out: &mut [i64],
 ) -> Result<usize> {
     let (k, v) = round_dims(p.dim(), q.dim(), drafts.len())?;
-    let (p_name, q_name) = if batch.is_some() { ("p", "q") } else { ("p_rows", "q_rows") };
+    let (p_name, q_name) = if batch.is_some() {
+        ("p", "q")
+    } else {
+        ("p_rows", "q_rows")
+    };
     // Draft ids first: they index everything else.
     for (i, &x) in drafts.iter().enumerate() {
         if x < 0 || x as u64 >= v as u64 {
-            return Err(SpecError::DraftOutOfRange { batch, index: i, token: x, vocab: v });
+            return Err(SpecError::DraftOutOfRange {
+                batch,
+                index: i,
+                token: x,
+                vocab: v,
+            });
         }
     }
-    if validate {
-        check_rows(p, p_name, batch)?;
-        check_rows(q, q_name, batch)?;
+    if checks.full {
+        check_rows(p, p_name, batch, checks.p_tol)?;
+        check_rows(q, q_name, batch, checks.q_tol)?;
     }
     for i in 0..k {
         let x = drafts[i] as usize;
@@ -112,7 +144,11 @@ pub fn verify_into<P: Prob, Q: Prob>(
         check_entry(px, p_loc, x)?;
         check_entry(qx, q_loc, x)?;
         if qx <= 0.0 {
-            return Err(SpecError::ZeroDraftProb { batch, index: i, token: drafts[i] });
+            return Err(SpecError::ZeroDraftProb {
+                batch,
+                index: i,
+                token: drafts[i],
+            });
         }
         let u: f64 = rng.random();
         if u * qx < px {
@@ -120,12 +156,14 @@ pub fn verify_into<P: Prob, Q: Prob>(
             continue;
         }
         let u: f64 = rng.random();
-        let (p_row, q_row) = (row_slice(p, i, p_name)?, row_slice(q, i, q_name)?);
-        out[i] = sample_residual(p_row, q_row, u, p_loc, q_loc)? as i64;
+        let p_row = Row::new(row_slice(p, i, p_name)?, p_loc, checks.p_tol);
+        let q_row = Row::new(row_slice(q, i, q_name)?, q_loc, checks.q_tol);
+        out[i] = sample_residual(p_row, q_row, u)? as i64;
         return Ok(i + 1);
     }
     let u: f64 = rng.random();
-    out[k] = sample_row(row_slice(p, k, p_name)?, u, Loc::new(p_name, batch, k))? as i64;
+    let bonus = Row::new(row_slice(p, k, p_name)?, Loc::new(p_name, batch, k), checks.p_tol);
+    out[k] = sample_row(bonus, u)? as i64;
     Ok(k + 1)
 }
 
@@ -136,10 +174,10 @@ pub fn verify<P: Prob, Q: Prob>(
     q: ArrayView2<'_, Q>,
     drafts: ArrayView1<'_, i64>,
     seed: u64,
-    validate: bool,
+    checks: Checks,
 ) -> Result<Vec<i64>> {
     let mut out = vec![-1i64; p.nrows().max(1)];
-    let n = verify_into(&p, &q, &drafts, &mut stream(seed), validate, None, &mut out)?;
+    let n = verify_into(&p, &q, &drafts, &mut stream(seed), checks, None, &mut out)?;
     out.truncate(n);
     Ok(out)
 }
@@ -161,7 +199,7 @@ pub fn verify_batch<P: Prob, Q: Prob>(
     q: ArrayView3<'_, Q>,
     drafts: ArrayView2<'_, i64>,
     seed: u64,
-    validate: bool,
+    checks: Checks,
 ) -> Result<Batch> {
     let (b, kp1, v) = p.dim();
     if q.dim().0 != b || drafts.dim().0 != b {
@@ -181,13 +219,21 @@ pub fn verify_batch<P: Prob, Q: Prob>(
         .enumerate()
         .map(|(row, (out, n))| {
             let mut rng = stream(row_seed(seed, row as u64));
-            let (pr, qr, dr) = (p.index_axis(Axis(0), row), q.index_axis(Axis(0), row), drafts.index_axis(Axis(0), row));
-            *n = verify_into(&pr, &qr, &dr, &mut rng, validate, Some(row), out)? as i64;
+            let (pr, qr, dr) = (
+                p.index_axis(Axis(0), row),
+                q.index_axis(Axis(0), row),
+                drafts.index_axis(Axis(0), row),
+            );
+            *n = verify_into(&pr, &qr, &dr, &mut rng, checks, Some(row), out)? as i64;
             Ok(())
         })
         .collect();
     results.into_iter().collect::<Result<Vec<()>>>()?;
-    Ok(Batch { tokens, num_emitted, width })
+    Ok(Batch {
+        tokens,
+        num_emitted,
+        width,
+    })
 }
 
 #[cfg(test)]
@@ -195,13 +241,24 @@ mod tests {
     use super::*;
     use ndarray::{array, Array2};
 
+    const FULL: Checks = Checks {
+        full: true,
+        p_tol: 1e-6,
+        q_tol: 1e-6,
+    };
+    const READ: Checks = Checks {
+        full: false,
+        p_tol: 1e-6,
+        q_tol: 1e-6,
+    };
+
     #[test]
     fn equal_p_and_q_accept_everything() {
         let p = Array2::from_elem((4, 5), 0.2f64);
         let q = Array2::from_elem((3, 5), 0.2f64);
         let d = array![1i64, 4, 0];
         for seed in 0..200 {
-            let out = verify(p.view(), q.view(), d.view(), seed, true).unwrap();
+            let out = verify(p.view(), q.view(), d.view(), seed, FULL).unwrap();
             assert_eq!(out.len(), 4);
             assert_eq!(&out[..3], &[1, 4, 0]);
         }
@@ -214,7 +271,7 @@ mod tests {
         let q = array![[1.0f32, 0.0], [1.0, 0.0]];
         let d = array![0i64, 0];
         for seed in 0..100 {
-            assert_eq!(verify(p.view(), q.view(), d.view(), seed, true).unwrap(), vec![1]);
+            assert_eq!(verify(p.view(), q.view(), d.view(), seed, FULL).unwrap(), vec![1]);
         }
     }
 
@@ -223,19 +280,19 @@ mod tests {
         let p = array![[0.0f64, 0.0, 1.0]];
         let q = Array2::<f64>::zeros((0, 3));
         let d = ndarray::Array1::<i64>::zeros(0);
-        assert_eq!(verify(p.view(), q.view(), d.view(), 3, true).unwrap(), vec![2]);
+        assert_eq!(verify(p.view(), q.view(), d.view(), 3, FULL).unwrap(), vec![2]);
     }
 
     #[test]
     fn bad_inputs_are_errors_not_panics() {
         let p = array![[0.5f64, 0.5], [0.5, 0.5]];
         let q = array![[0.5f64, 0.5]];
-        let err = verify(p.view(), q.view(), array![2i64].view(), 0, true).unwrap_err();
+        let err = verify(p.view(), q.view(), array![2i64].view(), 0, FULL).unwrap_err();
         assert!(matches!(err, SpecError::DraftOutOfRange { token: 2, .. }));
         let q0 = array![[1.0f64, 0.0]];
-        let err = verify(p.view(), q0.view(), array![1i64].view(), 0, false).unwrap_err();
+        let err = verify(p.view(), q0.view(), array![1i64].view(), 0, READ).unwrap_err();
         assert!(matches!(err, SpecError::ZeroDraftProb { index: 0, .. }));
-        let err = verify(p.view(), q.view(), array![0i64, 1].view(), 0, true).unwrap_err();
+        let err = verify(p.view(), q.view(), array![0i64, 1].view(), 0, FULL).unwrap_err();
         assert!(matches!(err, SpecError::Shape(_)));
     }
 
@@ -244,14 +301,14 @@ mod tests {
         let p = ndarray::Array3::from_shape_fn((6, 3, 4), |(b, i, j)| ((b + i + j) % 4 + 1) as f64 / 10.0);
         let q = ndarray::Array3::from_shape_fn((6, 2, 4), |(b, i, j)| ((b * 3 + i + 3 * j) % 4 + 1) as f64 / 10.0);
         let d = ndarray::Array2::from_shape_fn((6, 2), |(b, i)| ((b + i) % 4) as i64);
-        let batch = verify_batch(p.view(), q.view(), d.view(), 11, true).unwrap();
+        let batch = verify_batch(p.view(), q.view(), d.view(), 11, FULL).unwrap();
         for row in 0..6 {
             let single = verify(
                 p.index_axis(Axis(0), row),
                 q.index_axis(Axis(0), row),
                 d.index_axis(Axis(0), row),
                 row_seed(11, row as u64),
-                true,
+                FULL,
             )
             .unwrap();
             let n = batch.num_emitted[row] as usize;

@@ -31,7 +31,10 @@ TV_THRESHOLD = 0.015
 settings.register_profile(
     "ci", derandomize=True, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
-settings.load_profile("ci")
+settings.register_profile(
+    "deep", derandomize=False, deadline=None, suppress_health_check=list(HealthCheck)
+)
+settings.load_profile("deep" if os.environ.get("SPECDEC_FUZZ_EXAMPLES") else "ci")
 
 
 def tv(counts: np.ndarray, exact: np.ndarray) -> float:

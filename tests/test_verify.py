@@ -278,12 +278,12 @@ def test_contiguous_inputs_are_not_copied() -> None:
     torch = pytest.importorskip("torch")
     for dtype in (np.float32, np.float64):
         a = np.ones((3, 4), dtype=dtype) / 4
-        assert _checks.prob_array(a, "p", 2) is a
+        assert _checks.prob_array(a, "p", 2)[0] is a
         t = torch.from_numpy(a)
-        assert np.shares_memory(_checks.prob_array(t, "p", 2), a)
-    assert _checks.prob_array(np.ones((4, 3)).T, "p", 2).flags.c_contiguous  # copied when needed
+        assert np.shares_memory(_checks.prob_array(t, "p", 2)[0], a)
+    assert _checks.prob_array(np.ones((4, 3)).T, "p", 2)[0].flags.c_contiguous  # copied when needed
     f64 = np.ones((2, 2)) / 2
-    assert _checks.prob_array(f64, "p", 2).dtype == np.float64  # never narrowed to float32
+    assert _checks.prob_array(f64, "p", 2)[0].dtype == np.float64  # never narrowed to float32
 
 
 def test_torch_cpu_tensors_give_the_numpy_result() -> None:

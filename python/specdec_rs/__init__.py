@@ -12,7 +12,7 @@ p = target, q = draft, k = γ (drafts per round).
 3.3616
 """
 
-from specdec_rs._core import VARIANTS, __version__, row_seed
+from specdec_rs._core import VARIANTS, __version__
 from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
 from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.lab import speculative_step
@@ -27,7 +27,7 @@ from specdec_rs.theory import (
     expected_tokens,
     expected_tokens_per_position,
 )
-from specdec_rs.verify import verify, verify_batch
+from specdec_rs.verify import row_seed, verify, verify_batch
 
 __all__ = [
     "AdaptiveK",

@@ -1,10 +1,12 @@
 """The Rust core (specdec_rs._core). Use the wrappers in specdec_rs, which
-convert torch tensors, lists and mixed dtypes and check arguments."""
+convert torch tensors, lists and mixed dtypes, check arguments and choose the
+row-sum tolerances."""
 
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "MAX_THREADS",
     "VARIANTS",
     "__version__",
     "row_seed",
@@ -15,6 +17,7 @@ __all__ = [
 ]
 
 VARIANTS: list[str]
+MAX_THREADS: int
 __version__: str
 
 def verify(
@@ -22,35 +25,45 @@ def verify(
     q_rows: npt.NDArray[np.float32] | npt.NDArray[np.float64],
     drafts: npt.NDArray[np.int64],
     seed: int,
-    validate: bool = True,
+    full: bool = True,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def verify_batch(
     p: npt.NDArray[np.float32] | npt.NDArray[np.float64],
     q: npt.NDArray[np.float32] | npt.NDArray[np.float64],
     drafts: npt.NDArray[np.int64],
     seed: int,
-    validate: bool = True,
+    full: bool = True,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
     threads: int | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
 def simulate(
     p_table: npt.NDArray[np.float64],
     q_table: npt.NDArray[np.float64],
+    *,
     k: int,
     runs: int,
     num_tokens: int,
     start: int,
     variant: str,
     seed: int,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
     threads: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def simulate_round_lengths(
     p_table: npt.NDArray[np.float64],
     q_table: npt.NDArray[np.float64],
+    *,
     k: int,
     rounds: int,
     start: int,
     variant: str,
     seed: int,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
     threads: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def row_seed(seed: int, index: int) -> int: ...

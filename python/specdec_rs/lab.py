@@ -16,11 +16,17 @@ from specdec_rs.verify import verify
 
 ProbFn = Callable[[tuple[int, ...]], Sequence[float] | np.ndarray]
 
+MAX_K = 10_000  # drafts per round: k + 1 calls of p_fn and k of q_fn
 
-def _dist(fn: ProbFn, prefix: tuple[int, ...], name: str) -> np.ndarray:
-    v = np.asarray(fn(prefix), dtype=np.float64)
-    if v.ndim != 1:
-        raise ValueError(f"{name}{prefix} returned shape {v.shape}; expected a vector (V,)")
+
+def _dist(fn: ProbFn, prefix: tuple[int, ...], name: str, vocab: int | None) -> np.ndarray:
+    """fn(prefix) checked as a probability vector (float64), of length `vocab` when given."""
+    v = _checks.distribution(fn(prefix), f"{name}({prefix})")
+    if vocab is not None and len(v) != vocab:
+        raise ValueError(
+            f"{name}({prefix}) has {len(v)} entries but earlier rows had {vocab}; "
+            "p_fn and q_fn must return vectors over the same vocabulary"
+        )
     return v
 
 
@@ -38,33 +44,42 @@ def speculative_step(
     Draft i is sampled from q_fn(prefix + drafts[:i]) and verified against
     p_fn(prefix + drafts[:i]). backend="rust" verifies with `verify` (seeded
     from `rng`); backend="python" is the line-by-line reference of the rule.
+    Every row p_fn and q_fn return is checked first (finite, >= 0, sums to 1
+    within its precision's tolerance, one vocabulary size): ValueError otherwise.
     """
-    k = _checks.integer(k, "k")
-    prefix = tuple(int(t) for t in prefix)
+    p_fn = _checks.function(p_fn, "p_fn")
+    q_fn = _checks.function(q_fn, "q_fn")
+    k = _checks.integer(k, "k", maximum=MAX_K)
+    prefix = tuple(_checks.integers(prefix, "prefix"))
+    rng = _checks.rng(rng)
+    use_rust = _checks.choice(backend, "backend", ("rust", "python")) == "rust"
     drafts: list[int] = []
     q_rows: list[np.ndarray] = []
+    vocab: int | None = None
     for _ in range(k):
-        qv = _dist(q_fn, prefix + tuple(drafts), "q_fn")
-        drafts.append(int(rng.choice(len(qv), p=qv)))
+        qv = _dist(q_fn, prefix + tuple(drafts), "q_fn", vocab)
+        vocab = len(qv)
+        drafts.append(int(rng.choice(vocab, p=qv / qv.sum())))
         q_rows.append(qv)
-    if backend == "rust":
-        p_rows = [_dist(p_fn, prefix + tuple(drafts[:i]), "p_fn") for i in range(k + 1)]
-        v = len(p_rows[0])
-        q = np.stack(q_rows) if q_rows else np.zeros((0, v))
+    p_rows: list[np.ndarray] = []
+    for i in range(k + 1):  # row i conditions on drafts[:i]
+        p_rows.append(_dist(p_fn, prefix + tuple(drafts[:i]), "p_fn", vocab))
+        vocab = len(p_rows[-1])
+    if use_rust:
+        q = np.stack(q_rows) if q_rows else np.zeros((0, len(p_rows[0])))
         seed = int(rng.integers(0, 2**63))
         return [int(t) for t in verify(np.stack(p_rows), q, np.array(drafts, np.int64), seed)]
-    if backend != "python":
-        raise ValueError(f"backend = {backend!r}; expected 'rust' or 'python'")
     out: list[int] = []
     for i, x in enumerate(drafts):
-        pv, qv = _dist(p_fn, prefix + tuple(drafts[:i]), "p_fn"), q_rows[i]
+        pv, qv = p_rows[i], q_rows[i]
         if rng.random() < min(1.0, pv[x] / qv[x]):
             out.append(x)
             continue
         residual = np.maximum(pv - qv, 0.0)
         mass = residual.sum()
-        out.append(int(rng.choice(len(pv), p=residual / mass if mass > 0 else pv)))
+        weights = residual / mass if mass > 0 else pv / pv.sum()
+        out.append(int(rng.choice(len(pv), p=weights)))
         return out
-    pv = _dist(p_fn, prefix + tuple(drafts), "p_fn")
-    out.append(int(rng.choice(len(pv), p=pv)))
+    pv = p_rows[k]
+    out.append(int(rng.choice(len(pv), p=pv / pv.sum())))
     return out

@@ -3,7 +3,10 @@
 A table has shape (S, V): S = V is a Markov chain on the last token (row r
 is the distribution after token r), S = 1 a prefix-independent model.
 `variant` selects the exact rule or one of the known bugs (see `VARIANTS`).
-Results are identical for a given seed whatever the thread count.
+Results are identical for a given seed whatever the thread count. Rows are
+checked with the tolerance of the tables' own precision (1e-6 for float64,
+1e-3 for float32); sampling normalizes each row by its sum. Ctrl-C stops a
+long simulation within about 50 ms (KeyboardInterrupt).
 """
 
 from __future__ import annotations
@@ -15,17 +18,28 @@ import numpy.typing as npt
 
 from specdec_rs import _checks, _core
 
-
-def _tables(p_table: Any, q_table: Any) -> tuple[np.ndarray, np.ndarray]:
-    p = _checks.prob_array(p_table, "p_table", 2).astype(np.float64, copy=False)
-    q = _checks.prob_array(q_table, "q_table", 2).astype(np.float64, copy=False)
-    return p, q
+MAX_K = 10_000  # drafts per round; a round is O(k) work in the engine
+MAX_NUM_TOKENS = 1_000_000  # tokens per run (the histogram also caps V^num_tokens)
 
 
-def _variant(variant: str) -> str:
-    if variant not in _core.VARIANTS:
-        raise ValueError(f"variant = {variant!r}; expected one of {', '.join(_core.VARIANTS)}")
-    return variant
+def _common(
+    p_table: Any, q_table: Any, k: Any, start: Any, variant: Any, seed: Any, threads: Any
+) -> dict[str, Any]:
+    """The checked arguments shared by both simulations: tables as float64 with
+    the row-sum tolerance of their own precision, and the keyword arguments."""
+    p, p_tol = _checks.prob_array(p_table, "p_table", 2)
+    q, q_tol = _checks.prob_array(q_table, "q_table", 2)
+    return {
+        "p_table": p.astype(np.float64, copy=False),
+        "q_table": q.astype(np.float64, copy=False),
+        "k": _checks.integer(k, "k", maximum=MAX_K),
+        "start": _checks.integer(start, "start", maximum=_checks.U64_MAX),  # < V: checked in Rust
+        "variant": _checks.choice(variant, "variant", _core.VARIANTS),
+        "seed": _checks.seed(seed),
+        "p_tol": p_tol,
+        "q_tol": q_tol,
+        "threads": _checks.threads(threads),
+    }
 
 
 def simulate(
@@ -46,20 +60,11 @@ def simulate(
     until at least num_tokens are out. Returns int64 counts of shape
     (V,) * num_tokens summing to `runs`; compare with Π p(t_j | t_{j−1}).
     """
-    p, q = _tables(p_table, q_table)
-    m = _checks.integer(num_tokens, "num_tokens", minimum=1)
-    flat = _core.simulate(
-        p,
-        q,
-        _checks.integer(k, "k", maximum=10_000),
-        _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX),
-        m,
-        _checks.integer(start, "start"),
-        _variant(variant),
-        _checks.seed(seed),
-        _checks.threads(threads),
-    )
-    return flat.reshape((p.shape[1],) * m)
+    args = _common(p_table, q_table, k, start, variant, seed, threads)
+    m = _checks.integer(num_tokens, "num_tokens", minimum=1, maximum=MAX_NUM_TOKENS)
+    runs = _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX)
+    flat = _core.simulate(runs=runs, num_tokens=m, **args)
+    return flat.reshape((args["p_table"].shape[1],) * m)
 
 
 def simulate_round_lengths(
@@ -77,14 +82,6 @@ def simulate_round_lengths(
     (index 0 is always 0). Rounds run as continuing generations from `start`
     in blocks of 4096: each round's context is the previous round's last token.
     """
-    p, q = _tables(p_table, q_table)
-    return _core.simulate_round_lengths(
-        p,
-        q,
-        _checks.integer(k, "k", maximum=10_000),
-        _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX),
-        _checks.integer(start, "start"),
-        _variant(variant),
-        _checks.seed(seed),
-        _checks.threads(threads),
-    )
+    args = _common(p_table, q_table, k, start, variant, seed, threads)
+    rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
+    return _core.simulate_round_lengths(rounds=rounds, **args)

@@ -5,10 +5,14 @@ E[tokens per target pass] = Σ_{i=0..k} α^i = (1 − α^(k+1)) / (1 − α)
 speedup = E[tokens] / (k·c + v), v = cost of verifying k+1 tokens / one target step
 (v = 1 in the handout: verification is free)
 break-even: speculation pays only when c < (E[tokens] − 1) / k   (with v = 1)
+
+Every function is O(1) in k (best_k is O(log k_max)). k is capped at 2**53,
+the largest integer a float holds exactly, so that k + 1 and k·c are exact.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -16,50 +20,52 @@ import numpy as np
 
 from specdec_rs import _checks
 
+MAX_K = 2**53
+
 
 def _alpha(alpha: Any) -> float:
-    a = float(alpha)
-    if not 0.0 <= a <= 1.0:
-        raise ValueError(f"alpha = {alpha!r} is not an acceptance rate; expected 0 <= alpha <= 1")
-    return a
+    return _checks.real(alpha, "alpha", minimum=0.0, maximum=1.0, hint=" (an acceptance rate)")
+
+
+def _k(k: Any, minimum: int = 0) -> int:
+    return _checks.integer(k, "k", minimum=minimum, maximum=MAX_K)
 
 
 def _cost(c: Any, name: str = "cost_ratio") -> float:
-    x = float(c)
-    if not (x >= 0.0 and np.isfinite(x)):
-        raise ValueError(
-            f"{name} = {c!r}; expected a finite number >= 0 (draft step / target step)"
-        )
-    return x
+    return _checks.real(c, name, minimum=0.0, hint=" (draft step / target step)")
 
 
 def acceptance_rate(p: Any, q: Any) -> float:
-    """α = Σ_x min(p(x), q(x)) for two distributions of shape (V,)."""
-    pa = _checks.as_numpy(p, "p").astype(np.float64)
-    qa = _checks.as_numpy(q, "q").astype(np.float64)
-    if pa.shape != qa.shape or pa.ndim != 1:
+    """α = Σ_x min(p(x), q(x)) for two distributions of shape (V,).
+
+    Each must be a probability vector (finite, >= 0, summing to 1 within its
+    precision's tolerance); anything else is a ValueError, never a number.
+    """
+    pa = _checks.distribution(p, "p")
+    qa = _checks.distribution(q, "q")
+    if pa.shape != qa.shape:
         raise ValueError(f"p has shape {pa.shape} and q {qa.shape}; expected two equal shapes (V,)")
-    return float(np.minimum(pa, qa).sum())
+    return float(min(1.0, np.minimum(pa, qa).sum()))
 
 
 def expected_tokens(alpha: float, k: int) -> float:
-    """Σ_{i=0..k} α^i: exactly 1.0 at α = 0 and k + 1 at α = 1 (no 0/0)."""
-    a, n = _alpha(alpha), _checks.integer(k, "k")
-    total, term = 0.0, 1.0
-    for _ in range(n + 1):
-        total += term
-        term *= a
-    return total
+    """Σ_{i=0..k} α^i = (1 − α^(k+1)) / (1 − α): exactly 1.0 at α = 0 and k + 1
+    at α = 1 (no 0/0); computed as −expm1((k+1)·ln α) / (1 − α), accurate near α = 1."""
+    a, n = _alpha(alpha), _k(k)
+    if a == 0.0 or n == 0:
+        return 1.0
+    if a == 1.0:
+        return float(n + 1)
+    value = -math.expm1((n + 1) * math.log(a)) / (1.0 - a)
+    return min(float(n + 1), max(1.0, value))  # 1 <= E <= k + 1, also after rounding
 
 
 def expected_tokens_per_position(alphas: Sequence[float]) -> float:
     """1 + Σ_i Π_{j<=i} α_j: tokens per pass when draft i passes with
     probability α_i given the ones before it passed (non-i.i.d. acceptance)."""
     total, survive = 1.0, 1.0
-    for i, a in enumerate(alphas):
-        if not 0.0 <= float(a) <= 1.0:
-            raise ValueError(f"alphas[{i}] = {a!r} is not an acceptance rate; expected 0 <= a <= 1")
-        survive *= float(a)
+    for a in _checks.reals(alphas, "alphas", minimum=0.0, maximum=1.0):
+        survive *= a
         total += survive
     return total
 
@@ -70,22 +76,49 @@ def expected_speedup(alpha: float, k: int, cost_ratio: float, *, verify_cost: fl
     verify_cost v: a target pass over k+1 new tokens relative to one token
     (1 when verification is free, as the handout assumes).
     """
-    v = _cost(verify_cost, "verify_cost")
-    if v <= 0:
-        raise ValueError(f"verify_cost = {verify_cost!r}; expected a number > 0")
-    return expected_tokens(alpha, k) / (_checks.integer(k, "k") * _cost(cost_ratio) + v)
+    v = _checks.real(verify_cost, "verify_cost", above=0.0)
+    speedup = expected_tokens(alpha, k) / (_k(k) * _cost(cost_ratio) + v)
+    if not math.isfinite(speedup):
+        raise ValueError(
+            f"the speedup overflows (cost_ratio = {cost_ratio!r}, verify_cost = {verify_cost!r}); "
+            "these are ratios of step times, near 0.01..1 and 1..3 in practice"
+        )
+    return speedup
+
+
+def _grows(a: float, c: float, k: int) -> bool:
+    """speedup(k + 1) > speedup(k) (with v = 1).
+
+    With s = α^(k+1), speedup(k+1) > speedup(k) ⇔ s·((1 − α)(kc + 1) + c) > c.
+    The left side falls strictly with k, so the γ where growth stops is unique
+    and best_k can bisect for it. Compared in logs: no underflow at large k.
+    """
+    if c == 0.0:
+        return a > 0.0
+    if a == 1.0:
+        return c < 1.0
+    if a == 0.0:
+        return False
+    return (k + 1) * math.log(a) + math.log((1.0 - a) * (k * c + 1.0) + c) > math.log(c)
 
 
 def best_k(alpha: float, cost_ratio: float, k_max: int = 10) -> int:
     """The γ in 1..k_max with the largest expected speedup, or 0 when none
-    beats target-only decoding (speedup <= 1: do not speculate)."""
-    k_max = _checks.integer(k_max, "k_max", minimum=1)
-    speedups = [expected_speedup(alpha, k, cost_ratio) for k in range(1, k_max + 1)]
-    k = int(np.argmax(speedups)) + 1
-    return k if speedups[k - 1] > 1.0 else 0
+    beats target-only decoding (speedup <= 1: do not speculate). O(log k_max):
+    the speedup rises then falls in γ (see `_grows`), so a bisection finds it."""
+    a, c = _alpha(alpha), _cost(cost_ratio)
+    k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=MAX_K)
+    lo, hi = 1, k_max  # the first k in [lo, hi] where the speedup stops growing
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if _grows(a, c, mid):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo if expected_speedup(a, lo, c) > 1.0 else 0
 
 
 def break_even_cost(alpha: float, k: int) -> float:
     """(E[tokens] − 1) / k: speculation with γ = k pays only for c below this."""
-    k = _checks.integer(k, "k", minimum=1)
+    k = _k(k, minimum=1)
     return (expected_tokens(alpha, k) - 1.0) / k

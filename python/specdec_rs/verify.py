@@ -16,13 +16,17 @@ import numpy.typing as npt
 from specdec_rs import _checks, _core
 
 
-def _rows(p_rows: Any, q_rows: Any, ndim: int) -> tuple[np.ndarray, np.ndarray]:
-    p = _checks.prob_array(p_rows, "p_rows" if ndim == 2 else "p", ndim)
+def _rows(p_rows: Any, q_rows: Any, ndim: int) -> tuple[np.ndarray, np.ndarray, float, float]:
+    """(p, q, p_tol, q_tol): the arrays as the Rust core reads them and their
+    row-sum tolerances."""
+    p, p_tol = _checks.prob_array(p_rows, "p_rows" if ndim == 2 else "p", ndim)
     q_name = "q_rows" if ndim == 2 else "q"
-    q = _checks.as_numpy(q_rows, q_name)
-    if q.size == 0 and q.ndim < ndim:  # k = 0 given as an empty list
+    q = q_rows
+    empty_array = type(q) is np.ndarray and q.size == 0 and q.ndim < ndim
+    if empty_array or (isinstance(q, list | tuple) and len(q) == 0):  # k = 0, given flat
         q = np.zeros((*p.shape[:-2], 0, p.shape[-1]), dtype=p.dtype)
-    return p, _checks.prob_array(q, q_name, ndim)
+    q, q_tol = _checks.prob_array(q, q_name, ndim)
+    return p, q, p_tol, q_tol
 
 
 def verify(
@@ -34,22 +38,26 @@ def verify(
     q_rows: (k, V) the distributions draft i was actually sampled from
         (one-hot rows for a greedy drafter: acceptance is then p(x), the residual p without x).
     drafts: (k,) integer token ids.  seed: int in [0, 2**64).
-    validate: check every row in full (finite, >= 0, sums to 1 within 1e-3 for
-        float32, 1e-6 for float64). With False only what the round reads is
-        checked: 2k gathered entries and the one or two rows it samples from.
+    validate: check every row in full (finite, >= 0, sums to 1 within 1e-6 for
+        float64, 1e-3 for float32, 4e-3 for bfloat16, 1e-3 + V·2^-25 for
+        float16). With False only what the round reads is checked: the 2k
+        gathered entries and the one or two rows it samples from.
 
     float32 and float64 NumPy arrays and CPU torch tensors are read without a
     copy (p and q may differ in precision; each row is checked with its own
-    tolerance); same inputs + same seed give the same output.
+    tolerance); float16/bfloat16 rows are widened to float32 (a copy), tensors
+    on another device are copied to the host. Same inputs + same seed give the
+    same output.
 
     >>> import numpy as np
     >>> p = np.array([[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]); q = np.array([[1.0, 0.0], [1.0, 0.0]])
     >>> verify(p, q, [0, 0], seed=1).tolist()   # p(0) = 0: rejected, the residual is token 1
     [1]
     """
-    p, q = _rows(p_rows, q_rows, 2)
+    p, q, p_tol, q_tol = _rows(p_rows, q_rows, 2)
     d = _checks.token_array(drafts, "drafts", 1)
-    return _core.verify(p, q, d, _checks.seed(seed), validate)
+    full = _checks.boolean(validate, "validate")
+    return _core.verify(p, q, d, _checks.seed(seed), full, p_tol, q_tol)
 
 
 def verify_batch(
@@ -68,6 +76,16 @@ def verify_batch(
     ``verify(p[b], q[b], drafts[b], seed=row_seed(seed, b))`` whatever the
     thread count (threads=None uses one per core).
     """
-    pa, qa = _rows(p, q, 3)
+    pa, qa, p_tol, q_tol = _rows(p, q, 3)
     d = _checks.token_array(drafts, "drafts", 2)
-    return _core.verify_batch(pa, qa, d, _checks.seed(seed), validate, _checks.threads(threads))
+    full = _checks.boolean(validate, "validate")
+    return _core.verify_batch(
+        pa, qa, d, _checks.seed(seed), full, p_tol, q_tol, _checks.threads(threads)
+    )
+
+
+def row_seed(seed: int, index: int) -> int:
+    """The seed that row `index` of ``verify_batch(..., seed)`` uses: an int in [0, 2**64)."""
+    return _core.row_seed(
+        _checks.seed(seed), _checks.integer(index, "index", maximum=_checks.U64_MAX)
+    )
