@@ -144,6 +144,9 @@ class Swerve:
     name = "swerve"
 
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.k = 2
 
     def next_k(self) -> int:
@@ -276,8 +279,8 @@ def test_first_two_tokens_follow_the_target(
         ({"k": 0}, "k = 0 is out of range"),
         ({"temperature": -0.5}, "temperature = -0.5"),
         ({"temperature": float("nan")}, "temperature = nan"),
-        ({"top_p": 0.0}, r"top_p = 0.0 is outside \(0, 1\]"),
-        ({"top_p": 1.5}, r"top_p = 1.5 is outside \(0, 1\]"),
+        ({"top_p": 0.0}, r"top_p = 0.0 is out of range.*> 0 and <= 1"),
+        ({"top_p": 1.5}, r"top_p = 1.5 is out of range.*> 0 and <= 1"),
         ({"top_k": 0}, "top_k = 0"),
         ({"min_p": 2.0}, "min_p = 2.0"),
         ({"max_new_tokens": 0}, "max_new_tokens = 0"),

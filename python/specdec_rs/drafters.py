@@ -8,6 +8,11 @@ A drafter implements three methods, called by `generate`:
   cache (the target runs it together with the drafts).
 - ``update(seq, num_accepted)``: the round on `seq` (as given to propose)
   kept `num_accepted` drafts; drop any state past seq + those drafts.
+- ``check_target(target)`` (optional): ValueError unless the drafter can
+  draft for this target (an early exit built on another model cannot).
+
+`generate` checks every Draft before the target runs: at most k tokens, ids
+in [0, V), q of shape (k', V).
 
 Exactness needs only that each draft was drawn from the q row handed back:
 sampled drafters return their processed distribution, greedy ones a one-hot
@@ -19,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
-from specdec_rs import models
+from specdec_rs import _checks, models
 from specdec_rs.processors import Sampler, one_hot
 
 if TYPE_CHECKING:
@@ -47,6 +52,12 @@ class Drafter(Protocol):
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft: ...
 
     def update(self, seq: torch.Tensor, num_accepted: int) -> None: ...
+
+
+def _started(cache: Cache | None, name: str) -> Cache:
+    if cache is None:
+        raise ValueError(f"drafter {name}: call start() before propose() or update()")
+    return cache
 
 
 def empty_draft(vocab_size: int) -> Draft:
@@ -88,11 +99,16 @@ class DraftModel:
     """
 
     def __init__(self, model: PreTrainedModel, *, greedy: bool = False, name: str = "model"):
-        self.model = model
-        self.greedy = greedy
+        self.model = models.check_model(model, "DraftModel's model")
+        self.greedy = _checks.boolean(greedy, "greedy")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r} must be a non-empty string")
         self.name = name
         self.vocab_size = models.vocab_of(model)
         self._cache: Cache | None = None
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        pass  # any causal LM whose vocabulary matches (generate compares the LM heads)
 
     def start(self, seq: torch.Tensor, target_cache: Cache) -> None:
         self._cache = models.new_cache(self.model)
@@ -100,13 +116,13 @@ class DraftModel:
             models.forward(self.model, seq[:-1], self._cache, keep=1)
 
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
-        assert self._cache is not None, "start() first"
-        seen = self._cache.get_seq_length()
-        return draft_autoregressive(self.model, self._cache, seq[seen:], k, sampler, self.greedy)
+        cache = _started(self._cache, self.name)
+        seen = cache.get_seq_length()
+        return draft_autoregressive(self.model, cache, seq[seen:], k, sampler, self.greedy)
 
     def update(self, seq: torch.Tensor, num_accepted: int) -> None:
-        assert self._cache is not None
-        models.crop(self._cache, min(self._cache.get_seq_length(), len(seq) + num_accepted))
+        cache = _started(self._cache, self.name)
+        models.crop(cache, min(cache.get_seq_length(), len(seq) + num_accepted))
 
 
 class EarlyExit:
@@ -123,21 +139,27 @@ class EarlyExit:
 
     def __init__(self, target: PreTrainedModel, num_layers: int, *, greedy: bool = False):
         self.view = models.layer_view(target, num_layers)
-        self.num_layers = num_layers
-        self.greedy = greedy
-        self.name = f"early-exit:{num_layers}"
+        self.target = target
+        self.num_layers = int(num_layers)
+        self.greedy = _checks.boolean(greedy, "greedy")
+        self.name = f"early-exit:{self.num_layers}"
         self._cache: Cache | None = None
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        if target is not self.target:
+            raise ValueError(
+                f"drafter {self.name} was built on another model: an early exit shares the "
+                "target's layers and cache; build it from this target: EarlyExit(target, L)"
+            )
 
     def start(self, seq: torch.Tensor, target_cache: Cache) -> None:
         self._cache = target_cache
 
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
-        assert self._cache is not None, "start() first"
-        committed = self._cache.get_seq_length()
-        draft = draft_autoregressive(
-            self.view, self._cache, seq[committed:], k, sampler, self.greedy
-        )
-        models.crop(self._cache, committed, layers=range(self.num_layers))
+        cache = _started(self._cache, self.name)
+        committed = cache.get_seq_length()
+        draft = draft_autoregressive(self.view, cache, seq[committed:], k, sampler, self.greedy)
+        models.crop(cache, committed, layers=range(self.num_layers))
         return draft
 
     def update(self, seq: torch.Tensor, num_accepted: int) -> None:
@@ -156,17 +178,20 @@ class PromptLookup:
     """
 
     def __init__(self, max_ngram: int = 64, min_ngram: int = 2, occurrence: str = "first"):
-        if not 1 <= min_ngram <= max_ngram:
+        max_ngram = _checks.integer(max_ngram, "max_ngram", minimum=1)
+        min_ngram = _checks.integer(min_ngram, "min_ngram", minimum=1)
+        if min_ngram > max_ngram:
             raise ValueError(
                 f"min_ngram = {min_ngram}, max_ngram = {max_ngram}; "
                 "expected 1 <= min_ngram <= max_ngram"
             )
-        if occurrence not in ("first", "last"):
-            raise ValueError(f"occurrence = {occurrence!r}; expected 'first' or 'last'")
         self.max_ngram = max_ngram
         self.min_ngram = min_ngram
-        self.occurrence = occurrence
+        self.occurrence = _checks.choice(occurrence, "occurrence", ("first", "last"))
         self.name = "prompt-lookup"
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        pass  # no model: works with any target
 
     def start(self, seq: torch.Tensor, target_cache: Cache) -> None:
         pass

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 import specdec_rs as sd
-from specdec_rs import plotting, theory
+from specdec_rs import _checks, plotting, theory
 
 # The handout's 3-token chain (rows: previous token).
 CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
@@ -225,7 +225,8 @@ EXPERIMENTS = {
 
 def run_all(out: Path, seed: int, command: str, progress: Any = None) -> dict[str, Any]:
     """Run the four experiments into `out` (PNGs + report.md); returns the numbers."""
-    out.mkdir(parents=True, exist_ok=True)
+    out = _checks.writable_dir(out, "out")
+    seed = _checks.seed(seed)
     results = {}
     for name, fn in EXPERIMENTS.items():
         results[name] = fn(out / f"{name}.png", seed=seed)

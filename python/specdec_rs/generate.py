@@ -141,7 +141,19 @@ def prompt_tensor(input_ids: Any, vocab_size: int) -> torch.Tensor:
     import numpy as np
     import torch
 
-    ids = torch.as_tensor(np.asarray(_checks.as_numpy(input_ids, "input_ids")))
+    if isinstance(input_ids, str):
+        raise ValueError(
+            "input_ids is a str; generate() takes token ids: tokenize first, e.g. "
+            "workloads.encode(tokenizer, text) or tokenizer(text)['input_ids']"
+        )
+    a = _checks.as_numpy(input_ids, "input_ids")
+    if a.size == 0 and a.dtype.kind in "fO":
+        a = a.astype(np.int64)  # an empty list: the shape check below names it
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"input_ids has dtype {a.dtype}; expected integer token ids")
+    if a.dtype.kind == "u" and a.size and int(a.max()) > np.iinfo(np.int64).max:
+        raise ValueError(f"input_ids holds {int(a.max())}, which is not a token id")
+    ids = torch.from_numpy(np.ascontiguousarray(a, dtype=np.int64))
     if ids.ndim == 2:
         if ids.shape[0] != 1:
             raise ValueError(
@@ -153,9 +165,6 @@ def prompt_tensor(input_ids: Any, vocab_size: int) -> torch.Tensor:
         raise ValueError(
             f"input_ids has shape {tuple(ids.shape)}; expected a non-empty prompt (n,) or (1, n)"
         )
-    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
-        raise ValueError(f"input_ids has dtype {ids.dtype}; expected integer token ids")
-    ids = ids.to(torch.long)
     if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
         raise ValueError(
             f"input_ids holds ids outside [0, {vocab_size}); tokenize with the model's tokenizer"
@@ -190,9 +199,44 @@ def eos_set(eos_token_id: int | Iterable[int] | None, target: PreTrainedModel) -
         eos_token_id = getattr(config, "eos_token_id", None)
         if eos_token_id is None:
             return frozenset()
-    if isinstance(eos_token_id, int):
-        return frozenset([eos_token_id])
-    return frozenset(int(t) for t in eos_token_id)
+    return frozenset(_checks.integers(eos_token_id, "eos_token_id"))
+
+
+def check_drafter(drafter: Any, target: PreTrainedModel) -> None:
+    """ValueError unless `drafter` is None or a drafter that can serve `target`."""
+    if drafter is None:
+        return
+    if isinstance(drafter, str):
+        raise ValueError(
+            f"drafter = {drafter!r} is a string; pass a drafter object, e.g. "
+            "specdec_rs.PromptLookup() or specdec_rs.EarlyExit(target, 24), or None"
+        )
+    missing = [m for m in ("start", "propose", "update") if not callable(getattr(drafter, m, None))]
+    if missing or not isinstance(getattr(drafter, "name", None), str):
+        raise ValueError(
+            f"drafter = {drafter!r} ({type(drafter).__name__}) is not a drafter: it needs a "
+            f"`name` and the methods start, propose and update (missing: {missing or ['name']})"
+        )
+    check = getattr(drafter, "check_target", None)
+    if callable(check):
+        check(target)
+
+
+def check_context(
+    target: PreTrainedModel, prompt_length: int, max_new_tokens: int, allow: bool
+) -> None:
+    """ValueError when prompt + max_new_tokens passes the model's trained context
+    (config.max_position_embeddings), unless `allow` (positions past it are
+    extrapolated: the output may degrade)."""
+    limit = getattr(target.config, "max_position_embeddings", None)
+    if allow or not isinstance(limit, int) or prompt_length + max_new_tokens <= limit:
+        return
+    raise ValueError(
+        f"the prompt ({prompt_length} tokens) plus max_new_tokens ({max_new_tokens}) is "
+        f"{prompt_length + max_new_tokens} positions, past the model's context of {limit} "
+        "(config.max_position_embeddings); shorten the prompt, lower max_new_tokens, or pass "
+        "allow_past_context=True to run past it anyway"
+    )
 
 
 def round_k(k: int, remaining: int) -> int:
@@ -215,6 +259,7 @@ def generate(
     eos_token_id: int | Iterable[int] | None = None,
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
+    allow_past_context: bool = False,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -224,16 +269,28 @@ def generate(
     k: drafts per round, or a policy choosing them each round (see policy.py).
     seed=None draws one (reported in the result); same seed, same output.
     input_ids: one prompt, (n,) or (1, n); batch > 1 is a ValueError.
+    A prompt plus max_new_tokens past the target's context
+    (config.max_position_embeddings) is a ValueError before any work unless
+    allow_past_context=True. Everything a drafter proposes is checked before
+    the target runs (at most k ids in [0, V), q of shape (k', V)).
     """
     import torch
 
+    models.check_model(target, "target")
+    check_drafter(drafter, target)
     config = SamplingConfig(temperature, top_k, top_p, min_p)
-    policy = as_policy(_checks.integer(k, "k", minimum=1) if not hasattr(k, "next_k") else k)
+    policy = as_policy(k)
+    policy.reset()
     max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
     seed = secrets.randbits(63) if seed is None else _checks.seed(seed)
     eos = eos_set(eos_token_id, target)
+    if on_tokens is not None:
+        _checks.function(on_tokens, "on_tokens")
+    allow = _checks.boolean(allow_past_context, "allow_past_context")
+    prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
+    check_context(target, len(prompt), max_new, allow)
     with torch.inference_mode():
-        decoder = Decoder(target, drafter, input_ids, config, seed, vocab_size)
+        decoder = Decoder(target, drafter, prompt, config, seed, vocab_size)
         stop = "length"
         while decoder.generated < max_new:
             want = policy.next_k() if drafter is not None else 0
@@ -252,6 +309,51 @@ def generate(
     if drafter is None:
         return decoder.result(stop, "none", 0)
     return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
+
+
+def checked_draft(draft: Any, k: int, vocab: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(tokens (k',) int64, q (k', V)) of a drafter's proposal, checked before
+    the target runs: a Draft, k' <= k, integer ids in [0, V), float q rows of
+    shape (k', V). ValueError naming the drafter otherwise. (The q values the
+    round reads are checked by `verify`.)"""
+    import torch
+
+    tokens, q = getattr(draft, "tokens", None), getattr(draft, "q", None)
+    if not isinstance(tokens, torch.Tensor) or not isinstance(q, torch.Tensor):
+        raise ValueError(
+            f"drafter {name} returned {type(draft).__name__}; expected a Draft(tokens, q) "
+            "of torch tensors"
+        )
+    if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"drafter {name} proposed tokens of shape {tuple(tokens.shape)} and dtype "
+            f"{tokens.dtype}; expected a 1-D tensor of integer ids"
+        )
+    if len(tokens) > k:
+        raise ValueError(
+            f"drafter {name} proposed {len(tokens)} tokens; this round asked for <= {k}"
+        )
+    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(
+            f"drafter {name} proposed ids {tokens.tolist()}, outside the vocabulary [0, {vocab})"
+        )
+    if q.shape != (len(tokens), vocab) or not q.is_floating_point():
+        raise ValueError(
+            f"drafter {name} returned q of shape {tuple(q.shape)} and dtype {q.dtype}; expected "
+            f"float rows of shape ({len(tokens)}, {vocab}): the distributions the drafts came from"
+        )
+    if len(tokens):
+        sums, low = q.sum(-1, dtype=torch.float64), q.amin(-1)
+        tol = _checks.torch_sum_tolerance(q.dtype, vocab)
+        bad = ~torch.isfinite(sums) | (low < 0) | ((sums - 1).abs() > tol)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(
+                f"drafter {name} returned q row {i} summing to {float(sums[i]):.6g} with "
+                f"smallest entry {float(low[i]):.3g}; expected a probability row (finite, >= 0, "
+                f"sum 1 ± {tol:.0e}): the distribution draft {i} was drawn from"
+            )
+    return tokens.to(torch.long), q
 
 
 class Decoder:
@@ -276,6 +378,7 @@ class Decoder:
         self.t_start = time.perf_counter()
         self.target, self.drafter, self.config, self.seed = target, drafter, config, seed
         vocab = shared_vocab(target, drafter, vocab_size)
+        self.vocab = vocab
         self.seq = prompt_tensor(input_ids, vocab)
         self.prompt_length = len(self.seq)
         self.sampler = Sampler(config, vocab, torch.Generator().manual_seed(seed % 2**63))
@@ -298,17 +401,19 @@ class Decoder:
 
         seq, sampler = self.seq, self.sampler
         t0 = time.perf_counter()
-        draft = (
-            self.drafter.propose(seq, k, sampler) if self.drafter is not None and k > 0 else None
-        )
-        drafts = draft.tokens if draft is not None else torch.zeros(0, dtype=torch.long)
+        if self.drafter is not None and k > 0:
+            drafts, q_rows = checked_draft(
+                self.drafter.propose(seq, k, sampler), k, self.vocab, self.drafter.name
+            )
+        else:
+            drafts, q_rows = torch.zeros(0, dtype=torch.long), None
         t1 = time.perf_counter()
         logits = models.forward(
             self.target, torch.cat([seq[-1:], drafts]), self.cache, keep=len(drafts) + 1
         )
         t2 = time.perf_counter()
-        p = sampler.probs(logits)
-        q = draft.q if draft is not None else p[:0]
+        p = sampler.probs(logits, name="the target's logits")
+        q = q_rows if q_rows is not None else p[:0]
         emitted = verify(p, q, drafts, row_seed(self.seed, self.stats.rounds), validate=False)
         out = [int(t) for t in emitted]
         num_accepted = len(out) - 1

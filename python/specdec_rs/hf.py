@@ -67,6 +67,13 @@ def hf_generate(
     ``assistant_model=``, ``prompt_lookup_num_tokens=`` or ``assistant_early_exit=``."""
     import torch
 
+    from specdec_rs import _checks, models
+
+    models.check_model(target, "target")
+    if not isinstance(config, SamplingConfig):
+        raise ValueError(f"config is a {type(config).__name__}; expected a SamplingConfig")
+    max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
+    seed = _checks.seed(seed)
     passes = [0]
 
     def count(*_: Any) -> None:
@@ -75,7 +82,7 @@ def hf_generate(
     hook = target.register_forward_pre_hook(count)
     eos = list(eos_token_id) if eos_token_id is not None else None
     try:
-        torch.manual_seed(seed)
+        torch.manual_seed(seed % 2**63)
         start = time.perf_counter()
         with torch.inference_mode():
             out = target.generate(

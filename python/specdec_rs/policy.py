@@ -16,11 +16,20 @@ output exact: each round is an exact speculative step whatever k it uses.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
+
+from specdec_rs import _checks
+
+MAX_K = 1024  # the most drafts a policy may ask for in one round
 
 
 class KPolicy(Protocol):
     name: str
+
+    def reset(self) -> None:
+        """Forget past rounds: generate() calls it first, so one policy object
+        reused across calls gives the same output for the same seed."""
+        ...
 
     def next_k(self) -> int:
         """Drafts to request this round (the decoder caps it by the budget)."""
@@ -33,8 +42,11 @@ class KPolicy(Protocol):
 
 class FixedK:
     def __init__(self, k: int):
-        self.k = k
-        self.name = f"fixed:{k}"
+        self.k = _checks.integer(k, "k", maximum=MAX_K)
+        self.name = f"fixed:{self.k}"
+
+    def reset(self) -> None:
+        pass
 
     def next_k(self) -> int:
         return self.k
@@ -47,8 +59,13 @@ class HeuristicK:
     """transformers' "heuristic" num_assistant_tokens schedule."""
 
     def __init__(self, k: int = 4, k_max: int = 16):
-        self.k, self.k_max = k, k_max
+        self.k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=MAX_K)
+        self.k_start = _checks.integer(k, "k", minimum=1, maximum=self.k_max)
+        self.k = self.k_start
         self.name = "heuristic"
+
+    def reset(self) -> None:
+        self.k = self.k_start
 
     def next_k(self) -> int:
         return self.k
@@ -79,20 +96,30 @@ class AdaptiveK:
         decay: float = 0.97,
         probe: int = 8,
     ):
-        if not (cost_ratio >= 0):
-            raise ValueError(f"cost_ratio = {cost_ratio} must be >= 0 (draft step / target step)")
-        v = list(verify_cost) if verify_cost is not None else [1.0] * (k_max + 1)
-        if len(v) < k_max + 1 or any(not (x > 0) for x in v):
+        self.c = _checks.real(
+            cost_ratio, "cost_ratio", minimum=0.0, hint=" (draft step / target step)"
+        )
+        self.k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=MAX_K)
+        v = (
+            _checks.reals(verify_cost, "verify_cost", above=0.0)
+            if verify_cost is not None
+            else [1.0] * (self.k_max + 1)
+        )
+        if len(v) < self.k_max + 1:
             raise ValueError(
-                f"verify_cost needs k_max + 1 = {k_max + 1} positive entries v(1..{k_max + 1}); "
-                f"got {len(v)}"
+                f"verify_cost needs k_max + 1 = {self.k_max + 1} positive entries "
+                f"v(1..{self.k_max + 1}); got {len(v)}"
             )
-        self.c, self.v, self.k_max = cost_ratio, v, k_max
-        self.decay, self.probe = decay, probe
-        self.kept = [0.0] * k_max
-        self.reached = [0.0] * k_max
-        self.off_rounds = 0
+        self.v = v
+        self.decay = _checks.real(decay, "decay", above=0.0, maximum=1.0)
+        self.probe = _checks.integer(probe, "probe", minimum=1)
         self.name = "adaptive"
+        self.reset()
+
+    def reset(self) -> None:
+        self.kept = [0.0] * self.k_max
+        self.reached = [0.0] * self.k_max
+        self.off_rounds = 0
 
     def alphas(self) -> list[float]:
         """Current α_i estimates, i = 1..k_max (posterior means)."""
@@ -124,6 +151,17 @@ class AdaptiveK:
             self.kept[i] += i < num_accepted
 
 
-def as_policy(k: int | KPolicy) -> KPolicy:
-    """An int is FixedK(k)."""
-    return FixedK(k) if isinstance(k, int) else k
+def as_policy(k: Any) -> KPolicy:
+    """An integer k >= 1 is FixedK(k); a policy object is checked for the
+    methods generate() calls."""
+    if all(callable(getattr(k, m, None)) for m in ("next_k", "observe", "reset")):
+        if not isinstance(getattr(k, "name", None), str):
+            raise ValueError(f"the γ policy {k!r} needs a `name` string attribute")
+        return k  # type: ignore[no-any-return]
+    try:
+        return FixedK(_checks.integer(k, "k", minimum=1, maximum=MAX_K))
+    except ValueError as e:
+        raise ValueError(
+            f"{e} (k is drafts per round, or a policy with next_k(), observe() and reset(), "
+            "e.g. AdaptiveK)"
+        ) from None

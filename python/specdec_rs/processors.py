@@ -14,9 +14,10 @@ temperature = 0 means greedy: a one-hot row at the first argmax.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks
 
 if TYPE_CHECKING:
     import torch
@@ -38,37 +39,58 @@ class SamplingConfig:
     min_p: float | None = None
 
     def __post_init__(self) -> None:
-        t = self.temperature
-        if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t) or t < 0:
-            raise ValueError(
-                f"temperature = {t!r} is invalid; expected a finite number >= 0 (0 means greedy)"
-            )
-        if self.top_k is not None and (
-            isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 1
-        ):
-            raise ValueError(f"top_k = {self.top_k!r} is invalid; expected an integer >= 1 or None")
-        if self.top_p is not None and not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p = {self.top_p!r} is outside (0, 1]; pass e.g. 0.9, or None")
-        if self.min_p is not None and not (0.0 <= self.min_p <= 1.0):
-            raise ValueError(f"min_p = {self.min_p!r} is outside [0, 1]; pass e.g. 0.05, or None")
+        # normalized to Python numbers (NumPy scalars accepted), frozen afterwards
+        checked = {
+            "temperature": _checks.real(
+                self.temperature, "temperature", minimum=0.0, hint=" (0 means greedy)"
+            ),
+            "top_k": _checks.optional_integer(self.top_k, "top_k", minimum=1),
+            "top_p": _checks.optional_real(
+                self.top_p, "top_p", above=0.0, maximum=1.0, hint="; pass e.g. 0.9, or None"
+            ),
+            "min_p": _checks.optional_real(
+                self.min_p, "min_p", minimum=0.0, maximum=1.0, hint="; pass e.g. 0.05, or None"
+            ),
+        }
+        for name, value in checked.items():
+            object.__setattr__(self, name, value)
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
 
-def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tensor:
+def logits_to_probs(logits: Any, config: SamplingConfig, *, name: str = "logits") -> torch.Tensor:
     """Processed probabilities, float32, same shape as `logits` (..., V).
 
-    greedy: one-hot at argmax. Otherwise softmax(filter(logits / T)) where the
-    filters mask tokens to -inf exactly as transformers' warpers do.
+    greedy: one-hot at argmax. Otherwise softmax(filter((logits − max) / T))
+    where the filters mask tokens to -inf exactly as transformers' warpers do
+    (subtracting each row's max first changes nothing but keeps a tiny T from
+    overflowing; as T → 0 the row tends to uniform over its argmax set).
+    A row with a NaN, a +inf, or nothing above -inf is a ValueError.
     """
     import torch
 
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"{name} is a {type(logits).__name__}; expected a torch tensor (..., V)")
+    if not isinstance(config, SamplingConfig):
+        raise ValueError(f"config is a {type(config).__name__}; expected a SamplingConfig")
+    if logits.device.type == "meta":
+        raise ValueError(f"{name} is a tensor on the meta device (it has no values)")
+    if not (logits.is_floating_point() and logits.ndim >= 1 and logits.shape[-1] >= 1):
+        raise ValueError(
+            f"{name} has dtype {logits.dtype} and shape {tuple(logits.shape)}; "
+            "expected floating-point logits of shape (..., V), V >= 1"
+        )
     logits = logits.float()
+    top = logits.amax(dim=-1, keepdim=True)  # NaN if a NaN is present
+    _check_logit_rows(top, name)
     if config.greedy:
         return one_hot(logits.argmax(dim=-1), logits.shape[-1])
-    scores = logits / config.temperature if config.temperature != 1.0 else logits
+    shifted = logits - top
+    scores = shifted / config.temperature if config.temperature != 1.0 else shifted
+    if float(torch.tensor(config.temperature, dtype=torch.float32)) == 0.0:
+        scores = scores.masked_fill(shifted == 0, 0.0)  # T below float32's range: 0/0
     neg_inf = float("-inf")
     if config.top_k is not None and config.top_k < scores.shape[-1]:
         kth = torch.topk(scores, config.top_k, dim=-1).values[..., -1:]
@@ -83,7 +105,26 @@ def logits_to_probs(logits: torch.Tensor, config: SamplingConfig) -> torch.Tenso
         probs = scores.softmax(dim=-1)
         drop = probs < config.min_p * probs.amax(dim=-1, keepdim=True)
         scores = scores.masked_fill(drop, neg_inf)
-    return scores.softmax(dim=-1)
+    out: torch.Tensor = scores.softmax(dim=-1)
+    return out
+
+
+def _check_logit_rows(top: torch.Tensor, name: str) -> None:
+    """ValueError naming the first row whose max is NaN, +inf or -inf."""
+    import torch
+
+    bad = ~torch.isfinite(top)
+    if bool(bad.any()):
+        index = tuple(int(i) for i in bad.nonzero()[0][:-1])
+        value = float(top[index + (0,)])
+        what = (
+            "a NaN" if value != value else "a +inf" if value > 0 else "no finite value (all -inf)"
+        )
+        where = f"{name} row {index[0] if len(index) == 1 else index}" if index else name
+        raise ValueError(
+            f"{where} has {what}; expected finite logits "
+            "(a model producing NaN often overflowed: try float32)"
+        )
 
 
 def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
@@ -111,9 +152,9 @@ class Sampler:
         self.vocab_size = vocab_size
         self.generator = generator
 
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+    def probs(self, logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
         """(n, V') logits -> (n, vocab_size) float32 processed probabilities."""
-        return logits_to_probs(logits[..., : self.vocab_size], self.config)
+        return logits_to_probs(logits[..., : self.vocab_size], self.config, name=name)
 
     def draw(
         self, probs: torch.Tensor, *, greedy: bool = False

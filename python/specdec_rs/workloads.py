@@ -12,6 +12,8 @@ import importlib
 import inspect
 from typing import TYPE_CHECKING
 
+from specdec_rs import _checks
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
@@ -89,11 +91,9 @@ def code_prompts() -> list[str]:
 
 def prompts(workload: str) -> list[str]:
     """The user messages of `workload` ('code' or 'chat')."""
-    if workload == "code":
+    if _checks.choice(workload, "workload", WORKLOADS) == "code":
         return code_prompts()
-    if workload == "chat":
-        return list(CHAT_PROMPTS)
-    raise ValueError(f"workload = {workload!r}; expected one of {WORKLOADS}")
+    return list(CHAT_PROMPTS)
 
 
 def encode(tokenizer: PreTrainedTokenizerBase, message: str) -> torch.Tensor:
@@ -101,6 +101,10 @@ def encode(tokenizer: PreTrainedTokenizerBase, message: str) -> torch.Tensor:
     the assistant's reply (plain encoding when there is no template)."""
     import torch
 
+    if not isinstance(message, str):
+        raise ValueError(f"message is a {type(message).__name__}; expected the user's text")
+    if not callable(tokenizer):
+        raise ValueError(f"tokenizer is a {type(tokenizer).__name__}; expected a tokenizer")
     if getattr(tokenizer, "chat_template", None):
         out = tokenizer.apply_chat_template(
             [{"role": "user", "content": message}],
