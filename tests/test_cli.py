@@ -1,15 +1,29 @@
-"""The `specdec` command: JSON output that agrees with the library, errors as exit 2."""
+"""The `specdec` command without a model: JSON that agrees with the library,
+the human-readable output of every subcommand, and every error path as one
+line on stderr with exit code 2 (1 for a failed write, 130 for Ctrl-C)."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 import specdec_rs as sd
 from specdec_rs.cli import main
+
+
+def one_line_error(err: str, *fragments: str) -> None:
+    """stderr holds exactly one line, an error naming each fragment, no traceback."""
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert "error:" in lines[0] and "Traceback" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], (fragment, lines[0])
 
 
 def test_simulate_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -33,11 +47,6 @@ def test_theory_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert r["table"][3]["0.8"]["tokens"] == pytest.approx(3.3616)
 
 
-def test_bad_arguments_exit_2_with_a_message(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["simulate", "--k", "-1"]) == 2
-    assert "k = -1 is out of range" in capsys.readouterr().err
-
-
 def test_module_entry_point_prints_tables() -> None:
     out = subprocess.run(
         [sys.executable, "-m", "specdec_rs", "simulate", "--runs", "20000"],
@@ -48,19 +57,104 @@ def test_module_entry_point_prints_tables() -> None:
     assert "TV distance" in out and "tokens per target pass" in out
 
 
-def test_theory_plot_and_experiments_write_files(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_theory_human_output_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     png = tmp_path / "theory.png"
     assert main(["theory", "--alpha", "0.6", "0.8", "--cost", "0.05", "--plot", str(png)]) == 0
     assert png.stat().st_size > 10_000
-    capsys.readouterr()
-    assert main(["experiments", "--out", str(tmp_path / "exp"), "--seed", "3", "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
-    assert r["seed"] == 3 and set(r) >= {
-        "noise_vs_bias",
-        "non_iid",
-        "temperature",
-        "greedy_drafter",
-    }
-    assert "(seed 3)" in (tmp_path / "exp" / "report.md").read_text()
+    out = capsys.readouterr().out
+    assert "Tokens per target pass and speedup" in out and "best γ = 8" in out
+    assert main(["theory", "--alpha", "0.3", "--cost", "0.9", "--k-max", "1000"]) == 0
+    assert "speculation does not pay" in capsys.readouterr().out
+
+
+def test_experiments_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out_dir = tmp_path / "exp"
+    assert main(["experiments", "--out", str(out_dir), "--seed", "3"]) == 0
+    printed = capsys.readouterr().out
+    report = (out_dir / "report.md").read_text()
+    assert "(seed 3)" in report and "## 4. Greedy drafter" in printed
+    for name in ("noise_vs_bias", "non_iid", "temperature", "greedy_drafter"):
+        assert (out_dir / f"{name}.png").stat().st_size > 10_000
+    assert f"written to {out_dir}" in printed.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["simulate", "--k", "-1"], ["k = -1 is out of range"]),
+        (["simulate", "--k", "abc"], ["--k", "invalid int value"]),
+        (["simulate", "--runs", "0"], ["runs = 0"]),
+        (["simulate", "--threads", "100000"], ["threads = 100000"]),
+        (["simulate", "--variant", "fast"], ["invalid choice"]),
+        (["theory", "--alpha", "2"], ["alpha = 2.0"]),
+        (["theory", "--cost", "nan"], ["cost_ratio = nan"]),
+        (["theory", "--k-max", "100000000"], ["--k-max = 100000000", "<= 1000"]),
+        (["theory", "--plot", "/nonexistent/x.png"], ["--plot", "does not exist"]),
+        (["theory", "--alpha"], ["--alpha", "expected at least one"]),
+        (["experiments", "--seed", "-3"], ["seed = -3"]),
+        (["frobnicate"], ["invalid choice"]),
+        ([], ["required"]),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(
+    argv: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own errors
+        code = e.code  # type: ignore[assignment]
+    assert code == 2
+    one_line_error(capsys.readouterr().err, *fragments)
+
+
+def test_output_paths_that_are_files_or_folders(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    a_file = tmp_path / "taken"
+    a_file.write_text("x")
+    assert main(["experiments", "--out", str(a_file)]) == 2
+    one_line_error(capsys.readouterr().err, "--out", "is a file")
+    assert main(["theory", "--plot", str(tmp_path)]) == 2
+    one_line_error(capsys.readouterr().err, "--plot", "is a folder")
+
+
+def test_ctrl_c_stops_a_long_simulation_within_a_second() -> None:
+    """SIGINT during Rust work: the engine polls for signals every 50 ms."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "specdec_rs", "simulate", "--runs", "10000000000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a child of a non-interactive shell may inherit SIGINT ignored; restore it
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
+    time.sleep(2.0)  # imports done, the simulation running
+    assert proc.poll() is None
+    sent = time.perf_counter()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert time.perf_counter() - sent < 1.0
+    assert proc.returncode == 130
+    assert err.strip() == "specdec: interrupted"
+
+
+def test_keyboard_interrupt_reaches_python_callers() -> None:
+    code = (
+        "import signal, threading, specdec_rs as sd\n"
+        "from conftest import P_TABLE as P\n"
+        "threading.Timer(1.0, signal.raise_signal, (signal.SIGINT,)).start()\n"
+        "try:\n"
+        "    sd.simulate_round_lengths(P, P, k=2, rounds=10**13)\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        cwd=Path(__file__).parent,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert out.stdout.strip() == "interrupted", out.stderr

@@ -1,5 +1,6 @@
 """`specdec generate`, `demo`, `predict` and `bench` on the embedded SmolLM2,
-kept short (a few tokens, one prompt)."""
+kept short (a few tokens, one prompt): the JSON keys, the human-readable
+output for every drafter (including none), and the error paths."""
 
 from __future__ import annotations
 
@@ -7,14 +8,18 @@ import json
 from pathlib import Path
 
 import pytest
+from specdec_rs import models
 from specdec_rs.cli import main
+from test_cli import one_line_error
 
 pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
+PROMPT = "Rewrite: def f(x): return x+1"
+
 
 def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["generate", "Rewrite: def f(x): return x+1", "--max-new-tokens", "12", "--json"]
+    args = ["generate", PROMPT, "--max-new-tokens", "12", "--json"]
     assert main([*args, "--drafter", "prompt-lookup", "--temperature", "0"]) == 0
     r = json.loads(capsys.readouterr().out)
     keys = {"text", "new_tokens", "tokens_per_second", "tokens_per_pass", "alpha", "rounds"}
@@ -23,32 +28,84 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     assert main([*args, "--drafter", "none", "--temperature", "0"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert plain["text"] == r["text"] and plain["tokens_per_pass"] == 1.0
+    assert plain["alpha"] is None  # nothing drafted: α undefined, JSON null
 
 
-def test_generate_rejects_a_bad_drafter(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["generate", "hi", "--drafter", "early-exit:99"]) == 2
-    assert "num_layers = 99 is out of range" in capsys.readouterr().err
+DRAFTERS = ["none", "prompt-lookup", "early-exit:4", "truncated:2", "model:SMOLLM2"]
 
 
-def test_demo_table(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--prompts", "1", "--max-new-tokens", "6", "--json"]) == 0
+@pytest.mark.parametrize("drafter", DRAFTERS)
+def test_generate_human_output_for_every_drafter(
+    drafter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The text, then the statistics table; α shown as "-" when undefined."""
+    monkeypatch.setenv("COLUMNS", "160")  # rich's width when not on a terminal
+    drafter = drafter.replace("SMOLLM2", str(models.cache_dir() / models.SMOLLM2_NAME))
+    argv = ["generate", PROMPT, "--max-new-tokens", "4", "--k", "2", "--drafter", drafter]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    assert captured.err == "" and "tokens/s" in captured.out and "target passes" in captured.out
+    assert f"drafter {drafter}, k = {0 if drafter == 'none' else 2}" in captured.out
+    if drafter == "none":
+        assert "│ - │" in captured.out  # α undefined
+    else:
+        assert "acceptance by draft position" in captured.out
+
+
+def test_demo_human_output_and_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4"]) == 0
+    out = capsys.readouterr().out
+    for drafter in ("none", "prompt-lookup", "early-exit:24", "truncated:24"):
+        assert drafter in out
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert [row["drafter"] for row in r["rows"]][0] == "none"
-    assert r["rows"][0]["speedup"] == 1.0 and len(r["rows"]) == 4
+    assert [row["drafter"] for row in r["rows"]][0] == "none" and len(r["rows"]) == 4
+    assert r["rows"][0]["alpha"] is None and r["rows"][0]["k"] == 0
 
 
 def test_predict_and_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     common = ["--prompts", "1", "--max-new-tokens", "12", "--k-max", "3", "--workloads", "code"]
-    common += ["--temperatures", "0", "--drafters", "prompt-lookup", "--json"]
-    assert main(["predict", *common]) == 0
+    common += ["--temperatures", "0", "--drafters", "prompt-lookup", "--repeats", "3"]
+    assert main(["predict", *common, "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
     (res,) = r["results"]
     assert len(r["costs"]["verify_cost"]) == 4 and r["costs"]["verify_cost"][0] == 1.0
     assert 0 <= res["alpha"] <= 1 and len(res["prediction"]["speedup_refined"]) == 3
+    assert main(["predict", *common]) == 0
+    assert "prompt-lookup on code, temperature 0" in capsys.readouterr().out
     out = tmp_path / "bench"
     assert main(["bench", *common, "--out", str(out), "--no-transformers"]) == 0
-    b = json.loads(capsys.readouterr().out)
-    methods = {row["method"] for row in b["rows"]}
-    assert {"target-only", "k=1", "k=2", "adaptive", "heuristic"} <= methods
+    printed = capsys.readouterr().out
+    assert "| prompt-lookup | k=2 |" in printed and "| none | target-only |" in printed
     assert (out / "speedup.png").stat().st_size > 10_000
-    assert "| prompt-lookup | k=2 |" in (out / "report.md").read_text()
+    b = json.loads((out / "results.json").read_text())
+    assert {"target-only", "k=1", "k=2", "adaptive", "heuristic"} <= {
+        r["method"] for r in b["rows"]
+    }
+
+
+@pytest.mark.parametrize(
+    ("argv", "fragments"),
+    [
+        (["generate", "hi", "--drafter", "early-exit:99"], ["num_layers = 99 is out of range"]),
+        (["generate", "hi", "--drafter", "early-exit:x"], ["--drafter 'early-exit:x'"]),
+        (["generate", "hi", "--drafter", "model:/nonexistent"], ["/nonexistent is not a folder"]),
+        (["generate", "hi", "--k", "0"], ["k = 0 is out of range"]),
+        (["generate", "hi", "--top-p", "2"], ["top_p = 2.0"]),
+        (["generate", "hi", "--temperature", "nan"], ["temperature = nan"]),
+        (["generate", "hi", "--max-new-tokens", "9000"], ["past the model's context of 8192"]),
+        (["generate", "hi", "--model", "/nonexistent"], ["/nonexistent is not a folder"]),
+        (["demo", "--prompts", "0"], ["--prompts = 0 is out of range"]),
+        (["demo", "--prompts", "41"], ["--prompts = 41", "<= 40"]),
+        (["predict", "--prompts", "-1"], ["--prompts = -1 is out of range"]),
+        (["predict", "--drafters", "none"], ["target-only is always measured"]),
+        (["predict", "--k-max", "0"], ["--k-max = 0"]),
+        (["bench", "--workloads", "poems"], ["--workloads = 'poems'"]),
+        (["bench", "--out", "/proc/version"], ["--out", "is a file"]),
+    ],
+)
+def test_model_commands_fail_with_one_line(
+    argv: list[str], fragments: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    one_line_error(capsys.readouterr().err, *fragments)

@@ -14,14 +14,14 @@ import json
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NoReturn
 
 import numpy as np
 from rich.console import Console
 from rich.table import Table
 
 import specdec_rs as sd
-from specdec_rs import cli_generate, cli_measure, plotting
+from specdec_rs import _checks, cli_generate, cli_measure, plotting
 from specdec_rs.experiments import CHAIN_P, CHAIN_Q, EXACT_PAIRS
 
 # The handout's i.i.d. pair (α = 0.8); its 3-token chain lives in experiments.py.
@@ -115,7 +115,15 @@ def show_simulate(r: dict[str, Any], console: Console) -> None:
     console.print(f"engine: {r['rounds_per_second'] / 1e6:.1f} million rounds/s")
 
 
+THEORY_MAX_ROWS = 1000  # the table prints one row per γ
+
+
 def run_theory(*, alphas: Sequence[float], cost: float, k_max: int) -> dict[str, Any]:
+    k_max = _checks.integer(
+        k_max, "--k-max", minimum=1, maximum=THEORY_MAX_ROWS
+    )  # one table row per γ
+    if not alphas:
+        raise ValueError("--alpha needs at least one acceptance rate")
     rows = [
         {
             "k": k,
@@ -156,11 +164,11 @@ def show_theory(r: dict[str, Any], console: Console) -> None:
 
 
 def run_experiments(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    from pathlib import Path
-
     from rich.progress import Progress
 
     from specdec_rs import experiments
+
+    out = _checks.writable_dir(args.out, "--out")
 
     command = (
         "specdec experiments " + " ".join(sys.argv[2:])
@@ -170,7 +178,7 @@ def run_experiments(args: argparse.Namespace, console: Console) -> dict[str, Any
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("experiments", total=len(experiments.EXPERIMENTS))
         result = experiments.run_all(
-            Path(args.out), args.seed, command, lambda: progress.advance(task)
+            out, _checks.seed(args.seed, "--seed"), command, lambda: progress.advance(task)
         )
     return {"out": args.out, "seed": args.seed, **result}
 
@@ -197,8 +205,15 @@ def plot_theory(r: dict[str, Any], path: str) -> None:
     plotting.save(fig, path)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="specdec", description="Exact speculative decoding.")
+    parser = Parser(prog="specdec", description="Exact speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True)
     s = sub.add_parser("simulate", help="Monte Carlo check of exactness and tokens per round")
     s.add_argument("--k", type=int, default=2)
@@ -222,25 +237,45 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     console = Console()
     try:
-        if args.command in ("generate", "demo"):
-            result, show = cli_generate.run(args, console)
-        elif args.command in ("predict", "bench"):
-            result, show = cli_measure.run(args, console)
-        elif args.command == "experiments":
-            result, show = run_experiments(args, console), show_experiments
-        elif args.command == "simulate":
-            result = run_simulate(
-                k=args.k, runs=args.runs, variant=args.variant, seed=args.seed, threads=args.threads
-            )
-            show = show_simulate
-        else:
-            result = run_theory(alphas=args.alpha, cost=args.cost, k_max=args.k_max)
-            show = show_theory
-            if args.plot:
-                plot_theory(result, args.plot)
+        return _run(args, console)
     except ValueError as e:
-        print(f"specdec: error: {e}", file=sys.stderr)
+        print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `specdec ... | head`: the reader left; stop quietly
+        sys.stderr.close()
+        return 141
+    except OSError as e:  # a file could not be written after the checks passed
+        print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    """Run the subcommand and print its result (ValueError on bad input)."""
+    show: Any
+    if args.command in ("generate", "demo"):
+        result, show = cli_generate.run(args, console)
+    elif args.command in ("predict", "bench"):
+        result, show = cli_measure.run(args, console)
+    elif args.command == "experiments":
+        result, show = run_experiments(args, console), show_experiments
+    elif args.command == "simulate":
+        result = run_simulate(
+            k=args.k, runs=args.runs, variant=args.variant, seed=args.seed, threads=args.threads
+        )
+        show = show_simulate
+    else:
+        plot_path = _checks.output_file(args.plot, "--plot") if args.plot else None  # before work
+        result = run_theory(alphas=args.alpha, cost=args.cost, k_max=args.k_max)
+        show = show_theory
+        if plot_path is not None:
+            plot_theory(result, str(plot_path))
     if args.json:
         print(json.dumps(result))
     else:

@@ -16,7 +16,7 @@ from rich.progress import track
 from rich.table import Table
 
 import specdec_rs as sd
-from specdec_rs import models, workloads
+from specdec_rs import _checks, models, workloads
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -38,24 +38,37 @@ def load_target(path: str | None) -> tuple[PreTrainedModel, PreTrainedTokenizerB
     return models.load_local(path)
 
 
+def check_spec(spec: str) -> str:
+    """The kind of a drafter's command-line name, after checking its syntax
+    (no model needed); ValueError for anything DRAFTER_HELP does not list."""
+    if isinstance(spec, str):
+        kind, sep, arg = spec.partition(":")
+        if kind in ("none", "prompt-lookup") and not sep:
+            return kind
+        if kind in ("early-exit", "truncated") and arg.isascii() and arg.isdigit():
+            return kind
+        if kind == "model" and arg:
+            return kind
+    raise ValueError(f"--drafter {spec!r} is not understood; expected {DRAFTER_HELP}")
+
+
 def make_drafter(
     spec: str, target: PreTrainedModel, tokenizer: Any, greedy: bool
 ) -> sd.Drafter | None:
     """A drafter from its command-line name (see DRAFTER_HELP)."""
-    kind, _, arg = spec.partition(":")
-    if kind == "none" and not arg:
+    kind = check_spec(spec)
+    arg = spec.partition(":")[2]
+    if kind == "none":
         return None
-    if kind == "prompt-lookup" and not arg:
+    if kind == "prompt-lookup":
         return sd.PromptLookup()
-    if kind in ("early-exit", "truncated") and arg.isdigit():
-        if kind == "early-exit":
-            return sd.EarlyExit(target, int(arg), greedy=greedy)
+    if kind == "early-exit":
+        return sd.EarlyExit(target, int(arg), greedy=greedy)
+    if kind == "truncated":
         return sd.DraftModel(models.layer_view(target, int(arg)), greedy=greedy, name=spec)
-    if kind == "model" and arg:
-        draft, draft_tokenizer = models.load_local(arg)
-        models.check_same_tokenizer(tokenizer, draft_tokenizer)
-        return sd.DraftModel(draft, greedy=greedy, name=spec)
-    raise ValueError(f"--drafter {spec!r} is not understood; expected {DRAFTER_HELP}")
+    draft, draft_tokenizer = models.load_local(arg)
+    models.check_same_tokenizer(tokenizer, draft_tokenizer)
+    return sd.DraftModel(draft, greedy=greedy, name=spec)
 
 
 def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> None:
@@ -66,6 +79,11 @@ def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> No
     p.add_argument("--seed", type=int, default=0)
     p.add_argument(
         "--model", default=None, help="local transformers model folder (default: SmolLM2)"
+    )
+    p.add_argument(
+        "--allow-past-context",
+        action="store_true",
+        help="run even when prompt + max new tokens passes the model's context",
     )
 
 
@@ -98,7 +116,18 @@ def add_parsers(sub: Any) -> None:
     d.add_argument("--json", action="store_true")
 
 
+def check_numbers(args: argparse.Namespace) -> None:
+    """The numeric flags, checked before the model loads (a fast, clear error)."""
+    sd.SamplingConfig(**sampling(args))
+    _checks.seed(args.seed, "--seed")
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    if hasattr(args, "k"):
+        _checks.integer(args.k, "--k", minimum=1)
+
+
 def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    check_numbers(args)
+    check_spec(args.drafter)
     target, tokenizer = load_target(args.model)
     drafter = make_drafter(args.drafter, target, tokenizer, args.greedy_draft)
     ids = (
@@ -117,6 +146,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         **sampling(args),
         vocab_size=len(tokenizer) if drafter is not None else None,
         on_tokens=stream,
+        allow_past_context=args.allow_past_context,
     )
     text = tokenizer.decode(result.tokens, skip_special_tokens=True)
     return {"text": text, **result.summary()}
@@ -139,6 +169,14 @@ class TextStream:
             self.printed = len(text)
 
 
+def fmt(x: Any, spec: str) -> str:
+    """A number for a table; "-" for an undefined one (None or NaN, e.g. α
+    when nothing was drafted)."""
+    if x is None or (isinstance(x, float) and x != x):
+        return "-"
+    return format(x, spec)
+
+
 def show_generate(r: dict[str, Any], console: Console) -> None:
     console.out("")
     t = Table(title=f"drafter {r['drafter']}, k = {r['k']}, temperature {r['temperature']:g}")
@@ -155,20 +193,23 @@ def show_generate(r: dict[str, Any], console: Console) -> None:
         t.add_column(col, justify="right")
     t.add_row(
         str(r["new_tokens"]),
-        f"{r['tokens_per_second']:.1f}",
+        fmt(r["tokens_per_second"], ".1f"),
         str(r["rounds"]),
-        f"{r['tokens_per_pass']:.2f}",
-        f"{r['alpha']:.3f}",
-        f"{r['time_draft']:.2f}",
-        f"{r['time_target']:.2f}",
-        f"{r['time_verify']:.3f}",
+        fmt(r["tokens_per_pass"], ".2f"),
+        fmt(r["alpha"], ".3f"),
+        fmt(r["time_draft"], ".2f"),
+        fmt(r["time_target"], ".2f"),
+        fmt(r["time_verify"], ".3f"),
     )
     console.print(t)
-    alphas = ", ".join(f"{a:.2f}" for a in r["position_alpha"])
-    console.print(
-        f"acceptance by draft position: [{alphas}]; "
-        f"rounds by drafts kept: {r['accepted_histogram']}"
-    )
+    if r["position_alpha"]:
+        alphas = ", ".join(fmt(a, ".2f") for a in r["position_alpha"])
+        console.print(
+            f"acceptance by draft position: [{alphas}]; "
+            f"rounds by drafts kept: {r['accepted_histogram']}"
+        )
+    elif r["drafter"] != "none":
+        console.print("no drafts were proposed (α undefined)")
 
 
 DEMO_DRAFTERS = (("none", 1), ("prompt-lookup", 8), ("early-exit:24", 2), ("truncated:24", 2))
@@ -177,9 +218,12 @@ DEMO_DRAFTERS = (("none", 1), ("prompt-lookup", 8), ("early-exit:24", 2), ("trun
 def run_demo(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """Each drafter on a few built-in prompts; speedup against target-only
     through the same loop (tokens/s over all prompts together)."""
-    target, tokenizer = load_target(args.model)
     code, chat = workloads.prompts("code"), workloads.prompts("chat")
-    messages = [m for pair in zip(code, chat, strict=False) for m in pair][: max(1, args.prompts)]
+    interleaved = [m for pair in zip(code, chat, strict=False) for m in pair]
+    count = _checks.integer(args.prompts, "--prompts", minimum=1, maximum=len(interleaved))
+    check_numbers(args)
+    target, tokenizer = load_target(args.model)
+    messages = interleaved[:count]
     encoded = [workloads.encode(tokenizer, m) for m in messages]
     rows = []
     jobs = [(spec, k, i) for spec, k in DEMO_DRAFTERS for i in range(len(encoded))]
@@ -192,8 +236,9 @@ def run_demo(args: argparse.Namespace, console: Console) -> dict[str, Any]:
             encoded[i],
             max_new_tokens=args.max_new_tokens,
             k=k,
-            seed=args.seed + i,
+            seed=_checks.seed(args.seed, "--seed") + i,
             **sampling(args),
+            allow_past_context=args.allow_past_context,
         )
         t = totals.setdefault(
             spec,
@@ -241,7 +286,7 @@ def show_demo(r: dict[str, Any], console: Console) -> None:
     for col in ("drafter", "k", "tokens/s", "tokens/pass", "α", "speedup"):
         t.add_column(col, justify="right")
     for row in r["rows"]:
-        a = "-" if row["alpha"] is None else f"{row['alpha']:.3f}"
+        a = fmt(row["alpha"], ".3f")
         t.add_row(
             row["drafter"],
             str(row["k"]),

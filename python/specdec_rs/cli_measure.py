@@ -17,8 +17,8 @@ from rich.console import Console
 from rich.progress import Progress
 
 import specdec_rs as sd
-from specdec_rs import measure, plotting, workloads
-from specdec_rs.cli_generate import load_target, make_drafter
+from specdec_rs import _checks, measure, plotting, workloads
+from specdec_rs.cli_generate import check_spec, load_target, make_drafter
 from specdec_rs.generate import eos_set
 from specdec_rs.policy import AdaptiveK, HeuristicK
 from specdec_rs.processors import SamplingConfig
@@ -38,6 +38,12 @@ def add_parsers(sub: Any) -> None:
         p.add_argument("--prompts", type=int, default=20 if name == "predict" else 3)
         p.add_argument("--max-new-tokens", type=int, default=128 if name == "predict" else 96)
         p.add_argument("--k-max", type=int, default=8)
+        p.add_argument(
+            "--repeats",
+            type=int,
+            default=100,
+            help="timed repetitions per cost measurement (medians; v(n) uses a sixth)",
+        )
         p.add_argument("--seed", type=int, default=0)
         p.add_argument(
             "--model", default=None, help="local transformers model folder (default: SmolLM2)"
@@ -56,15 +62,46 @@ def add_parsers(sub: Any) -> None:
             )
 
 
-def measure_costs(target: Any, tokenizer: Any, specs: list[str], k_max: int) -> dict[str, Any]:
+MAX_K = 64  # longest γ measured
+
+
+def check_arguments(args: argparse.Namespace) -> None:
+    """Every flag, checked before the model loads."""
+    for workload in args.workloads:
+        _checks.choice(workload, "--workloads", workloads.WORKLOADS)
+        available = len(workloads.prompts(workload))
+        _checks.integer(args.prompts, "--prompts", minimum=1, maximum=available)
+    for t in args.temperatures:
+        SamplingConfig(t)
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    _checks.integer(args.k_max, "--k-max", minimum=1, maximum=MAX_K)
+    _checks.integer(args.repeats, "--repeats", minimum=1, maximum=100_000)
+    _checks.seed(args.seed, "--seed")
+    if not args.drafters:
+        raise ValueError("--drafters needs at least one drafter")
+    for spec in args.drafters:
+        if check_spec(spec) == "none":
+            raise ValueError(
+                "--drafters none: target-only is always measured as the baseline; "
+                "list only drafters"
+            )
+    if getattr(args, "out", None) is not None:
+        _checks.writable_dir(args.out, "--out")
+
+
+def measure_costs(
+    target: Any, tokenizer: Any, specs: list[str], k_max: int, repeats: int = 100
+) -> dict[str, Any]:
     """Target step time, v(1..k_max+1) and each drafter's c, at a real prompt's context."""
     context = workloads.encode(tokenizer, workloads.prompts("code")[0])
-    step = measure.decode_step_time(target, context)
-    v = measure.verify_cost_curve(target, context, max_n=k_max + 1)
+    step = measure.decode_step_time(target, context, repeats=repeats)
+    v = measure.verify_cost_curve(
+        target, context, max_n=k_max + 1, repeats=max(1, repeats * 3 // 20)
+    )
     costs = {}
     for spec in specs:
         drafter = make_drafter(spec, target, tokenizer, greedy=False)
-        c = measure.drafter_step_time(drafter, target, context) / step
+        c = measure.drafter_step_time(drafter, target, context, repeats=repeats) / step
         costs[spec] = c
     return {
         "context_tokens": len(context),
@@ -75,8 +112,9 @@ def measure_costs(target: Any, tokenizer: Any, specs: list[str], k_max: int) -> 
 
 
 def run_predict(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    check_arguments(args)
     target, tokenizer = load_target(args.model)
-    costs = measure_costs(target, tokenizer, args.drafters, args.k_max)
+    costs = measure_costs(target, tokenizer, args.drafters, args.k_max, args.repeats)
     return run_predict_with(target, tokenizer, args, costs, {}, console)
 
 
@@ -225,8 +263,9 @@ def run_bench(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """Measured generation per drafter and γ, with the prediction for the same prompts."""
     from specdec_rs.hf import hf_generate
 
+    check_arguments(args)
     target, tokenizer = load_target(args.model)
-    costs = measure_costs(target, tokenizer, args.drafters, args.k_max)
+    costs = measure_costs(target, tokenizer, args.drafters, args.k_max, args.repeats)
     eos = sorted(eos_set(None, target))
     runs: list[dict[str, Any]] = []
     answers: dict[Any, Any] = {}
