@@ -301,7 +301,7 @@ def test_verify_batch(kwargs: dict[str, Any]) -> None:
             "q_table": broken(Q_TABLE),
             "variant": st.sampled_from(sd.VARIANTS),
             "k": st.sampled_from([0, 5, 10_000, 10_001]),
-            "num_tokens": st.sampled_from([1, 3, 16, 17, 10**6]),
+            "num_tokens": st.sampled_from([1, 3, 16, 17, 64, 65, 10**6]),
             "runs": st.sampled_from([1, 4097]),
         },
     )

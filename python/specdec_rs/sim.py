@@ -19,7 +19,7 @@ import numpy.typing as npt
 from specdec_rs import _checks, _core
 
 MAX_K = 10_000  # drafts per round; a round is O(k) work in the engine
-MAX_NUM_TOKENS = 1_000_000  # tokens per run (the histogram also caps V^num_tokens)
+MAX_NUM_TOKENS = 64  # the histogram has one axis per token; NumPy arrays have at most 64
 
 
 def _common(
