@@ -37,6 +37,15 @@ impl Prob for f64 {
     }
 }
 
+/// Whether the row scans may use 256-bit vectors (checked once by std, then
+/// cached). Each lane accumulates in the same order on every path, so the
+/// sums, and the tokens sampled, are bitwise the same with or without it.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn wide_simd() -> bool {
+    std::is_x86_feature_detected!("avx2")
+}
+
 #[inline(always)]
 fn min(a: f64, b: f64) -> f64 {
     if b < a {
@@ -50,8 +59,23 @@ fn min(a: f64, b: f64) -> f64 {
 ///
 /// NaN and ±inf show up in the sum and negatives in the running minimum;
 /// testing each entry's class instead keeps LLVM from vectorizing the loop.
-#[inline(never)]
 fn sum_and_ok<T: Prob>(row: &[T]) -> (f64, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_simd() {
+        // SAFETY: the CPU supports AVX2 (checked at run time just above).
+        return unsafe { sum_and_ok_avx2(row) };
+    }
+    sum_and_ok_body(row)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn sum_and_ok_avx2<T: Prob>(row: &[T]) -> (f64, bool) {
+    sum_and_ok_body(row)
+}
+
+#[inline(always)]
+fn sum_and_ok_body<T: Prob>(row: &[T]) -> (f64, bool) {
     let mut acc = [0.0f64; LANES];
     let mut low = [0.0f64; LANES];
     let chunks = row.chunks_exact(LANES);
@@ -175,32 +199,66 @@ fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -
     last.unwrap_or(start)
 }
 
-/// Sample an index of `row` with probability proportional to its entries,
-/// reading the row once (plus one chunk). Checks the whole row on the way.
-pub fn sample_row<T: Prob>(row: Row<'_, T>, u: f64) -> Result<usize> {
-    let Row { data: row, loc, tol } = row;
-    let mut sums = Vec::with_capacity(row.len().div_ceil(CHUNK));
+/// Per-chunk sums of a row's sampling weights, from which `pick` finds the
+/// token at a given mass (total > 0).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Weights {
+    pub sums: Vec<f64>,
+    pub total: f64,
+}
+
+/// The weights w = row, after checking the whole row (finite, ≥ 0, sum 1 ± tol).
+pub fn row_weights<T: Prob>(row: Row<'_, T>) -> Result<Weights> {
+    let Row { data, loc, tol } = row;
+    let mut sums = Vec::with_capacity(data.len().div_ceil(CHUNK));
     let mut all_ok = true;
     let mut total = 0.0;
-    for chunk in row.chunks(CHUNK) {
+    for chunk in data.chunks(CHUNK) {
         let (s, ok) = sum_and_ok(chunk);
         all_ok &= ok;
         sums.push(s);
         total += s;
     }
     if !all_ok {
-        return Err(bad_entry(row, loc));
+        return Err(bad_entry(data, loc));
     }
     check_sum(total, loc, tol)?;
     if total <= 0.0 {
         return Err(SpecError::ZeroMass { loc });
     }
-    Ok(pick(&sums, row.len(), u * total, |j| row[j].to_f64()))
+    Ok(Weights { sums, total })
+}
+
+/// Sample an index of `row` with probability proportional to its entries,
+/// reading the row once (plus one chunk). Checks the whole row on the way.
+pub fn sample_row<T: Prob>(row: Row<'_, T>, u: f64) -> Result<usize> {
+    let w = row_weights(row)?;
+    Ok(pick_row(row.data, &w, u))
+}
+
+/// The token at mass u · Σw of `row` (w from `row_weights(row)`).
+pub fn pick_row<T: Prob>(row: &[T], w: &Weights, u: f64) -> usize {
+    pick(&w.sums, row.len(), u * w.total, |j| row[j].to_f64())
 }
 
 /// Per-chunk sums of max(0, p − q), Σp, Σq and validity, in one pass.
-#[inline(never)]
 fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_simd() {
+        // SAFETY: the CPU supports AVX2 (checked at run time just above).
+        return unsafe { residual_chunk_avx2(p, q) };
+    }
+    residual_chunk_body(p, q)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn residual_chunk_avx2<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
+    residual_chunk_body(p, q)
+}
+
+#[inline(always)]
+fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
     let mut w_acc = [0.0f64; LANES];
     let mut p_acc = [0.0f64; LANES];
     let mut q_acc = [0.0f64; LANES];
@@ -231,20 +289,27 @@ fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
     (w, ps, qs, ps.is_finite() && qs.is_finite() && lowest >= 0.0)
 }
 
-/// Sample from the residual norm(max(0, p − q)) in one pass over p and q
-/// (each row of its own precision, checked against that precision's tolerance).
-///
-/// When rounding leaves no residual mass (p ≤ q everywhere, which for
-/// normalized rows means p = q up to rounding) the exact residual is
-/// undefined; the sample is then drawn from p itself, which is the limit of
-/// the residual's role (P(emit x) = p(x)) and never a zero-probability token.
-pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u: f64) -> Result<usize> {
+/// The weights a rejection samples from: max(0, p − q), or p itself when
+/// rounding leaves no residual mass (p ≤ q everywhere, which for normalized
+/// rows means p = q up to rounding: the exact residual is undefined, and
+/// drawing from p keeps P(emit x) = p(x) and never picks a zero-probability token).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Residual {
+    Mass(Weights),
+    FromP(Weights),
+}
+
+/// `Residual` of a p row and a q row in one pass over both, checking each
+/// against its own precision's tolerance.
+pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) -> Result<Residual> {
     let (p, q) = (p_row.data, q_row.data);
-    let mut sums = Vec::with_capacity(p.len().div_ceil(CHUNK));
+    let chunks = p.len().div_ceil(CHUNK);
+    let (mut sums, mut p_sums) = (Vec::with_capacity(chunks), Vec::with_capacity(chunks));
     let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
     for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
         let (w, ps, qs, ok) = residual_chunk(pc, qc);
         sums.push(w);
+        p_sums.push(ps);
         total += w;
         p_sum += ps;
         q_sum += qs;
@@ -256,12 +321,32 @@ pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u
     }
     check_sum(p_sum, p_row.loc, p_row.tol)?;
     check_sum(q_sum, q_row.loc, q_row.tol)?;
-    if total <= 0.0 {
-        return sample_row(p_row, u);
+    if total > 0.0 {
+        return Ok(Residual::Mass(Weights { sums, total }));
     }
-    Ok(pick(&sums, p.len(), u * total, |j| {
-        (p[j].to_f64() - q[j].to_f64()).max(0.0)
+    if p_sum <= 0.0 {
+        return Err(SpecError::ZeroMass { loc: p_row.loc });
+    }
+    Ok(Residual::FromP(Weights {
+        sums: p_sums,
+        total: p_sum,
     }))
+}
+
+/// The token at mass u · Σw of the residual of p and q.
+pub fn pick_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], r: &Residual, u: f64) -> usize {
+    match r {
+        Residual::Mass(w) => pick(&w.sums, p.len(), u * w.total, |j| {
+            (p[j].to_f64() - q[j].to_f64()).max(0.0)
+        }),
+        Residual::FromP(w) => pick_row(p, w, u),
+    }
+}
+
+/// Sample from the residual norm(max(0, p − q)) in one pass over p and q.
+pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u: f64) -> Result<usize> {
+    let r = residual_weights(p_row, q_row)?;
+    Ok(pick_residual(p_row.data, q_row.data, &r, u))
 }
 
 #[cfg(test)]

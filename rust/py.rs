@@ -307,6 +307,56 @@ fn simulate_round_lengths(
     Ok(counts.into_pyarray(py).unbind())
 }
 
+/// Phase 1 of a round from gathered values; see `specdec_rs.verify_gathered`.
+#[pyfunction]
+fn accept_gathered(px: PyReadonlyArray1<'_, f64>, qx: PyReadonlyArray1<'_, f64>, seed: u64) -> PyResult<usize> {
+    Ok(crate::verify::accept_gathered(px.as_array(), qx.as_array(), seed)?)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn finish_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
+    py: Python<'_>,
+    p_row: &Bound<'_, PyAny>,
+    q_row: &Bound<'_, PyAny>,
+    m: usize,
+    k: usize,
+    seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+) -> PyResult<Option<i64>> {
+    let (Ok(p), Ok(q)) = (
+        p_row.extract::<PyReadonlyArray1<P>>(),
+        q_row.extract::<PyReadonlyArray1<Q>>(),
+    ) else {
+        return Ok(None);
+    };
+    let (pv, qv) = (p.as_array(), q.as_array());
+    let checks = checks::<P, Q>(false, p_tol, q_tol);
+    Ok(Some(
+        py.detach(|| crate::verify::finish_round(pv, qv, m, k, seed, checks))?,
+    ))
+}
+
+/// Phase 2 of a round: its last token; see `specdec_rs.verify_gathered`.
+#[pyfunction]
+#[pyo3(signature = (p_row, q_row, m, k, seed, p_tol=None, q_tol=None))]
+#[allow(clippy::too_many_arguments)]
+fn finish_round(
+    py: Python<'_>,
+    p_row: &Bound<'_, PyAny>,
+    q_row: &Bound<'_, PyAny>,
+    m: usize,
+    k: usize,
+    seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+) -> PyResult<i64> {
+    dispatch_dtypes!(
+        finish_typed(py, p_row, q_row, m, k, seed, p_tol, q_tol),
+        "p_row and q_row"
+    )
+}
+
 /// The seed that row `index` of a batch call with `seed` uses.
 #[pyfunction]
 fn row_seed(seed: u64, index: u64) -> u64 {
@@ -320,6 +370,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_round_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
+    m.add_function(wrap_pyfunction!(accept_gathered, m)?)?;
+    m.add_function(wrap_pyfunction!(finish_round, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("MAX_THREADS", MAX_THREADS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;

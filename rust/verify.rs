@@ -19,7 +19,9 @@ use rand::RngExt;
 use rayon::prelude::*;
 
 use crate::error::{Loc, Result, SpecError};
-use crate::prob::{check_entry, check_row, sample_residual, sample_row, Prob, Row};
+use crate::prob::{
+    check_entry, check_row, pick_residual, pick_row, residual_weights, row_weights, Prob, Residual, Row, Weights,
+};
 use crate::rng::{row_seed, stream, Stream};
 
 /// The two dimensions of a round, checked: k (number of drafts) and V.
@@ -103,6 +105,160 @@ pub fn check_rows<T: Prob>(
     results.into_iter().collect()
 }
 
+/// The names a round's errors use for p and q (batch rows say "p", "q").
+fn names(batch: Option<usize>) -> (&'static str, &'static str) {
+    if batch.is_some() {
+        ("p", "q")
+    } else {
+        ("p_rows", "q_rows")
+    }
+}
+
+/// The accept tests of a round on its gathered values: `gathered(i)` gives
+/// (p_i(x_i), q_i(x_i)) for draft x_i = `drafts[i]`. Draft i is kept when
+/// u_i · q_i(x_i) < p_i(x_i); the first rejection ends the loop. Returns the
+/// number kept, m ≤ k, after drawing m + 1 uniforms (k when all are kept).
+/// Each gathered value is checked (finite, ≥ 0, q_i(x_i) > 0).
+pub fn accept_prefix(
+    k: usize,
+    gathered: impl Fn(usize) -> (f64, f64),
+    drafts: &ArrayView1<'_, i64>,
+    rng: &mut Stream,
+    batch: Option<usize>,
+) -> Result<usize> {
+    let (p_name, q_name) = names(batch);
+    for i in 0..k {
+        let x = drafts[i] as usize;
+        let (px, qx) = gathered(i);
+        check_entry(px, Loc::new(p_name, batch, i), x)?;
+        check_entry(qx, Loc::new(q_name, batch, i), x)?;
+        if qx <= 0.0 {
+            return Err(SpecError::ZeroDraftProb {
+                batch,
+                index: i,
+                token: drafts[i],
+            });
+        }
+        let u: f64 = rng.random();
+        if u * qx >= px {
+            return Ok(i);
+        }
+    }
+    Ok(k)
+}
+
+/// The uniforms `accept_prefix` drew for a round that kept m of k drafts.
+pub fn accept_draws(m: usize, k: usize) -> usize {
+    if m < k {
+        m + 1
+    } else {
+        k
+    }
+}
+
+/// Draft ids in [0, V): they index everything else.
+fn check_drafts(drafts: &ArrayView1<'_, i64>, v: usize, batch: Option<usize>) -> Result<()> {
+    for (i, &x) in drafts.iter().enumerate() {
+        if x < 0 || x as u64 >= v as u64 {
+            return Err(SpecError::DraftOutOfRange {
+                batch,
+                index: i,
+                token: x,
+                vocab: v,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// What the round's last token is drawn from.
+enum Last {
+    Residual(Residual),
+    Bonus(Weights),
+}
+
+/// The weights of the round's last token after `m` kept drafts: the residual
+/// of p_m and q_m (m < k) or the bonus row p_k. With `checks.full`, every
+/// other row is checked in the same pass (row-parallel for large inputs), so
+/// each byte of p and q is read once.
+fn last_weights<P: Prob, Q: Prob>(
+    p: &ArrayView2<'_, P>,
+    q: &ArrayView2<'_, Q>,
+    m: usize,
+    checks: Checks,
+    batch: Option<usize>,
+) -> Result<Last> {
+    let k = q.nrows();
+    let (p_name, q_name) = names(batch);
+    let p_row = |i: usize| -> Result<Row<'_, P>> {
+        Ok(Row::new(
+            row_slice(p, i, p_name)?,
+            Loc::new(p_name, batch, i),
+            checks.p_tol,
+        ))
+    };
+    let q_row = |i: usize| -> Result<Row<'_, Q>> {
+        Ok(Row::new(
+            row_slice(q, i, q_name)?,
+            Loc::new(q_name, batch, i),
+            checks.q_tol,
+        ))
+    };
+    let sample = || -> Result<Last> {
+        if m < k {
+            Ok(Last::Residual(residual_weights(p_row(m)?, q_row(m)?)?))
+        } else {
+            Ok(Last::Bonus(row_weights(p_row(k)?)?))
+        }
+    };
+    if !checks.full {
+        return sample();
+    }
+    // Tasks in error-report order: p rows 0..=k (row m samples), then q rows.
+    let task = |t: usize| -> Result<Option<Last>> {
+        if t == m {
+            return sample().map(Some);
+        }
+        if t <= k {
+            return check_row(p_row(t)?).map(|_| None);
+        }
+        let i = t - (k + 1);
+        if i == m {
+            return Ok(None); // read with p_m by the residual
+        }
+        check_row(q_row(i)?).map(|_| None)
+    };
+    let tasks = 2 * k + 1;
+    let results: Vec<Result<Option<Last>>> = if p.len() + q.len() < PARALLEL_CHECK_MIN {
+        (0..tasks).map(task).collect()
+    } else {
+        (0..tasks).into_par_iter().map(task).collect()
+    };
+    let mut last = None;
+    for r in results {
+        if let Some(l) = r? {
+            last = Some(l);
+        }
+    }
+    last.ok_or_else(|| SpecError::Invalid("internal error: the round sampled nothing".into()))
+}
+
+fn pick_last<P: Prob, Q: Prob>(
+    p: &ArrayView2<'_, P>,
+    q: &ArrayView2<'_, Q>,
+    m: usize,
+    last: &Last,
+    u: f64,
+    batch: Option<usize>,
+) -> Result<i64> {
+    let (p_name, q_name) = names(batch);
+    let token = match last {
+        Last::Residual(r) => pick_residual(row_slice(p, m, p_name)?, row_slice(q, m, q_name)?, r, u),
+        Last::Bonus(w) => pick_row(row_slice(p, q.nrows(), p_name)?, w, u),
+    };
+    Ok(token as i64)
+}
+
 /// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
 ///
 /// `batch` only labels error messages.
@@ -116,55 +272,75 @@ pub fn verify_into<P: Prob, Q: Prob>(
     out: &mut [i64],
 ) -> Result<usize> {
     let (k, v) = round_dims(p.dim(), q.dim(), drafts.len())?;
-    let (p_name, q_name) = if batch.is_some() {
-        ("p", "q")
-    } else {
-        ("p_rows", "q_rows")
-    };
-    // Draft ids first: they index everything else.
-    for (i, &x) in drafts.iter().enumerate() {
-        if x < 0 || x as u64 >= v as u64 {
-            return Err(SpecError::DraftOutOfRange {
-                batch,
-                index: i,
-                token: x,
-                vocab: v,
-            });
-        }
-    }
-    if checks.full {
-        check_rows(p, p_name, batch, checks.p_tol)?;
-        check_rows(q, q_name, batch, checks.q_tol)?;
-    }
-    for i in 0..k {
+    check_drafts(drafts, v, batch)?;
+    let gathered = |i: usize| {
         let x = drafts[i] as usize;
-        let (p_loc, q_loc) = (Loc::new(p_name, batch, i), Loc::new(q_name, batch, i));
-        let px = p[[i, x]].to_f64();
-        let qx = q[[i, x]].to_f64();
-        check_entry(px, p_loc, x)?;
-        check_entry(qx, q_loc, x)?;
-        if qx <= 0.0 {
-            return Err(SpecError::ZeroDraftProb {
-                batch,
-                index: i,
-                token: drafts[i],
-            });
-        }
-        let u: f64 = rng.random();
-        if u * qx < px {
-            out[i] = x as i64;
-            continue;
-        }
-        let u: f64 = rng.random();
-        let p_row = Row::new(row_slice(p, i, p_name)?, p_loc, checks.p_tol);
-        let q_row = Row::new(row_slice(q, i, q_name)?, q_loc, checks.q_tol);
-        out[i] = sample_residual(p_row, q_row, u)? as i64;
-        return Ok(i + 1);
+        (p[[i, x]].to_f64(), q[[i, x]].to_f64())
+    };
+    let m = accept_prefix(k, gathered, drafts, rng, batch)?;
+    let last = last_weights(p, q, m, checks, batch)?;
+    let u: f64 = rng.random();
+    for (o, &x) in out.iter_mut().zip(drafts.iter()).take(m) {
+        *o = x;
+    }
+    out[m] = pick_last(p, q, m, &last, u, batch)?;
+    Ok(m + 1)
+}
+
+/// Phase 1 of a round whose rows live elsewhere (e.g. on a GPU): the number
+/// of drafts kept, from the gathered values px[i] = p_i(x_i), qx[i] = q_i(x_i).
+/// With `finish_round` on the same seed it equals `verify` on the full rows.
+pub fn accept_gathered(px: ArrayView1<'_, f64>, qx: ArrayView1<'_, f64>, seed: u64) -> Result<usize> {
+    let k = px.len();
+    if qx.len() != k {
+        return Err(SpecError::Shape(format!(
+            "px has {k} entries but qx has {}; expected one p and one q value per draft",
+            qx.len()
+        )));
+    }
+    let ids = ndarray::Array1::<i64>::zeros(k); // the values are gathered already
+    accept_prefix(k, |i| (px[i], qx[i]), &ids.view(), &mut stream(seed), None)
+}
+
+/// Phase 2: the round's last token after `m` of `k` drafts were kept: from
+/// the residual of `p_row` and `q_row` (m < k, the rows of position m) or
+/// from `p_row` alone (m == k, the bonus row; `q_row` is then not read).
+/// Draws from the same stream as `verify` with this seed.
+pub fn finish_round<P: Prob, Q: Prob>(
+    p_row: ArrayView1<'_, P>,
+    q_row: ArrayView1<'_, Q>,
+    m: usize,
+    k: usize,
+    seed: u64,
+    checks: Checks,
+) -> Result<i64> {
+    if m > k {
+        return Err(SpecError::Invalid(format!("m = {m} kept drafts is more than k = {k}")));
+    }
+    let (Some(p_data), Some(q_data)) = (p_row.to_slice(), q_row.to_slice()) else {
+        return Err(SpecError::Invalid("p_row and q_row must be C-contiguous".into()));
+    };
+    if p_data.is_empty() || (m < k && q_data.len() != p_data.len()) {
+        return Err(SpecError::Shape(format!(
+            "p_row has {} entries and q_row {}; expected V >= 1 entries each (q_row is not \
+             read when all drafts were kept)",
+            p_data.len(),
+            q_data.len()
+        )));
+    }
+    let mut rng = stream(seed);
+    for _ in 0..accept_draws(m, k) {
+        let _: f64 = rng.random();
     }
     let u: f64 = rng.random();
-    let bonus = Row::new(row_slice(p, k, p_name)?, Loc::new(p_name, batch, k), checks.p_tol);
-    out[k] = sample_row(bonus, u)? as i64;
-    Ok(k + 1)
+    let p = Row::new(p_data, Loc::new("p_rows", None, m), checks.p_tol);
+    let token = if m < k {
+        let q = Row::new(q_data, Loc::new("q_rows", None, m), checks.q_tol);
+        pick_residual(p_data, q_data, &residual_weights(p, q)?, u)
+    } else {
+        pick_row(p_data, &row_weights(p)?, u)
+    };
+    Ok(token as i64)
 }
 
 /// One round: the emitted tokens (1..=k+1). Same inputs + same seed = same output.
@@ -315,5 +491,44 @@ mod tests {
             assert_eq!(&batch.tokens[row * 3..row * 3 + n], single.as_slice());
             assert!(batch.tokens[row * 3 + n..(row + 1) * 3].iter().all(|&t| t == -1));
         }
+    }
+
+    #[test]
+    fn two_phases_equal_one_call() {
+        let p = ndarray::Array2::from_shape_fn((4, 5), |(i, j)| ((i + 2 * j) % 5 + 1) as f64 / 15.0);
+        let q = ndarray::Array2::from_shape_fn((3, 5), |(i, j)| ((3 * i + j) % 5 + 1) as f64 / 15.0);
+        let d = array![1i64, 3, 0];
+        for seed in 0..300 {
+            let one = verify(p.view(), q.view(), d.view(), seed, FULL).unwrap();
+            let px = ndarray::Array1::from_shape_fn(3, |i| p[[i, d[i] as usize]]);
+            let qx = ndarray::Array1::from_shape_fn(3, |i| q[[i, d[i] as usize]]);
+            let m = accept_gathered(px.view(), qx.view(), seed).unwrap();
+            let q_row = if m < 3 { q.row(m) } else { q.row(0) };
+            let last = finish_round(p.row(m), q_row, m, 3, seed, FULL).unwrap();
+            assert_eq!(one.len(), m + 1);
+            assert_eq!(one[m], last, "seed {seed}");
+        }
+    }
+
+    #[test]
+    fn the_full_check_reads_rows_the_round_does_not() {
+        // draft 0 is always accepted (p = q), so row 1 of q is never read
+        let p = array![[0.5f64, 0.5], [1.0, 0.0], [0.5, 0.5]];
+        let q = array![[0.5f64, 0.5], [f64::NAN, 1.0]];
+        let d = array![0i64, 1];
+        let read = verify(p.view(), q.view(), d.view(), 0, READ);
+        // p_1(1) = 0 rejects draft 1 only after reading q_1(1) = 1; its row has a NaN
+        assert!(matches!(read, Err(SpecError::NotFinite { .. })));
+        let q = array![[0.5f64, 0.5], [0.0, 1.0]];
+        let p_bad = array![[0.5f64, 0.5], [1.0, 0.0], [f64::NAN, 2.0]]; // draft 1 rejected: row 2 unread
+        assert!(verify(p_bad.view(), q.view(), d.view(), 0, READ).is_ok());
+        let full = verify(p_bad.view(), q.view(), d.view(), 0, FULL).unwrap_err();
+        assert!(matches!(
+            full,
+            SpecError::NotFinite {
+                loc: Loc { row: 2, .. },
+                ..
+            }
+        ));
     }
 }

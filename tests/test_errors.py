@@ -13,7 +13,8 @@ Q = np.array([[0.3, 0.3, 0.4]])
 
 
 def verify_with(**changes):  # type: ignore[no-untyped-def]
-    args = {"p_rows": P, "q_rows": Q, "drafts": np.array([1]), "seed": 0} | changes
+    args = {"p_rows": P, "q_rows": Q, "drafts": np.array([1]), "seed": 0, "check": "full"}
+    args |= changes
     return sd.verify(args.pop("p_rows"), args.pop("q_rows"), args.pop("drafts"), **args)
 
 
@@ -71,16 +72,23 @@ def test_verify_rejects_bad_input(changes, match: str) -> None:  # type: ignore[
         verify_with(**changes)
 
 
-def test_without_full_validation_the_rows_read_are_still_checked() -> None:
+def test_the_default_check_covers_every_row_the_round_reads() -> None:
     p = np.array([[0.5, 0.5], [np.nan, 1.0]])
     q = np.array([[0.5, 0.5]])
     with pytest.raises(ValueError, match=r"p_rows row 1 has a non-finite value"):
-        sd.verify(p, q, [0], seed=0, validate=False)  # p = q: accepted, bonus row read
+        sd.verify(p, q, [0], seed=0)  # p = q: accepted, bonus row read
     with pytest.raises(ValueError, match=r"q_rows row 0 has a non-finite value"):
         # p(1) = 0: rejected, so the residual pass reads q row 0
-        sd.verify(
-            np.array([[1.0, 0.0], [0.5, 0.5]]), np.array([[np.nan, 1.0]]), [1], 0, validate=False
-        )
+        sd.verify(np.array([[1.0, 0.0], [0.5, 0.5]]), np.array([[np.nan, 1.0]]), [1], 0)
+    # a row the round never reads (the bonus row after a rejection) passes unseen
+    # by default, and is caught by check="full"
+    p = np.array([[1.0, 0.0], [np.nan, 1.0]])
+    q = np.array([[0.0, 1.0]])
+    assert sd.verify(p, q, [1], seed=0).tolist() == [0]
+    with pytest.raises(ValueError, match=r"p_rows row 1 has a non-finite value"):
+        sd.verify(p, q, [1], seed=0, check="full")
+    with pytest.raises(ValueError, match=r"check = 'no'; expected one of 'read', 'full'"):
+        sd.verify(p, q, [1], seed=0, check="no")  # type: ignore[arg-type]
 
 
 def test_batch_errors_name_the_batch_row() -> None:
@@ -118,7 +126,7 @@ def test_half_precision_rows_are_read_with_their_own_tolerance() -> None:
         assert 1 <= len(sd.verify(rows, q, [int(np.argmax(q[0]))], seed=0)) <= 2
     off = torch.tensor(P * 1.01, dtype=torch.bfloat16)
     with pytest.raises(ValueError, match=r"p_rows row 0 sums to 1.00[89].*expected 1 ± 4e-3"):
-        sd.verify(off, Q, [1], seed=0)
+        sd.verify(off, Q, [1], seed=0, check="full")
 
 
 @pytest.mark.parametrize(

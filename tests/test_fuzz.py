@@ -252,8 +252,13 @@ def check_round(out: Any, k: int, v: int, drafts: Any) -> None:
 @settings(max_examples=EXAMPLES)
 @given(
     call_args(
-        {"p_rows": P3, "q_rows": Q2, "drafts": DRAFTS, "seed": 0, "validate": True},
-        {"p_rows": broken(P3), "q_rows": broken(Q2), "drafts": st.just([5, 0])},
+        {"p_rows": P3, "q_rows": Q2, "drafts": DRAFTS, "seed": 0, "check": "read"},
+        {
+            "p_rows": broken(P3),
+            "q_rows": broken(Q2),
+            "drafts": st.just([5, 0]),
+            "check": st.sampled_from(["full", "none"]),
+        },
     )
 )
 def test_verify(kwargs: dict[str, Any]) -> None:

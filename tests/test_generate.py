@@ -182,7 +182,7 @@ def pair_counts(
 def buggy_verifier(variant: str) -> Callable[..., Any]:
     """`verify` with one of the reference's known bugs, e.g. resample_from_p."""
 
-    def run(p: Any, q: Any, drafts: Any, seed: int, *, validate: bool = True) -> Any:
+    def run(p: Any, q: Any, drafts: Any, seed: int, *, check: str = "read") -> Any:
         rng = np.random.default_rng(seed)
         tokens, n = verify_batch_numpy(
             p.double().numpy()[None], q.double().numpy()[None], drafts.numpy()[None], rng, variant

@@ -66,7 +66,7 @@ def test_round_properties(case) -> None:  # type: ignore[no-untyped-def]
         residual = np.maximum(p64[i] - q64[i], 0)
         assert residual[last] > 0 or (residual.sum() == 0 and p64[i, last] > 0)
     assert np.array_equal(out, sd.verify(p, q, drafts, seed))  # deterministic
-    assert np.array_equal(out, sd.verify(p, q, drafts, seed, validate=False))
+    assert np.array_equal(out, sd.verify(p, q, drafts, seed, check="full"))
 
 
 @given(rounds())
@@ -312,7 +312,7 @@ def test_mixed_precisions_are_read_as_they_are() -> None:
     off[0] *= 1.0005  # inside float32's 1e-3, outside float64's 1e-6
     assert len(sd.verify(off, q, drafts[0], seed=0)) >= 1
     with pytest.raises(ValueError, match="expected 1 ± 1e-6"):
-        sd.verify(off.astype(np.float64), q, drafts[0], seed=0)
+        sd.verify(off.astype(np.float64), q, drafts[0], seed=0, check="full")
 
 
 def test_the_gil_is_released_during_rust_work() -> None:
@@ -335,3 +335,27 @@ def test_the_gil_is_released_during_rust_work() -> None:
     worker.join()
     assert time.perf_counter() - start > 0.2  # the Rust call did run a while
     assert ticks > 1000
+
+
+def test_verify_device_equals_verify() -> None:
+    """The two-transfer path (gathered values, then only the sampled rows) gives
+    the tokens `verify` gives on the same values and seed; run here on CPU
+    tensors, the same code runs on an accelerator."""
+    torch = pytest.importorskip("torch")
+    p, q, drafts = chi2_case("dense", n=400)
+    for dtype in (torch.float32, torch.float64):
+        pt, qt = torch.tensor(p, dtype=dtype), torch.tensor(q, dtype=dtype)
+        lengths = set()
+        for i in range(400):
+            d = torch.from_numpy(drafts[i])
+            expect = sd.verify(pt, qt, d, seed=i)
+            got = sd.verify_device(pt, qt, d, seed=i)
+            assert np.array_equal(got, expect), i
+            lengths.add(len(got))
+        assert lengths == {1, 2, 3, 4}  # rejections at every position, and bonus tokens
+    with pytest.raises(ValueError, match=r"drafts\[1\] = 9 is outside the vocabulary \[0, 6\)"):
+        sd.verify_device(torch.tensor(p), torch.tensor(q), torch.tensor([0, 9, 1]), seed=0)
+    with pytest.raises(ValueError, match="has a non-finite value"):
+        bad = torch.tensor(p)
+        bad[3] = float("nan")  # the bonus row
+        sd.verify_device(bad, torch.tensor(p[:3]), torch.tensor([0, 1, 2]), seed=0)

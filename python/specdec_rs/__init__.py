@@ -27,7 +27,7 @@ from specdec_rs.theory import (
     expected_tokens,
     expected_tokens_per_position,
 )
-from specdec_rs.verify import row_seed, verify, verify_batch
+from specdec_rs.verify import row_seed, verify, verify_batch, verify_device
 
 __all__ = [
     "AdaptiveK",
@@ -57,4 +57,5 @@ __all__ = [
     "speculative_step",
     "verify",
     "verify_batch",
+    "verify_device",
 ]

@@ -7,6 +7,8 @@ import numpy.typing as npt
 
 __all__ = [
     "MAX_THREADS",
+    "accept_gathered",
+    "finish_round",
     "VARIANTS",
     "__version__",
     "row_seed",
@@ -67,3 +69,13 @@ def simulate_round_lengths(
     threads: int | None = None,
 ) -> npt.NDArray[np.int64]: ...
 def row_seed(seed: int, index: int) -> int: ...
+def accept_gathered(px: npt.NDArray[np.float64], qx: npt.NDArray[np.float64], seed: int) -> int: ...
+def finish_round(
+    p_row: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    q_row: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    m: int,
+    k: int,
+    seed: int,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
+) -> int: ...

@@ -414,7 +414,7 @@ class Decoder:
         t2 = time.perf_counter()
         p = sampler.probs(logits, name="the target's logits")
         q = q_rows if q_rows is not None else p[:0]
-        emitted = verify(p, q, drafts, row_seed(self.seed, self.stats.rounds), validate=False)
+        emitted = verify(p, q, drafts, row_seed(self.seed, self.stats.rounds))
         out = [int(t) for t in emitted]
         num_accepted = len(out) - 1
         models.crop(self.cache, len(seq) + num_accepted)

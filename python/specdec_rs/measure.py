@@ -29,6 +29,7 @@ import numpy as np
 from specdec_rs import _checks, models, theory
 from specdec_rs import drafters as drafters_mod
 from specdec_rs.processors import SamplingConfig, logits_to_probs
+from specdec_rs.timing import median_seconds
 
 if TYPE_CHECKING:
     import torch
@@ -36,17 +37,6 @@ if TYPE_CHECKING:
 
 
 # ---- costs ------------------------------------------------------------------------------
-
-
-def _median_time(fn: Any, repeats: int, warmup: int = 3) -> float:
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return statistics.median(times)
 
 
 def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int = 100) -> float:
@@ -63,7 +53,7 @@ def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int
             models.forward(model, context[-1:], cache, keep=1)
             models.crop(cache, n)
 
-        return _median_time(step, repeats)
+        return median_seconds(step, repeats)
 
 
 def verify_cost_curve(
@@ -115,7 +105,7 @@ def drafter_step_time(
             drafter.propose(context, 1, sampler)
             drafter.update(context[:-1], 0)  # back to the cache it started from
 
-        return _median_time(step, repeats)
+        return median_seconds(step, repeats)
 
 
 # ---- acceptance by teacher forcing ------------------------------------------------------

@@ -8,7 +8,7 @@ sampling from p would be. The work runs in Rust with the GIL released.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import numpy.typing as npt
@@ -29,8 +29,16 @@ def _rows(p_rows: Any, q_rows: Any, ndim: int) -> tuple[np.ndarray, np.ndarray, 
     return p, q, p_tol, q_tol
 
 
+CHECKS = ("read", "full")
+Check = Literal["read", "full"]
+
+
+def _full(check: Any) -> bool:
+    return _checks.choice(check, "check", CHECKS) == "full"
+
+
 def verify(
-    p_rows: Any, q_rows: Any, drafts: Any, seed: int, *, validate: bool = True
+    p_rows: Any, q_rows: Any, drafts: Any, seed: int, *, check: Check = "read"
 ) -> npt.NDArray[np.int64]:
     """One speculative round; returns the 1..k+1 emitted token ids (int64).
 
@@ -38,10 +46,12 @@ def verify(
     q_rows: (k, V) the distributions draft i was actually sampled from
         (one-hot rows for a greedy drafter: acceptance is then p(x), the residual p without x).
     drafts: (k,) integer token ids.  seed: int in [0, 2**64).
-    validate: check every row in full (finite, >= 0, sums to 1 within 1e-6 for
-        float64, 1e-3 for float32, 4e-3 for bfloat16, 1e-3 + V·2^-25 for
-        float16). With False only what the round reads is checked: the 2k
-        gathered entries and the one or two rows it samples from.
+    check: "read" (default) checks everything the round reads: the draft ids,
+        the 2k gathered entries p_i(x_i), q_i(x_i), and the one or two rows it
+        samples from (finite, >= 0, summing to 1): no output is ever drawn from
+        an invalid value. "full" also checks every other row, in the same pass
+        (row sums within 1e-6 for float64, 1e-3 for float32, 4e-3 for
+        bfloat16, 1e-3 + V·2^-25 for float16).
 
     float32 and float64 NumPy arrays and CPU torch tensors are read without a
     copy (p and q may differ in precision; each row is checked with its own
@@ -56,8 +66,7 @@ def verify(
     """
     p, q, p_tol, q_tol = _rows(p_rows, q_rows, 2)
     d = _checks.token_array(drafts, "drafts", 1)
-    full = _checks.boolean(validate, "validate")
-    return _core.verify(p, q, d, _checks.seed(seed), full, p_tol, q_tol)
+    return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol)
 
 
 def verify_batch(
@@ -66,7 +75,7 @@ def verify_batch(
     drafts: Any,
     seed: int,
     *,
-    validate: bool = True,
+    check: Check = "read",
     threads: int | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """B independent rounds, spread over threads with the GIL released.
@@ -74,14 +83,70 @@ def verify_batch(
     p: (B, k+1, V), q: (B, k, V), drafts: (B, k). Returns tokens (B, k+1)
     int64 padded with -1 and num_emitted (B,). Row b equals
     ``verify(p[b], q[b], drafts[b], seed=row_seed(seed, b))`` whatever the
-    thread count (threads=None uses one per core).
+    thread count (threads=None uses one per core). `check` as in `verify`.
     """
     pa, qa, p_tol, q_tol = _rows(p, q, 3)
     d = _checks.token_array(drafts, "drafts", 2)
-    full = _checks.boolean(validate, "validate")
     return _core.verify_batch(
-        pa, qa, d, _checks.seed(seed), full, p_tol, q_tol, _checks.threads(threads)
+        pa, qa, d, _checks.seed(seed), _full(check), p_tol, q_tol, _checks.threads(threads)
     )
+
+
+def verify_device(p_rows: Any, q_rows: Any, drafts: Any, seed: int) -> npt.NDArray[np.int64]:
+    """`verify` for torch tensors wherever they live (e.g. a GPU), moving
+    little: p_i(x_i) and q_i(x_i) are gathered on the device and copied to
+    the host in one transfer (2k values); the Rust accept tests decide how
+    many drafts are kept; then only the row(s) the last token is drawn from
+    are copied (the bonus row p_k, or p_m and q_m at a rejection). Same
+    output as ``verify`` on the same values and seed (check="read").
+
+    p_rows: (k+1, V), q_rows: (k, V) floating tensors on one device; drafts (k,).
+    """
+    import torch
+
+    for name, t in (("p_rows", p_rows), ("q_rows", q_rows)):
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.ndim != 2:
+            raise ValueError(f"{name} must be a 2-D floating torch tensor (any device)")
+    k = q_rows.shape[0]
+    if p_rows.shape[0] != k + 1 or q_rows.shape[1] != p_rows.shape[1]:
+        raise ValueError(
+            f"p_rows has shape {tuple(p_rows.shape)} and q_rows {tuple(q_rows.shape)}; "
+            "expected (k+1, V) and (k, V)"
+        )
+    seed = _checks.seed(seed)
+    d = drafts if isinstance(drafts, torch.Tensor) else torch.as_tensor(drafts)
+    if d.shape != (k,) or d.is_floating_point() or d.dtype == torch.bool:
+        raise ValueError(f"drafts must be {k} integer token ids; got {tuple(d.shape)} {d.dtype}")
+    v = p_rows.shape[1]
+    d = d.to(p_rows.device, torch.long)
+    safe = d.clamp(0, v - 1)  # an out-of-range id must not index the device
+    rows = torch.arange(k, device=p_rows.device)
+    summary = (
+        torch.cat([p_rows[rows, safe].double(), q_rows[rows, safe].double(), d.double()])
+        .cpu()
+        .numpy()
+    )
+    ids = summary[2 * k :].astype(np.int64)
+    bad = np.flatnonzero((ids < 0) | (ids >= v))
+    if len(bad):
+        raise ValueError(f"drafts[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary [0, {v})")
+    m = _core.accept_gathered(summary[:k].copy(), summary[k : 2 * k].copy(), seed)
+    p_row = _host_row(p_rows[m])
+    q_row = _host_row(q_rows[m]) if m < k else p_row[:0]
+    p_tol = _checks.torch_sum_tolerance(p_rows.dtype, v)
+    q_tol = _checks.torch_sum_tolerance(q_rows.dtype, v)
+    last = _core.finish_round(p_row, q_row, m, k, seed, p_tol, q_tol)
+    return np.append(ids[:m], last).astype(np.int64)
+
+
+def _host_row(t: Any) -> np.ndarray:
+    """One row as a float32/float64 host array (half precisions widened)."""
+    import torch
+
+    if t.dtype not in (torch.float32, torch.float64):
+        t = t.float()
+    row: np.ndarray = t.contiguous().cpu().numpy()
+    return row
 
 
 def row_seed(seed: int, index: int) -> int:
