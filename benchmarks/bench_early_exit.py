@@ -15,7 +15,8 @@ import argparse
 
 import specdec_rs as sd
 import torch
-from specdec_rs import models, workloads
+from specdec_rs import models
+from specdec_rs.measure import workloads
 
 
 def cache_bytes(cache: object) -> int:
@@ -63,8 +64,8 @@ def main() -> None:
                     temperature=0,
                 )
                 if best is None or r.time_total < best[0].time_total:
-                    own = getattr(drafter, "_cache", None)
-                    extra = 0 if isinstance(drafter, sd.EarlyExit) else cache_bytes(own)
+                    own = getattr(drafter, "_cache", None)  # early exit's is the target's
+                    extra = 0 if label.startswith("early exit") else cache_bytes(own)
                     best = (r, extra)
             assert best is not None
             r, extra = best

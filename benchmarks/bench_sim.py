@@ -14,9 +14,9 @@ import time
 import numpy as np
 import specdec_rs as sd
 from specdec_rs.reference import simulate_round_lengths_numpy
+from specdec_rs.toy import CHAIN_P, CHAIN_Q
 
-P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
-Q = np.array([[0.2, 0.5, 0.3], [0.4, 0.4, 0.2], [0.1, 0.8, 0.1]])
+P, Q = CHAIN_P, CHAIN_Q
 K = 2
 
 

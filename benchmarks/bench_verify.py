@@ -19,14 +19,10 @@ import argparse
 import numpy as np
 import specdec_rs as sd
 from specdec_rs.reference import verify_numpy
+from specdec_rs.stats import softmax
 from specdec_rs.timing import median_seconds
 
 K = 4
-
-
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
 
 
 def make_rounds(v: int, n: int, rng: np.random.Generator) -> list[tuple[np.ndarray, ...]]:

@@ -20,6 +20,7 @@ With drafter=None every round is a plain target step through the same code
 
 from __future__ import annotations
 
+import inspect
 import secrets
 import time
 from collections.abc import Callable, Iterable
@@ -30,7 +31,8 @@ from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
 from specdec_rs.policy import FixedK, KPolicy, as_policy
 from specdec_rs.processors import Sampler, SamplingConfig
-from specdec_rs.verify import verify
+from specdec_rs.timing import Throughput
+from specdec_rs.verify import verify, verify_gathered
 
 if TYPE_CHECKING:
     import torch
@@ -40,7 +42,7 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class GenerationResult:
+class GenerationResult(Throughput):
     """New tokens and the statistics that explain the speed.
 
     k: the most drafts any round asked for; policy: how k was chosen.
@@ -74,10 +76,6 @@ class GenerationResult:
     kept_per_round: list[int] = field(repr=False)
 
     @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
     def tokens_per_pass(self) -> float:
         """New tokens per target forward (the prefill not counted)."""
         return self.new_tokens / self.rounds if self.rounds else 0.0
@@ -93,10 +91,6 @@ class GenerationResult:
         return [
             a / r if r else float("nan") for a, r in zip(self.accepted, self.reached, strict=True)
         ]
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
     def summary(self) -> dict[str, Any]:
         """The statistics as a flat JSON-ready dict."""
@@ -217,6 +211,18 @@ def check_drafter(drafter: Any, target: PreTrainedModel) -> None:
             f"drafter = {drafter!r} ({type(drafter).__name__}) is not a drafter: it needs a "
             f"`name` and the methods start, propose and update (missing: {missing or ['name']})"
         )
+    for method, params in (
+        ("start", "(seq, target_cache, target_hidden)"),
+        ("update", "(seq, num_accepted, target_hidden)"),
+    ):
+        try:
+            inspect.signature(getattr(drafter, method)).bind(None, None, None)
+        except TypeError:
+            raise ValueError(
+                f"drafter {drafter.name}: {method}() must take {params}; see specdec_rs.drafters"
+            ) from None
+        except ValueError:
+            pass  # no signature to inspect (a builtin): let the call decide
     check = getattr(drafter, "check_target", None)
     if callable(check):
         check(target)
@@ -260,6 +266,7 @@ def generate(
     vocab_size: int | None = None,
     on_tokens: Callable[[list[int]], None] | None = None,
     allow_past_context: bool = False,
+    transfer: str = "auto",
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -273,6 +280,10 @@ def generate(
     (config.max_position_embeddings) is a ValueError before any work unless
     allow_past_context=True. Everything a drafter proposes is checked before
     the target runs (at most k ids in [0, V), q of shape (k', V)).
+    The models run wherever their weights are (CPU or an accelerator); the
+    probabilities reach the Rust verifier in place on the CPU, and elsewhere
+    by one small copy per round plus the one or two rows sampled from
+    (transfer="gathered" takes that path on the CPU too).
     """
     import torch
 
@@ -290,7 +301,7 @@ def generate(
     prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
     check_context(target, len(prompt), max_new, allow)
     with torch.inference_mode():
-        decoder = Decoder(target, drafter, prompt, config, seed, vocab_size)
+        decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
         stop = "length"
         while decoder.generated < max_new:
             want = policy.next_k() if drafter is not None else 0
@@ -311,11 +322,22 @@ def generate(
     return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
 
 
-def checked_draft(draft: Any, k: int, vocab: int, name: str) -> tuple[torch.Tensor, torch.Tensor]:
-    """(tokens (k',) int64, q (k', V)) of a drafter's proposal, checked before
-    the target runs: a Draft, k' <= k, integer ids in [0, V), float q rows of
-    shape (k', V). ValueError naming the drafter otherwise. (The q values the
-    round reads are checked by `verify`.)"""
+Flag = tuple["torch.Tensor", str]  # a 0-d bool tensor on the device, and what it means
+
+
+def checked_draft(
+    draft: Any, k: int, vocab: int, name: str, eager: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[Flag]]:
+    """(tokens (k',) int64, q (k', V), flags) of a drafter's proposal, checked
+    before the target runs: a Draft, k' <= k, integer ids in [0, V), float q
+    rows of shape (k', V), each finite, >= 0 and summing to 1. ValueError
+    naming the drafter otherwise.
+
+    `eager` (CPU): the value checks raise at once. Otherwise they cost a host
+    sync, so they come back as flags for the round's single copy; the tokens
+    returned are then clamped into [0, V) so the target's embedding never
+    sees an id it cannot index.
+    """
     import torch
 
     tokens, q = getattr(draft, "tokens", None), getattr(draft, "q", None)
@@ -333,35 +355,54 @@ def checked_draft(draft: Any, k: int, vocab: int, name: str) -> tuple[torch.Tens
         raise ValueError(
             f"drafter {name} proposed {len(tokens)} tokens; this round asked for <= {k}"
         )
-    if len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
-        raise ValueError(
-            f"drafter {name} proposed ids {tokens.tolist()}, outside the vocabulary [0, {vocab})"
-        )
     if q.shape != (len(tokens), vocab) or not q.is_floating_point():
         raise ValueError(
             f"drafter {name} returned q of shape {tuple(q.shape)} and dtype {q.dtype}; expected "
             f"float rows of shape ({len(tokens)}, {vocab}): the distributions the drafts came from"
         )
-    if len(tokens):
-        sums, low = q.sum(-1, dtype=torch.float64), q.amin(-1)
-        tol = _checks.torch_sum_tolerance(q.dtype, vocab)
-        bad = ~torch.isfinite(sums) | (low < 0) | ((sums - 1).abs() > tol)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0, 0])
-            raise ValueError(
-                f"drafter {name} returned q row {i} summing to {float(sums[i]):.6g} with "
-                f"smallest entry {float(low[i]):.3g}; expected a probability row (finite, >= 0, "
-                f"sum 1 ± {tol:.0e}): the distribution draft {i} was drawn from"
-            )
-    return tokens.to(torch.long), q
+    tokens = tokens.to(torch.long)
+    if len(tokens) == 0:
+        return tokens, q, []
+    outside = (tokens < 0) | (tokens >= vocab)
+    sums, low = q.sum(-1, dtype=torch.float64), q.amin(-1)
+    tol = _checks.torch_sum_tolerance(q.dtype, vocab)
+    bad_q = ~torch.isfinite(sums) | (low < 0) | ((sums - 1).abs() > tol)
+    outside_text = f"drafter {name} proposed ids outside the vocabulary [0, {vocab})"
+    bad_q_text = (
+        f"drafter {name} returned q rows that are not probability rows (finite, >= 0, sum "
+        f"1 ± {tol:.0e}): q must be the distributions the drafts were drawn from"
+    )
+    if not eager:
+        return (
+            tokens.clamp(0, vocab - 1),
+            q,
+            [(outside.any(), outside_text), (bad_q.any(), bad_q_text)],
+        )
+    if bool(outside.any()):
+        raise ValueError(f"{outside_text}: {tokens.tolist()}")
+    if bool(bad_q.any()):
+        i = int(bad_q.nonzero()[0, 0])
+        raise ValueError(
+            f"{bad_q_text}; row {i} sums to {float(sums[i]):.6g}, "
+            f"smallest entry {float(low[i]):.3g}"
+        )
+    return tokens, q, []
 
 
 class Decoder:
-    """The state of one speculative generation: the sequence, the target's
-    cache (always all of seq but its last token), the drafter, the RNGs.
+    """The state of one speculative generation: the sequence (on the host),
+    the target's cache (always all of seq but its last token), the drafter,
+    the RNGs. Runs wherever the target's weights are.
 
-    Draft tokens come from `sampler` (a torch.Generator seeded with `seed`);
-    round r's accept/residual draws from the Rust stream row_seed(seed, r).
+    Draft tokens come from `sampler` (a torch.Generator on the target's
+    device seeded with `seed`); round r's accept/residual draws come from the
+    Rust stream row_seed(seed, r).
+
+    How a round reaches the Rust verifier (`transfer`): on the CPU the rows
+    are read in place (zero-copy); elsewhere ("gathered") p_i(x_i), q_i(x_i),
+    the drafts and the deferred checks travel to the host in one copy, then
+    only the row(s) the last token is drawn from. transfer="gathered" runs
+    that path on the CPU too (tests).
     """
 
     def __init__(
@@ -372,6 +413,8 @@ class Decoder:
         config: SamplingConfig,
         seed: int,
         vocab_size: int | None = None,
+        *,
+        transfer: str = "auto",
     ):
         import torch
 
@@ -381,13 +424,21 @@ class Decoder:
         self.vocab = vocab
         self.seq = prompt_tensor(input_ids, vocab)
         self.prompt_length = len(self.seq)
-        self.sampler = Sampler(config, vocab, torch.Generator().manual_seed(seed % 2**63))
+        self.device = models.device_of(target)
+        transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
+        self.gathered = transfer == "gathered" or self.device.type != "cpu"
+        generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
+        self.sampler = Sampler(config, vocab, generator)
         self.stats = _Stats()
         self.cache = models.new_cache(target)
+        self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+        hidden = None
         if self.prompt_length > 1:
-            models.forward(target, self.seq[:-1], self.cache, keep=1)
+            _, hidden = models.forward_with_hidden(
+                target, self.seq[:-1], self.cache, keep=1, hidden=self.wants_hidden
+            )
         if drafter is not None:
-            drafter.start(self.seq, self.cache)
+            drafter.start(self.seq, self.cache, hidden)
         self.stats.prefill = time.perf_counter() - self.t_start
 
     @property
@@ -401,25 +452,40 @@ class Decoder:
 
         seq, sampler = self.seq, self.sampler
         t0 = time.perf_counter()
+        flags: list[Flag] = []
         if self.drafter is not None and k > 0:
-            drafts, q_rows = checked_draft(
-                self.drafter.propose(seq, k, sampler), k, self.vocab, self.drafter.name
+            drafts, q_rows, flags = checked_draft(
+                self.drafter.propose(seq, k, sampler),
+                k,
+                self.vocab,
+                self.drafter.name,
+                eager=not self.gathered,
             )
         else:
-            drafts, q_rows = torch.zeros(0, dtype=torch.long), None
+            drafts, q_rows = torch.zeros(0, dtype=torch.long, device=self.device), None
         t1 = time.perf_counter()
-        logits = models.forward(
-            self.target, torch.cat([seq[-1:], drafts]), self.cache, keep=len(drafts) + 1
+        logits, hidden = models.forward_with_hidden(
+            self.target,
+            torch.cat([seq[-1:].to(self.device), drafts.to(self.device)]),
+            self.cache,
+            keep=len(drafts) + 1,
+            hidden=self.wants_hidden,
         )
         t2 = time.perf_counter()
         p = sampler.probs(logits, name="the target's logits")
         q = q_rows if q_rows is not None else p[:0]
-        emitted = verify(p, q, drafts, row_seed(self.seed, self.stats.rounds))
+        seed = row_seed(self.seed, self.stats.rounds)
+        if self.gathered:
+            flags += sampler.take_flags()
+            emitted = verify_gathered(p, q, drafts, seed, flags)
+        else:
+            emitted = verify(p, q, drafts, seed)
         out = [int(t) for t in emitted]
         num_accepted = len(out) - 1
         models.crop(self.cache, len(seq) + num_accepted)
         if self.drafter is not None:
-            self.drafter.update(seq, num_accepted)
+            kept = hidden[: num_accepted + 1] if hidden is not None else None
+            self.drafter.update(seq, num_accepted, kept)
         t3 = time.perf_counter()
         self.stats.add(k, len(drafts), num_accepted, t1 - t0, t2 - t1, t3 - t2)
         self.last_round = (k, len(drafts), num_accepted)

@@ -59,7 +59,7 @@ def speculative_step(
     for _ in range(k):
         qv = _dist(q_fn, prefix + tuple(drafts), "q_fn", vocab)
         vocab = len(qv)
-        drafts.append(int(rng.choice(vocab, p=qv / qv.sum())))
+        drafts.append(_draw(rng, qv))
         q_rows.append(qv)
     p_rows: list[np.ndarray] = []
     for i in range(k + 1):  # row i conditions on drafts[:i]
@@ -76,10 +76,15 @@ def speculative_step(
             out.append(x)
             continue
         residual = np.maximum(pv - qv, 0.0)
-        mass = residual.sum()
-        weights = residual / mass if mass > 0 else pv / pv.sum()
-        out.append(int(rng.choice(len(pv), p=weights)))
+        out.append(_draw(rng, residual if residual.sum() > 0 else pv))
         return out
-    pv = p_rows[k]
-    out.append(int(rng.choice(len(pv), p=pv / pv.sum())))
+    out.append(_draw(rng, p_rows[k]))
     return out
+
+
+def _draw(rng: np.random.Generator, weights: np.ndarray) -> int:
+    """An index with probability weights[i] / Σ weights (inverse CDF); never
+    one of zero weight."""
+    cdf = np.cumsum(weights)
+    i = int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+    return min(i, int(np.flatnonzero(weights)[-1]))

@@ -84,9 +84,9 @@ def smollm2_gguf() -> Path:
 
 
 def load_smollm2(
-    directory: Path | None = None,
+    directory: Path | None = None, *, dtype: Any = "float32", device: Any = "cpu"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) for SmolLM2-135M-Instruct in float32, eval mode.
+    """(model, tokenizer) for SmolLM2-135M-Instruct in `dtype` on `device`, eval mode.
 
     Converts the GGUF once into ``directory`` (default cache_dir()/SmolLM2-135M-Instruct),
     after checking that the package is installed and the folder writable. A
@@ -102,10 +102,11 @@ def load_smollm2(
             f"the converted model in {target} is incomplete (no {', '.join(missing)}); "
             f"delete the folder {target} and run again to convert the GGUF anew"
         )
+    dtype, device = torch_dtype(dtype), torch_device(device)
     if not present:
         _convert_smollm2(target)
     try:
-        return load_local(target)
+        return load_local(target, dtype=dtype, device=device)
     except ValueError as e:
         raise ValueError(
             f"{e}; delete the folder {target} and run again to convert the GGUF anew"
@@ -144,14 +145,17 @@ def _convert_smollm2(target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def load_local(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """(model, tokenizer) from a local transformers folder, float32, eval mode.
-    Nothing is downloaded; a folder that cannot be read is a ValueError."""
-    import torch
+def load_local(
+    path: str | Path, *, dtype: Any = "float32", device: Any = "cpu"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) from a local transformers folder in `dtype` on
+    `device`, eval mode. Nothing is downloaded; a folder that cannot be read
+    is a ValueError."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(path, str | os.PathLike):
         raise ValueError(f"path = {path!r} must be a folder path")
+    dtype, device = torch_dtype(dtype), torch_device(device)
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
@@ -162,14 +166,12 @@ def load_local(path: str | Path) -> tuple[PreTrainedModel, PreTrainedTokenizerBa
     if not any((folder / f).is_file() for f in WEIGHT_FILES):
         raise ValueError(f"{folder} holds a config.json but no weights ({', '.join(WEIGHT_FILES)})")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=torch.float32, local_files_only=True
-        )
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
         tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load the model in {folder}: {first}") from None
-    return model.eval(), tokenizer
+    return model.to(device).eval(), tokenizer
 
 
 def check_same_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:
@@ -292,14 +294,62 @@ def forward(model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: in
 
     Returns the logits of the last `keep` positions, shape (keep, V), float32.
     """
+    return forward_with_hidden(model, tokens, cache, keep, hidden=False)[0]
+
+
+def forward_with_hidden(
+    model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: int, *, hidden: bool = True
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """`forward`, plus the last hidden states of all n positions (n, H) in the
+    model's dtype when `hidden` (the input of the LM head; no extra pass)."""
     out = model(
-        input_ids=tokens.unsqueeze(0),
+        input_ids=tokens.to(device_of(model)).unsqueeze(0),
         use_cache=True,
         logits_to_keep=keep,
+        output_hidden_states=hidden,
         **{_cache_keyword(model.__class__): cache},
     )
     logits: torch.Tensor = out.logits[0].float()
-    return logits
+    return logits, (out.hidden_states[-1][0] if hidden else None)
+
+
+def device_of(model: Any) -> torch.device:
+    """The device of a model's weights."""
+    return next(model.parameters()).device  # type: ignore[no-any-return]
+
+
+def dtype_of(model: Any) -> torch.dtype:
+    """The dtype of a model's weights."""
+    return next(model.parameters()).dtype  # type: ignore[no-any-return]
+
+
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def torch_dtype(name: Any) -> torch.dtype:
+    """ "float32" | "bfloat16" | "float16" (or a torch dtype) as a torch dtype."""
+    import torch
+
+    if isinstance(name, torch.dtype):
+        name = str(name).removeprefix("torch.")
+    return getattr(torch, _checks.choice(name, "dtype", DTYPES))  # type: ignore[no-any-return]
+
+
+def torch_device(name: Any) -> torch.device:
+    """A torch device from "cpu", "cuda", "cuda:1", ...; ValueError when absent."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device = {name!r} is not a torch device; e.g. 'cpu' or 'cuda'") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device = {name!r}, but this machine has no CUDA device; use 'cpu'")
+    if device.type == "cuda" and (device.index or 0) >= torch.cuda.device_count():
+        raise ValueError(
+            f"device = {name!r}, but this machine has {torch.cuda.device_count()} CUDA devices"
+        )
+    return device
 
 
 def crop(cache: Cache, length: int, layers: range | None = None) -> None:

@@ -69,6 +69,16 @@ def logits_to_probs(logits: Any, config: SamplingConfig, *, name: str = "logits"
     overflowing; as T → 0 the row tends to uniform over its argmax set).
     A row with a NaN, a +inf, or nothing above -inf is a ValueError.
     """
+    return _process(logits, config, name, defer=False)[0]
+
+
+def _process(
+    logits: Any, config: SamplingConfig, name: str, *, defer: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(probs, bad): bad (...,) marks rows with a NaN, a +inf or no finite
+    logit. Without `defer` such a row raises at once (a host sync); with it,
+    the row comes back uniform, so that sampling from it is safe until the
+    caller raises."""
     import torch
 
     if not isinstance(logits, torch.Tensor):
@@ -84,9 +94,14 @@ def logits_to_probs(logits: Any, config: SamplingConfig, *, name: str = "logits"
         )
     logits = logits.float()
     top = logits.amax(dim=-1, keepdim=True)  # NaN if a NaN is present
-    _check_logit_rows(top, name)
+    bad = ~torch.isfinite(top)
+    if not defer:
+        _raise_bad_rows(bad[..., 0], name)
+    else:
+        logits = logits.masked_fill(bad, 0.0)
+        top = top.masked_fill(bad, 0.0)
     if config.greedy:
-        return one_hot(logits.argmax(dim=-1), logits.shape[-1])
+        return one_hot(logits.argmax(dim=-1), logits.shape[-1]), bad[..., 0]
     shifted = logits - top
     scores = shifted / config.temperature if config.temperature != 1.0 else shifted
     if float(torch.tensor(config.temperature, dtype=torch.float32)) == 0.0:
@@ -106,23 +121,16 @@ def logits_to_probs(logits: Any, config: SamplingConfig, *, name: str = "logits"
         drop = probs < config.min_p * probs.amax(dim=-1, keepdim=True)
         scores = scores.masked_fill(drop, neg_inf)
     out: torch.Tensor = scores.softmax(dim=-1)
-    return out
+    return out, bad[..., 0]
 
 
-def _check_logit_rows(top: torch.Tensor, name: str) -> None:
-    """ValueError naming the first row whose max is NaN, +inf or -inf."""
-    import torch
-
-    bad = ~torch.isfinite(top)
+def _raise_bad_rows(bad: torch.Tensor, name: str) -> None:
+    """ValueError naming the first row marked in `bad` (a host sync)."""
     if bool(bad.any()):
-        index = tuple(int(i) for i in bad.nonzero()[0][:-1])
-        value = float(top[index + (0,)])
-        what = (
-            "a NaN" if value != value else "a +inf" if value > 0 else "no finite value (all -inf)"
-        )
+        index = tuple(int(i) for i in bad.nonzero()[0])
         where = f"{name} row {index[0] if len(index) == 1 else index}" if index else name
         raise ValueError(
-            f"{where} has {what}; expected finite logits "
+            f"{where} has a NaN, a +inf or no finite value; expected finite logits "
             "(a model producing NaN often overflowed: try float32)"
         )
 
@@ -131,7 +139,7 @@ def one_hot(tokens: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """float32 rows (..., V) with a 1 at each token id."""
     import torch
 
-    out = torch.zeros((*tokens.shape, vocab_size), dtype=torch.float32)
+    out = torch.zeros((*tokens.shape, vocab_size), dtype=torch.float32, device=tokens.device)
     return out.scatter_(-1, tokens.unsqueeze(-1), 1.0)
 
 
@@ -145,16 +153,41 @@ def sample(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
 class Sampler:
     """The one place that turns logits into rows and rows into tokens, for
     target and drafter alike: the first `vocab_size` logits are kept (padded
-    LM heads), processed by `config`, and drawn with `generator`."""
+    LM heads), processed by `config`, and drawn with `generator` (whose
+    device is where the rows live).
+
+    On the CPU a bad logit row (NaN, +inf, all -inf) raises at once. On an
+    accelerator that check would cost a host sync per token, so the row is
+    made safe (uniform), its flag kept, and `take_flags` hands the flags to
+    the round, which copies them to the host with its other values and
+    raises before emitting anything.
+    """
 
     def __init__(self, config: SamplingConfig, vocab_size: int, generator: torch.Generator):
         self.config = config
         self.vocab_size = vocab_size
         self.generator = generator
+        self.device = generator.device
+        self._flags: list[tuple[torch.Tensor, str]] = []
+
+    @property
+    def eager(self) -> bool:
+        """Checks raise at once (CPU), instead of being deferred to the round."""
+        return bool(self.device.type == "cpu")
 
     def probs(self, logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
         """(n, V') logits -> (n, vocab_size) float32 processed probabilities."""
-        return logits_to_probs(logits[..., : self.vocab_size], self.config, name=name)
+        probs, bad = _process(
+            logits[..., : self.vocab_size], self.config, name, defer=not self.eager
+        )
+        if not self.eager:
+            self._flags.append((bad.any(), name))
+        return probs
+
+    def take_flags(self) -> list[tuple[torch.Tensor, str]]:
+        """The deferred checks since the last call: (0-d bool tensor, what)."""
+        flags, self._flags = self._flags, []
+        return flags
 
     def draw(
         self, probs: torch.Tensor, *, greedy: bool = False

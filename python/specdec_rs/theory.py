@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -122,3 +123,44 @@ def break_even_cost(alpha: float, k: int) -> float:
     """(E[tokens] − 1) / k: speculation with γ = k pays only for c below this."""
     k = _k(k, minimum=1)
     return (expected_tokens(alpha, k) - 1.0) / k
+
+
+@dataclass(frozen=True)
+class TheoryRow:
+    """One γ: expected tokens per pass and speedup, one entry per α."""
+
+    k: int
+    tokens: list[float]
+    speedup: list[float]
+
+
+@dataclass(frozen=True)
+class TheoryTable:
+    """The handout's table for several α at one cost ratio, with the best γ per
+    α (0: speculation does not pay) and the break-even c at that γ (at γ = 1
+    when none pays)."""
+
+    alphas: list[float]
+    cost_ratio: float
+    rows: list[TheoryRow]
+    best_k: list[int]
+    break_even_cost: list[float]
+
+
+TABLE_MAX_ROWS = 1000  # one row per γ
+
+
+def table(alphas: Sequence[float], cost_ratio: float, k_max: int = 10) -> TheoryTable:
+    """Tokens per pass and speedup for γ = 1..k_max (at most 1000 rows)."""
+    a = [_alpha(x) for x in _checks.reals(alphas, "alphas")]
+    if not a:
+        raise ValueError("alphas: give at least one acceptance rate")
+    c = _cost(cost_ratio)
+    k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=TABLE_MAX_ROWS)
+    rows = [
+        TheoryRow(k, [expected_tokens(x, k) for x in a], [expected_speedup(x, k, c) for x in a])
+        for k in range(1, k_max + 1)
+    ]
+    best = [best_k(x, c, k_max) for x in a]
+    even = [break_even_cost(x, max(b, 1)) for x, b in zip(a, best, strict=True)]
+    return TheoryTable(a, c, rows, best, even)

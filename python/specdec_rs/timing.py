@@ -19,3 +19,19 @@ def median_seconds(fn: Callable[[], Any], repeats: int, warmup: int = 3) -> floa
         fn()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
+
+
+class Throughput:
+    """new_tokens and tokens_per_second of a result holding `tokens` (the new
+    ids) and `time_total` (seconds, prefill included)."""
+
+    tokens: list[int]
+    time_total: float
+
+    @property
+    def new_tokens(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0

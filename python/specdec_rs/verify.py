@@ -95,10 +95,10 @@ def verify_batch(
 def verify_device(p_rows: Any, q_rows: Any, drafts: Any, seed: int) -> npt.NDArray[np.int64]:
     """`verify` for torch tensors wherever they live (e.g. a GPU), moving
     little: p_i(x_i) and q_i(x_i) are gathered on the device and copied to
-    the host in one transfer (2k values); the Rust accept tests decide how
-    many drafts are kept; then only the row(s) the last token is drawn from
-    are copied (the bonus row p_k, or p_m and q_m at a rejection). Same
-    output as ``verify`` on the same values and seed (check="read").
+    the host in one transfer (2k values and the drafts); the Rust accept
+    tests decide how many drafts are kept; then only the row(s) the last
+    token is drawn from are copied (the bonus row p_k, or p_m and q_m at a
+    rejection). Same output as ``verify`` on the same values and seed.
 
     p_rows: (k+1, V), q_rows: (k, V) floating tensors on one device; drafts (k,).
     """
@@ -113,20 +113,32 @@ def verify_device(p_rows: Any, q_rows: Any, drafts: Any, seed: int) -> npt.NDArr
             f"p_rows has shape {tuple(p_rows.shape)} and q_rows {tuple(q_rows.shape)}; "
             "expected (k+1, V) and (k, V)"
         )
-    seed = _checks.seed(seed)
     d = drafts if isinstance(drafts, torch.Tensor) else torch.as_tensor(drafts)
     if d.shape != (k,) or d.is_floating_point() or d.dtype == torch.bool:
         raise ValueError(f"drafts must be {k} integer token ids; got {tuple(d.shape)} {d.dtype}")
-    v = p_rows.shape[1]
-    d = d.to(p_rows.device, torch.long)
+    return verify_gathered(p_rows, q_rows, d, _checks.seed(seed), [])
+
+
+def verify_gathered(
+    p_rows: Any, q_rows: Any, drafts: Any, seed: int, flags: list[tuple[Any, str]]
+) -> npt.NDArray[np.int64]:
+    """`verify_device` for checked shapes, with `flags` (0-d bool tensors on
+    the device, each with what it means) riding along in the one copy: any
+    set flag is a ValueError before a token is emitted."""
+    import torch
+
+    k, v = q_rows.shape[0], p_rows.shape[1]
+    device = p_rows.device
+    d = drafts.to(device, torch.long)
     safe = d.clamp(0, v - 1)  # an out-of-range id must not index the device
-    rows = torch.arange(k, device=p_rows.device)
-    summary = (
-        torch.cat([p_rows[rows, safe].double(), q_rows[rows, safe].double(), d.double()])
-        .cpu()
-        .numpy()
-    )
-    ids = summary[2 * k :].astype(np.int64)
+    rows = torch.arange(k, device=device)
+    parts = [p_rows[rows, safe].double(), q_rows[rows, safe].double(), d.double()]
+    parts += [flag.reshape(1).double() for flag, _ in flags]
+    summary = torch.cat(parts).cpu().numpy()
+    for i, (_, what) in enumerate(flags):
+        if summary[3 * k + i]:
+            raise ValueError(what)
+    ids = summary[2 * k : 3 * k].astype(np.int64)
     bad = np.flatnonzero((ids < 0) | (ids >= v))
     if len(bad):
         raise ValueError(f"drafts[{bad[0]}] = {ids[bad[0]]} is outside the vocabulary [0, {v})")

@@ -12,18 +12,17 @@ numbers and draws one PNG. p = target, q = draft, k = γ.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import specdec_rs as sd
-from specdec_rs import _checks, plotting, theory
-
-# The handout's 3-token chain (rows: previous token).
-CHAIN_P = np.array([[0.6, 0.3, 0.1], [0.1, 0.2, 0.7], [0.3, 0.3, 0.4]])
-CHAIN_Q = np.array([[0.2, 0.5, 0.3], [0.4, 0.4, 0.2], [0.1, 0.8, 0.1]])
-EXACT_PAIRS = CHAIN_P[0][:, None] * CHAIN_P
+from specdec_rs import _checks, theory
+from specdec_rs.measure import plotting
+from specdec_rs.stats import softmax, tv
+from specdec_rs.toy import CHAIN_P, CHAIN_Q, EXACT_PAIRS
 
 
 def noise_vs_bias(path: Path, seed: int = 0, repeats: int = 5) -> dict[str, Any]:
@@ -45,7 +44,7 @@ def noise_vs_bias(path: Path, seed: int = 0, repeats: int = 5) -> dict[str, Any]
                     variant=variant,
                     seed=seed + r,
                 )
-                tvs.append(0.5 * np.abs(hist / n - EXACT_PAIRS).sum())
+                tvs.append(tv(hist, EXACT_PAIRS))
             curve.append(float(np.mean(tvs)))
         curves[variant] = curve
     plt = plotting.pyplot()
@@ -149,8 +148,8 @@ def temperature(path: Path, seed: int = 0, vocab: int = 1000, pairs: int = 200) 
         zq = rho * zp + np.sqrt(1 - rho**2) * rng.standard_normal((pairs, vocab)) * 3
         curve = []
         for t in temps:
-            p = _softmax(zp / t)
-            q = _softmax(zq / t)
+            p = softmax(zp / t)
+            q = softmax(zq / t)
             curve.append(float(np.minimum(p, q).sum(axis=1).mean()))
         agree = float((zp.argmax(1) == zq.argmax(1)).mean())
         curves[f"{rho:g}"] = {"alpha": curve, "argmax_agreement": agree}
@@ -165,12 +164,6 @@ def temperature(path: Path, seed: int = 0, vocab: int = 1000, pairs: int = 200) 
     ax.legend(fontsize=8)
     plotting.save(fig, path)
     return {"temperature": temps.tolist(), "curves": curves, "vocab": vocab, "pairs": pairs}
-
-
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e: np.ndarray = np.exp(x - x.max(axis=-1, keepdims=True))
-    out: np.ndarray = e / e.sum(axis=-1, keepdims=True)
-    return out
 
 
 def greedy_drafter(path: Path, seed: int = 0, rounds: int = 1_000_000) -> dict[str, Any]:
@@ -194,7 +187,7 @@ def greedy_drafter(path: Path, seed: int = 0, rounds: int = 1_000_000) -> dict[s
         chi2 = stats.chisquare(counts, CHAIN_P[0] * rounds)
         results[label] = {
             "counts": counts.tolist(),
-            "tv": float(0.5 * np.abs(counts / rounds - CHAIN_P[0]).sum()),
+            "tv": tv(counts, CHAIN_P[0]),
             "chi2_pvalue": float(chi2.pvalue),
         }
     plt = plotting.pyplot()
@@ -224,7 +217,8 @@ EXPERIMENTS = {
 
 
 def run_all(out: Path, seed: int, command: str, progress: Any = None) -> dict[str, Any]:
-    """Run the four experiments into `out` (PNGs + report.md); returns the numbers."""
+    """Run the four experiments into `out` (PNGs, report.md, results.json);
+    returns the numbers."""
     out = _checks.writable_dir(out, "out")
     seed = _checks.seed(seed)
     results = {}
@@ -233,6 +227,7 @@ def run_all(out: Path, seed: int, command: str, progress: Any = None) -> dict[st
         if progress is not None:
             progress()
     (out / "report.md").write_text(report(results, seed, command))
+    (out / "results.json").write_text(json.dumps(results, indent=1))
     return results
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.timing import Throughput
 
 if TYPE_CHECKING:
     import torch
@@ -20,18 +21,10 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True)
-class HFResult:
+class HFResult(Throughput):
     tokens: list[int]
     time_total: float
     target_passes: int
-
-    @property
-    def new_tokens(self) -> int:
-        return len(self.tokens)
-
-    @property
-    def tokens_per_second(self) -> float:
-        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -84,10 +77,11 @@ def hf_generate(
     try:
         torch.manual_seed(seed % 2**63)
         start = time.perf_counter()
+        device = models.device_of(target)
         with torch.inference_mode():
             out = target.generate(
-                input_ids.unsqueeze(0),
-                attention_mask=torch.ones(1, len(input_ids), dtype=torch.long),
+                input_ids.to(device).unsqueeze(0),
+                attention_mask=torch.ones(1, len(input_ids), dtype=torch.long, device=device),
                 max_new_tokens=max_new_tokens,
                 eos_token_id=eos or None,
                 pad_token_id=(eos or [0])[0],
@@ -98,3 +92,15 @@ def hf_generate(
     finally:
         hook.remove()
     return HFResult(out[0, len(input_ids) :].tolist(), elapsed, passes[0])
+
+
+def strategy(drafter: Any, k: int | None = None) -> dict[str, Any] | None:
+    """transformers' generate() keywords for drafting like `drafter` (its own
+    `hf_kwargs`); with k, a constant k drafts per round (prompt lookup: k
+    tokens). None when transformers has no equivalent."""
+    kwargs = drafter.hf_kwargs() if drafter is not None else {}
+    if kwargs is None or k is None:
+        return kwargs
+    if "prompt_lookup_num_tokens" in kwargs:
+        return {"prompt_lookup_num_tokens": k}
+    return kwargs | {"num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant"}

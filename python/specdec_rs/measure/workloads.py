@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
 
@@ -114,3 +114,21 @@ def encode(tokenizer: PreTrainedTokenizerBase, message: str) -> torch.Tensor:
         )
         return torch.as_tensor(out["input_ids"][0])
     return torch.as_tensor(tokenizer(message, return_tensors="pt")["input_ids"][0])
+
+
+def prompt_set(tokenizer: PreTrainedTokenizerBase, workload: str, count: int) -> list[torch.Tensor]:
+    """The first `count` prompts of `workload`, encoded; 1 <= count <= the
+    workload's size (a ValueError otherwise, never a silent shorter list)."""
+    messages = prompts(workload)
+    count = _checks.integer(count, "prompts", minimum=1, maximum=len(messages))
+    return [encode(tokenizer, m) for m in messages[:count]]
+
+
+def check_names(names: Any) -> list[str]:
+    """A non-empty list of workload names."""
+    if isinstance(names, str):
+        names = [names]
+    checked = [_checks.choice(n, "workloads", WORKLOADS) for n in names]
+    if not checked:
+        raise ValueError(f"workloads: name at least one of {WORKLOADS}")
+    return checked

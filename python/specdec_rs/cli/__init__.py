@@ -1,0 +1,74 @@
+"""The `specdec` command: argument parsing and printing only; every result
+comes from a library function (`measure`, `theory`, `generate`).
+
+One parser, a parent for the flags every subcommand shares (--json, --seed)
+and one for the model flags (--model, --dtype, --device); each subcommand
+names its `run` (args, console) -> result and `show` (result, console)
+with `set_defaults`. `--json` prints `dataclasses.asdict(result)`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from typing import NoReturn
+
+from rich.console import Console
+
+from specdec_rs.cli import engine, measure, models
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors (the subcommands inherit it)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def build_parser() -> Parser:
+    common = Parser(add_help=False)
+    common.add_argument("--json", action="store_true", help="print one JSON object")
+    common.add_argument("--seed", type=int, default=0)
+    model = Parser(add_help=False)
+    model.add_argument(
+        "--model", default=None, help="local transformers model folder (default: SmolLM2)"
+    )
+    model.add_argument(
+        "--dtype", default="float32", help="float32 | bfloat16 | float16 (target and drafters)"
+    )
+    model.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    parser = Parser(prog="specdec", description="Exact speculative decoding.")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
+    engine.add_parsers(sub, [common])
+    models.add_parsers(sub, [common, model])
+    measure.add_parsers(sub, [common, model])
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    console = Console()
+    try:
+        result = args.run(args, console)
+        if args.json:
+            print(measure.to_json(result))
+        else:
+            args.show(result, console)
+        return 0
+    except ValueError as e:
+        print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `specdec ... | head`: the reader left; stop quietly
+        sys.stderr.close()
+        return 141
+    except OSError as e:  # a file could not be written after the checks passed
+        print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split()) or type(e).__name__

@@ -1,0 +1,204 @@
+"""specdec generate | demo: speculative generation on real models.
+
+specdec generate "PROMPT" [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
+                 [--k 4] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
+                 [--max-new-tokens 128] [--greedy-draft] [--raw] [--allow-past-context]
+                 [--model PATH] [--dtype float32] [--device cpu] [--seed S] [--json]
+specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from specdec_rs import _checks, drafters, models
+from specdec_rs.cli.show import fmt, progress_bars, table
+from specdec_rs.generate import GenerationResult, generate
+from specdec_rs.measure import bench, workloads
+from specdec_rs.processors import SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+
+
+def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    g = sub.add_parser("generate", parents=parents, help="speculative generation with statistics")
+    g.add_argument("prompt")
+    g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
+    g.add_argument("--k", type=int, default=4)
+    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--greedy-draft", action="store_true", help="drafts are the drafter's argmax")
+    g.add_argument("--raw", action="store_true", help="no chat template around the prompt")
+    g.add_argument(
+        "--allow-past-context",
+        action="store_true",
+        help="run even when prompt + max new tokens passes the model's context",
+    )
+    add_sampling_arguments(g, temperature=0.7)
+    g.set_defaults(run=run_generate, show=show_generate)
+    d = sub.add_parser(
+        "demo", parents=parents, help="built-in prompts through target-only and each drafter"
+    )
+    d.add_argument("--max-new-tokens", type=int, default=64)
+    d.add_argument("--prompts", type=int, default=4, help="how many built-in prompts (code, chat)")
+    add_sampling_arguments(d, temperature=0.0)
+    d.set_defaults(run=run_demo, show=show_demo)
+
+
+def sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)
+
+
+def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """--model (a local folder) or SmolLM2-135M-Instruct, in --dtype on --device."""
+    return _load(args.model, args.dtype, args.device)
+
+
+@functools.cache
+def _load(path: str | None, dtype: str, device: str) -> tuple[Any, Any]:
+    """Loaded once per process (a program calling main() repeatedly, e.g. the tests)."""
+    from transformers.utils import logging
+
+    logging.disable_progress_bar()
+    if path is None:
+        return models.load_smollm2(dtype=dtype, device=device)
+    return models.load_local(path, dtype=dtype, device=device)
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """--dtype, --device and --seed, before a model loads."""
+    models.torch_dtype(args.dtype)
+    models.torch_device(args.device)
+    _checks.seed(args.seed, "--seed")
+
+
+def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
+    """The text and the generation's statistics (`GenerationResult.summary()`), flat."""
+    config = sampling(args)
+    check_model_flags(args)
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    _checks.integer(args.k, "--k", minimum=1)
+    drafters.parse_spec(args.drafter)
+    target, tokenizer = load_target(args)
+    drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
+    ids = (
+        tokenizer(args.prompt, return_tensors="pt")["input_ids"][0]
+        if args.raw
+        else workloads.encode(tokenizer, args.prompt)
+    )
+    stream = TextStream(tokenizer, console) if not args.json else None
+    result: GenerationResult = generate(
+        target,
+        drafter,
+        ids,
+        max_new_tokens=args.max_new_tokens,
+        k=args.k,
+        seed=args.seed,
+        temperature=config.temperature,
+        top_k=config.top_k,
+        top_p=config.top_p,
+        min_p=config.min_p,
+        vocab_size=len(tokenizer) if drafter is not None else None,
+        on_tokens=stream,
+        allow_past_context=args.allow_past_context,
+    )
+    return {"text": tokenizer.decode(result.tokens, skip_special_tokens=True), **result.summary()}
+
+
+class TextStream:
+    """Prints decoded text as tokens arrive (re-decoding the tail keeps
+    multi-token characters intact)."""
+
+    def __init__(self, tokenizer: Any, console: Console):
+        self.tokenizer, self.console = tokenizer, console
+        self.tokens: list[int] = []
+        self.printed = 0
+
+    def __call__(self, new: list[int]) -> None:
+        self.tokens += new
+        text = self.tokenizer.decode(self.tokens, skip_special_tokens=True)
+        if not text.endswith("\ufffd"):
+            self.console.out(text[self.printed :], end="", highlight=False)
+            self.printed = len(text)
+
+
+def show_generate(r: dict[str, Any], console: Console) -> None:
+    console.out("")
+    header = [
+        "new tokens",
+        "tokens/s",
+        "target passes",
+        "tokens/pass",
+        "α",
+        "draft s",
+        "target s",
+        "verify s",
+    ]
+    row = [
+        str(r["new_tokens"]),
+        fmt(r["tokens_per_second"], ".1f"),
+        str(r["rounds"]),
+        fmt(r["tokens_per_pass"], ".2f"),
+        fmt(r["alpha"], ".3f"),
+        fmt(r["time_draft"], ".2f"),
+        fmt(r["time_target"], ".2f"),
+        fmt(r["time_verify"], ".3f"),
+    ]
+    title = f"drafter {r['drafter']}, k = {r['k']}, temperature {r['temperature']:g}"
+    console.print(table(title, header, [row]))
+    if r["position_alpha"]:
+        alphas = ", ".join(fmt(a, ".2f") for a in r["position_alpha"])
+        console.print(
+            f"acceptance by draft position: [{alphas}]; "
+            f"rounds by drafts kept: {r['accepted_histogram']}"
+        )
+    elif r["drafter"] != "none":
+        console.print("no drafts were proposed (α undefined)")
+
+
+def run_demo(args: argparse.Namespace, console: Console) -> bench.DemoReport:
+    config = sampling(args)
+    check_model_flags(args)
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    _checks.integer(args.prompts, "--prompts", minimum=1, maximum=2 * len(workloads.CHAT_PROMPTS))
+    target, tokenizer = load_target(args)
+    with progress_bars(console) as progress:
+        return bench.demo(
+            target,
+            tokenizer,
+            prompts=args.prompts,
+            max_new_tokens=args.max_new_tokens,
+            temperature=config.temperature,
+            seed=args.seed,
+            progress=progress,
+        )
+
+
+def show_demo(r: bench.DemoReport, console: Console) -> None:
+    rows = [
+        [
+            row.totals.drafter,
+            str(row.totals.method.k or 0) if row.totals.method.policy == "fixed" else "0",
+            f"{row.totals.tokens_per_second:.1f}",
+            fmt(row.totals.tokens_per_pass, ".2f"),
+            fmt(row.totals.alpha, ".3f"),
+            f"{row.speedup:.2f}x",
+        ]
+        for row in r.rows
+    ]
+    title = (
+        f"{r.prompts} built-in prompts, {r.max_new_tokens} new tokens each, "
+        f"temperature {r.temperature:g}"
+    )
+    console.print(table(title, ["drafter", "k", "tokens/s", "tokens/pass", "α", "speedup"], rows))

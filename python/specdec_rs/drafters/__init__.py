@@ -1,0 +1,28 @@
+"""Drafters: cheap proposers of k tokens. p = target, q = draft, k = γ.
+
+One module per drafter; each class registers its command-line name once
+(`registry.register`), so adding a drafter means writing one class. See
+`base` for the interface the loop and the analysis use.
+"""
+
+from specdec_rs.drafters.base import Draft, Drafter, ModelDrafter, TeacherForced
+from specdec_rs.drafters.early_exit import EarlyExit
+from specdec_rs.drafters.lookup import PromptLookup, lookup
+from specdec_rs.drafters.model import DraftModel, Truncated
+from specdec_rs.drafters.registry import REGISTRY, from_spec, parse_spec, spec_help
+
+__all__ = [
+    "REGISTRY",
+    "Draft",
+    "DraftModel",
+    "Drafter",
+    "EarlyExit",
+    "ModelDrafter",
+    "PromptLookup",
+    "TeacherForced",
+    "Truncated",
+    "from_spec",
+    "lookup",
+    "parse_spec",
+    "spec_help",
+]

@@ -1,0 +1,196 @@
+"""What every drafter shares: the proposal type, the protocol the loop and
+the analysis call, and the teacher-forced view of a target's answer.
+p = target, q = draft, k = γ.
+
+A drafter is an object with these members (`generate` calls the first five,
+`measure` the rest; nothing outside `drafters` asks what class it is):
+
+- ``name``: its command-line spec, e.g. ``"early-exit:24"``.
+- ``check_target(target)``: ValueError unless it can draft for this target.
+- ``start(seq, target_cache, target_hidden)``: a new generation; `seq` (n,)
+  holds the prompt; `target_hidden` is the target's last hidden state of
+  the prompt's positions but the last, (n - 1, H), when the drafter sets
+  ``needs_target_hidden`` (else None).
+- ``propose(seq, k, sampler) -> Draft``: up to k tokens continuing `seq` and
+  the rows q they were drawn from. The last token of `seq` is not yet in any
+  cache (the target runs it together with the drafts).
+- ``update(seq, num_accepted, target_hidden)``: the round on `seq` kept
+  `num_accepted` drafts; drop any state past seq + those drafts.
+  `target_hidden` (num_accepted + 1, H): the verification forward's last
+  hidden states of the positions kept (seq's last token and the kept drafts),
+  when ``needs_target_hidden``; no extra target pass is ever run for them.
+- ``acceptance(tf, k_max) -> a (n, k_max)``: teacher forcing. a[t, i] is the
+  probability that draft i + 1 of a round starting at answer position t is
+  kept given the drafts before it were (NaN where no such draft exists).
+- ``hf_kwargs()``: the keywords of transformers' ``generate`` for the same
+  kind of drafting (the side-by-side baseline), or None when it has none.
+
+Exactness needs only that each draft was drawn from the q row handed back:
+sampled drafters return their processed distribution, greedy ones a one-hot
+row (also exact under sampling: a one-hot q accepts x with probability p(x)).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Protocol
+
+import numpy as np
+
+from specdec_rs import models
+from specdec_rs.processors import Sampler, one_hot
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+
+
+@dataclass(frozen=True)
+class Draft:
+    """tokens: (k',) int64 proposals, k' <= k.  q: (k', V) float rows, row i the
+    distribution tokens[i] was drawn from. Both on the sampler's device."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+
+
+@dataclass(frozen=True)
+class TeacherForced:
+    """A target's own answer, scored once: what a drafter needs to say how
+    often its drafts would pass without running a generation.
+
+    seq: (n,) prompt + answer on the CPU; start: len(prompt).
+    p: (n - start, V) processed target rows; row t predicts seq[start + t].
+    sampler: the processing the target rows had (apply it to q alike).
+    target: the target model; hidden: (n, H) its last hidden states.
+    """
+
+    seq: torch.Tensor
+    start: int
+    p: torch.Tensor
+    sampler: Sampler
+    target: Any
+    hidden: torch.Tensor | None = None
+
+    @property
+    def answer(self) -> torch.Tensor:
+        return self.seq[self.start :]
+
+
+class Drafter(Protocol):
+    name: str
+    needs_target_hidden: bool
+
+    def check_target(self, target: PreTrainedModel) -> None: ...
+
+    def start(
+        self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
+    ) -> None: ...
+
+    def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft: ...
+
+    def update(
+        self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None
+    ) -> None: ...
+
+    def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray: ...
+
+    def hf_kwargs(self) -> dict[str, Any] | None: ...
+
+
+def started(cache: Cache | None, name: str) -> Cache:
+    """The drafter's cache, or a ValueError when start() was not called."""
+    if cache is None:
+        raise ValueError(f"drafter {name}: call start() before propose() or update()")
+    return cache
+
+
+def empty_draft(sampler: Sampler) -> Draft:
+    import torch
+
+    return Draft(
+        torch.zeros(0, dtype=torch.long, device=sampler.device),
+        torch.zeros(0, sampler.vocab_size, device=sampler.device),
+    )
+
+
+def one_hot_draft(tokens: torch.Tensor, sampler: Sampler) -> Draft:
+    """Deterministic proposals: q is one-hot on each."""
+    tokens = tokens.to(sampler.device)
+    return Draft(tokens, one_hot(tokens, sampler.vocab_size))
+
+
+def draft_autoregressive(
+    model: PreTrainedModel,
+    cache: Cache,
+    feed: torch.Tensor,
+    k: int,
+    sampler: Sampler,
+    greedy: bool,
+) -> Draft:
+    """k tokens from `model`, one forward each: feed (m,) first, then each draft
+    but the last (which is never needed). The cache grows by m + k - 1."""
+    import torch
+
+    if k == 0:
+        return empty_draft(sampler)
+    tokens, rows = [], []
+    feed = feed.to(sampler.device)
+    for _ in range(k):
+        q = sampler.probs(models.forward(model, feed, cache, keep=1))
+        token, q = sampler.draw(q, greedy=greedy)
+        tokens.append(token)
+        rows.append(q)
+        feed = token
+    return Draft(torch.cat(tokens), torch.cat(rows))
+
+
+def by_depth(agree: np.ndarray, k_max: int) -> np.ndarray:
+    """a[t, i] = agree[t + i]: draft i + 1 of a round at t is scored at
+    position t + i under teacher forcing; NaN past the answer's end."""
+    n = len(agree)
+    a = np.full((n, k_max), np.nan)
+    for i in range(min(k_max, n)):
+        a[: n - i, i] = agree[i:]
+    return a
+
+
+class ModelDrafter:
+    """Shared behaviour of drafters that run a causal LM (`scorer`) one token
+    at a time: teacher-forced acceptance from one forward of that LM over the
+    answer (at greedy the argmax agreement; otherwise Σ min(p, q) of the
+    processed rows), and `greedy` drafting with a one-hot q."""
+
+    name: str
+    greedy: bool
+    needs_target_hidden = False
+
+    @property
+    def scorer(self) -> PreTrainedModel:
+        raise NotImplementedError
+
+    def score(self, tf: TeacherForced) -> torch.Tensor:
+        """q rows under teacher forcing: (n - start, V), row t predicting answer[t]."""
+        import torch
+
+        with torch.inference_mode():
+            logits = models.forward(
+                self.scorer,
+                tf.seq[:-1].to(tf.p.device),
+                models.new_cache(self.scorer),
+                keep=len(tf.answer),
+            )
+        return tf.sampler.probs(logits)
+
+    def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
+        import torch
+
+        q = self.score(tf)
+        if tf.sampler.config.greedy or self.greedy:
+            agree = (tf.p.argmax(-1) == q.argmax(-1)).double()
+            if not tf.sampler.config.greedy:  # greedy drafts, sampled target: a = p(argmax q)
+                agree = tf.p.gather(-1, q.argmax(-1, keepdim=True))[:, 0].double()
+        else:
+            agree = torch.minimum(tf.p, q).sum(-1).double()
+        return by_depth(agree.cpu().numpy(), k_max)

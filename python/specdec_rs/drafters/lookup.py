@@ -1,0 +1,116 @@
+"""Prompt lookup: copy what followed an earlier occurrence of the text's end.
+p = target, q = draft (one-hot), k = γ."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import numpy.typing as npt
+
+from specdec_rs import _checks
+from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft, one_hot_draft
+from specdec_rs.drafters.registry import register
+from specdec_rs.processors import Sampler
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+
+
+@register("prompt-lookup", arg=None, help="copy what followed the text's last tokens earlier on")
+class PromptLookup:
+    """Finds the longest suffix of the sequence (prompt + text so far), between
+    `min_ngram` and `max_ngram` tokens, that also occurs earlier, and proposes
+    the up to k tokens that followed it. Among equally long matches it takes
+    the first (`occurrence="first"`: on code editing the prompt's original
+    text is the best source) or the most recent (`"last"`). No model; q is
+    one-hot on each proposal.
+    """
+
+    needs_target_hidden = False
+
+    def __init__(self, max_ngram: int = 64, min_ngram: int = 2, occurrence: str = "first"):
+        max_ngram = _checks.integer(max_ngram, "max_ngram", minimum=1)
+        min_ngram = _checks.integer(min_ngram, "min_ngram", minimum=1)
+        if min_ngram > max_ngram:
+            raise ValueError(
+                f"min_ngram = {min_ngram}, max_ngram = {max_ngram}; "
+                "expected 1 <= min_ngram <= max_ngram"
+            )
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self.occurrence = _checks.choice(occurrence, "occurrence", ("first", "last"))
+        self.name = "prompt-lookup"
+
+    @classmethod
+    def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> PromptLookup:
+        return cls()
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        pass  # no model: works with any target
+
+    def start(
+        self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        pass
+
+    def find(self, seq: npt.NDArray[np.int64], k: int) -> npt.NDArray[np.int64]:
+        """The up-to-k proposal after `seq` (n,) on the host."""
+        return lookup(seq, k, self.min_ngram, self.max_ngram, self.occurrence == "first")
+
+    def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
+        import torch
+
+        found = self.find(seq.cpu().numpy(), k)
+        if len(found) == 0:
+            return empty_draft(sampler)
+        return one_hot_draft(torch.from_numpy(found), sampler)
+
+    def update(
+        self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        pass
+
+    def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
+        """a[t, i] for x = lookup(text before answer position t): the indicator
+        x_i = answer[t + i] at greedy, else p_{t+i}(x_i) (one-hot q)."""
+        seq = tf.seq.cpu().numpy()
+        answer = seq[tf.start :]
+        p = tf.p.double().cpu().numpy()
+        n = len(answer)
+        a = np.full((n, k_max), np.nan)
+        for t in range(n):
+            x = self.find(seq[: tf.start + t], k_max)[: n - t]
+            rows = t + np.arange(len(x))
+            a[t, : len(x)] = (x == answer[rows]) if tf.sampler.config.greedy else p[rows, x]
+        return a
+
+    def hf_kwargs(self) -> dict[str, Any] | None:
+        return {"prompt_lookup_num_tokens": 10}
+
+
+def lookup(
+    seq: npt.NDArray[np.int64], k: int, min_ngram: int, max_ngram: int, first: bool = True
+) -> npt.NDArray[np.int64]:
+    """Up to k tokens that followed the longest earlier match (min_ngram ..
+    max_ngram tokens) of the end of `seq`; empty when there is none.
+
+    >>> import numpy as np
+    >>> lookup(np.array([7, 1, 2, 3, 9, 1, 2]), 2, 1, 4).tolist()   # "1 2" matched: copy "3 9"
+    [3, 9]
+    """
+    n = len(seq)
+    ends = np.flatnonzero(seq[:-1] == seq[-1])  # candidate match ends; each has a continuation
+    length = 1
+    while length < max_ngram and len(ends):
+        longer = ends[ends >= length]
+        longer = longer[seq[longer - length] == seq[n - 1 - length]]
+        if len(longer) == 0:
+            break
+        ends, length = longer, length + 1
+    if len(ends) == 0 or length < min_ngram:
+        return seq[:0]
+    start = int(ends[0] if first else ends[-1]) + 1
+    return seq[start : start + k]

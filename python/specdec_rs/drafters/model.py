@@ -1,0 +1,84 @@
+"""A separate, smaller causal LM with its own KV cache. p = target, q = draft, k = γ."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.drafters.base import Draft, ModelDrafter, draft_autoregressive, started
+from specdec_rs.drafters.registry import register
+from specdec_rs.processors import Sampler
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+
+
+@register("model", arg="path", help="a local transformers model with the target's tokenizer")
+class DraftModel(ModelDrafter):
+    """Its cache holds a prefix of `seq`; each round feeds what it has not seen
+    (the last token, or the last two after a round that accepted every draft),
+    then drafts. After the round the cache is cut to the accepted length.
+    """
+
+    def __init__(self, model: PreTrainedModel, *, greedy: bool = False, name: str = "model"):
+        self.model = models.check_model(model, "DraftModel's model")
+        self.greedy = _checks.boolean(greedy, "greedy")
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"name = {name!r} must be a non-empty string")
+        self.name = name
+        self.vocab_size = models.vocab_of(model)
+        self._cache: Cache | None = None
+
+    @classmethod
+    def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> DraftModel:
+        """``model:PATH``: a local folder, same tokenizer as the target's."""
+        draft, draft_tokenizer = models.load_local(
+            arg, dtype=models.dtype_of(target), device=models.device_of(target)
+        )
+        if tokenizer is not None:
+            models.check_same_tokenizer(tokenizer, draft_tokenizer)
+        return cls(draft, greedy=greedy, name=f"model:{arg}")
+
+    @property
+    def scorer(self) -> PreTrainedModel:
+        return self.model
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        if models.device_of(self.model) != models.device_of(target):
+            raise ValueError(
+                f"drafter {self.name} is on {models.device_of(self.model)} but the target on "
+                f"{models.device_of(target)}; move both to one device"
+            )
+
+    def start(
+        self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        self._cache = models.new_cache(self.model)
+        if len(seq) > 1:
+            models.forward(self.model, seq[:-1], self._cache, keep=1)
+
+    def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
+        cache = started(self._cache, self.name)
+        seen = cache.get_seq_length()
+        return draft_autoregressive(self.model, cache, seq[seen:], k, sampler, self.greedy)
+
+    def update(
+        self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        cache = started(self._cache, self.name)
+        models.crop(cache, min(cache.get_seq_length(), len(seq) + num_accepted))
+
+    def hf_kwargs(self) -> dict[str, Any] | None:
+        return {"assistant_model": self.model}
+
+
+@register("truncated", arg="layers", help="a separate model made of the target's first L layers")
+class Truncated(DraftModel):
+    """``truncated:L``: a `DraftModel` sharing the target's first L layers,
+    final norm and LM head (no copy), with a cache of its own."""
+
+    @classmethod
+    def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> Truncated:
+        return cls(models.layer_view(target, arg), greedy=greedy, name=f"truncated:{arg}")

@@ -1,0 +1,72 @@
+"""Drafters by command-line name: ``kind`` or ``kind:ARG``. A drafter class
+registers itself once (`@register`) and builds itself from its argument
+(`from_spec`); the CLI, `measure` and the benchmarks only call `from_spec`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal, TypeVar
+
+Arg = Literal["layers", "path"] | None
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Entry:
+    kind: str
+    arg: Arg
+    help: str
+    build: Callable[[Any, Any, Any, bool], Any]  # (arg, target, tokenizer, greedy) -> drafter
+
+    @property
+    def usage(self) -> str:
+        return self.kind + {"layers": ":L", "path": ":PATH", None: ""}[self.arg]
+
+
+REGISTRY: dict[str, Entry] = {}
+
+
+def register(kind: str, *, arg: Arg, help: str) -> Callable[[T], T]:
+    """Class decorator: the class's ``from_spec(arg, target, tokenizer, greedy)``
+    builds it from ``kind[:arg]``."""
+
+    def add(cls: T) -> T:
+        REGISTRY[kind] = Entry(kind, arg, help, cls.from_spec)  # type: ignore[attr-defined]
+        return cls
+
+    return add
+
+
+REGISTRY["none"] = Entry("none", None, "target only (no drafter)", lambda *_: None)
+
+
+def spec_help() -> str:
+    """One line per registered drafter, for --help texts and error messages."""
+    return "; ".join(f"{e.usage} ({e.help})" for e in REGISTRY.values())
+
+
+def parse_spec(spec: Any) -> tuple[Entry, Any]:
+    """(entry, argument) of a spec, checked without building anything:
+    ``early-exit:24`` -> (early-exit, 24); ValueError for an unknown or
+    malformed spec."""
+    if isinstance(spec, str):
+        kind, sep, raw = spec.partition(":")
+        entry = REGISTRY.get(kind)
+        if entry is not None:
+            if entry.arg is None and not sep:
+                return entry, None
+            if entry.arg == "layers" and raw.isascii() and raw.isdigit():
+                return entry, int(raw)
+            if entry.arg == "path" and raw:
+                return entry, raw
+    raise ValueError(f"drafter {spec!r} is not understood; expected one of: {spec_help()}")
+
+
+def from_spec(spec: str, target: Any, tokenizer: Any = None, *, greedy: bool = False) -> Any:
+    """The drafter a spec names, built for `target` (None for ``none``).
+    `tokenizer` is needed by drafters that load a model (to compare vocabularies)."""
+    entry, arg = parse_spec(spec)
+    return entry.build(arg, target, tokenizer, greedy)

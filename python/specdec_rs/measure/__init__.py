@@ -1,0 +1,55 @@
+"""Measurement as a library: costs, teacher-forced acceptance, predictions,
+benchmarks and the demo. Every job takes plain arguments and returns a
+dataclass; the CLI and `benchmarks/` only call these and print.
+p = target, q = draft, k = γ."""
+
+from specdec_rs.measure.acceptance import (
+    Acceptance,
+    acceptance_matrix,
+    replay,
+    summarize,
+    teacher_force,
+)
+from specdec_rs.measure.bench import (
+    BenchReport,
+    BenchRow,
+    DemoReport,
+    Method,
+    Run,
+    Totals,
+    demo,
+    run_bench,
+)
+from specdec_rs.measure.costs import (
+    Costs,
+    decode_step_time,
+    drafter_step_time,
+    measure_costs,
+    verify_cost_curve,
+)
+from specdec_rs.measure.predict import Forecast, PredictReport, forecast, predict
+
+__all__ = [
+    "Acceptance",
+    "BenchReport",
+    "BenchRow",
+    "Costs",
+    "DemoReport",
+    "Forecast",
+    "Method",
+    "PredictReport",
+    "Run",
+    "Totals",
+    "acceptance_matrix",
+    "decode_step_time",
+    "demo",
+    "drafter_step_time",
+    "forecast",
+    "measure_costs",
+    "predict",
+    "replay",
+    "run_bench",
+    "summarize",
+    "teacher_force",
+    "verify_cost_curve",
+]

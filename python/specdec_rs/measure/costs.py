@@ -1,0 +1,129 @@
+"""What a target step, a verification and a draft step cost, measured.
+p = target, q = draft, k = γ.
+
+c = one draft step / one target step; v(n) = a target forward over n new
+tokens / over one (v(1) = 1). Medians of repeated cached steps at a real
+prompt's context, interleaved where sizes are compared so drift hits all alike.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.processors import Sampler, SamplingConfig
+from specdec_rs.timing import median_seconds
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Measured at `context_tokens` tokens of context.
+
+    target_step_s: one cached single-token target step (seconds).
+    verify_cost: v(n) for n = 1..k_max+1.  cost_ratio: drafter spec -> c.
+    """
+
+    context_tokens: int
+    target_step_s: float
+    verify_cost: list[float]
+    cost_ratio: dict[str, float] = field(default_factory=dict)
+
+
+def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int = 100) -> float:
+    """Median seconds of one cached single-token decode step after `context` (n,)."""
+    import torch
+
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
+    with torch.inference_mode():
+        cache = models.new_cache(model)
+        models.forward(model, context[:-1], cache, keep=1)
+        n = len(context) - 1
+
+        def step() -> None:
+            models.forward(model, context[-1:], cache, keep=1)
+            models.crop(cache, n)
+
+        return median_seconds(step, repeats)
+
+
+def verify_cost_curve(
+    model: PreTrainedModel, context: torch.Tensor, max_n: int = 9, repeats: int = 15
+) -> list[float]:
+    """v(n) for n = 1..max_n: a cached forward over n new tokens after `context`,
+    relative to one token (medians; sizes interleaved so drift hits all alike)."""
+    import torch
+
+    max_n = _checks.integer(max_n, "max_n", minimum=1, maximum=1024)
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
+    times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
+    with torch.inference_mode():
+        cache = models.new_cache(model)
+        models.forward(model, context, cache, keep=1)
+        base = len(context)
+        g = torch.Generator().manual_seed(0)
+        for rep in range(repeats + 2):
+            for n in times:
+                tokens = torch.randint(0, models.vocab_of(model), (n,), generator=g)
+                t = time.perf_counter()
+                models.forward(model, tokens, cache, keep=n)
+                elapsed = time.perf_counter() - t
+                models.crop(cache, base)
+                if rep >= 2:  # warm-up
+                    times[n].append(elapsed)
+    one = statistics.median(times[1])
+    return [statistics.median(times[n]) / one for n in times]
+
+
+def drafter_step_time(
+    drafter: Any, target: PreTrainedModel, context: torch.Tensor, repeats: int = 100
+) -> float:
+    """Median seconds for the drafter to propose one token after `context`,
+    through its own start/propose/update (any drafter)."""
+    import torch
+
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
+    device = models.device_of(target)
+    sampler = Sampler(
+        SamplingConfig(0.0), models.vocab_of(target), torch.Generator(device).manual_seed(0)
+    )
+    with torch.inference_mode():
+        cache = models.new_cache(target)
+        hidden = drafter.needs_target_hidden
+        _, h = models.forward_with_hidden(target, context[:-1], cache, keep=1, hidden=hidden)
+        drafter.start(context, cache, h)
+        last = h[-1:] if h is not None else None
+
+        def step() -> None:
+            drafter.propose(context, 1, sampler)
+            drafter.update(context[:-1], 0, last)  # back to the cache it started from
+
+        return median_seconds(step, repeats)
+
+
+def measure_costs(
+    target: PreTrainedModel,
+    context: torch.Tensor,
+    drafters: dict[str, Any],
+    *,
+    k_max: int = 8,
+    repeats: int = 100,
+) -> Costs:
+    """Target step time, v(1..k_max+1) and each drafter's c at `context` (n,).
+    `drafters`: spec -> drafter (None entries are skipped)."""
+    k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=1023)
+    repeats = _checks.integer(repeats, "repeats", minimum=1)
+    step = decode_step_time(target, context, repeats=repeats)
+    v = verify_cost_curve(target, context, max_n=k_max + 1, repeats=max(1, repeats * 3 // 20))
+    ratios = {
+        spec: drafter_step_time(d, target, context, repeats=repeats) / step
+        for spec, d in drafters.items()
+        if d is not None
+    }
+    return Costs(len(context), step, v, ratios)
