@@ -43,8 +43,8 @@ def test_simulate_with_a_bug_shows_it(capsys: pytest.CaptureFixture[str]) -> Non
 def test_theory_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["theory", "--alpha", "0.6", "0.8", "--cost", "0.32", "--json"]) == 0
     r = json.loads(capsys.readouterr().out)
-    assert r["best"]["0.8"]["k"] == 3 and r["best"]["0.6"]["k"] == 1
-    assert r["table"][3]["0.8"]["tokens"] == pytest.approx(3.3616)
+    assert r["alphas"] == [0.6, 0.8] and r["best_k"] == [1, 3]
+    assert r["rows"][3]["k"] == 4 and r["rows"][3]["tokens"][1] == pytest.approx(3.3616)
 
 
 def test_module_entry_point_prints_tables() -> None:
@@ -67,7 +67,11 @@ def test_theory_human_output_and_plot(tmp_path: Path, capsys: pytest.CaptureFixt
     assert "speculation does not pay" in capsys.readouterr().out
 
 
-def test_experiments_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_experiments_human_output_and_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The report printed, the figures and results.json written; the numbers
+    behave as the handout's experiments say they must."""
     out_dir = tmp_path / "exp"
     assert main(["experiments", "--out", str(out_dir), "--seed", "3"]) == 0
     printed = capsys.readouterr().out
@@ -76,6 +80,20 @@ def test_experiments_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[
     for name in ("noise_vs_bias", "non_iid", "temperature", "greedy_drafter"):
         assert (out_dir / f"{name}.png").stat().st_size > 10_000
     assert f"written to {out_dir}" in printed.replace("\n", "")
+    r = json.loads((out_dir / "results.json").read_text())
+    tv = r["noise_vs_bias"]["tv"]
+    assert tv["exact"][-1] < 0.01 < tv["exact"][0] * 10  # noise shrinks with n
+    for variant in ("resample_from_p", "continue_after_reject", "inverted_ratio", "greedy_check"):
+        assert tv[variant][-1] > 0.1
+    ni = r["non_iid"]
+    for measured, per_pos in zip(ni["measured"], ni["per_position"], strict=True):
+        assert abs(measured - per_pos) < 0.002 * measured
+    for c in r["temperature"]["curves"].values():
+        assert c["alpha"][0] == pytest.approx(c["argmax_agreement"], abs=0.06)
+        assert c["alpha"][-1] > 0.95
+    greedy = r["greedy_drafter"]["results"]
+    assert greedy["one-hot q (correct)"]["chi2_pvalue"] > 1e-6
+    assert greedy["softmax q (bug)"]["chi2_pvalue"] < 1e-6
 
 
 @pytest.mark.parametrize(
@@ -87,8 +105,10 @@ def test_experiments_human_output(tmp_path: Path, capsys: pytest.CaptureFixture[
         (["simulate", "--threads", "100000"], ["threads = 100000"]),
         (["simulate", "--variant", "fast"], ["invalid choice"]),
         (["theory", "--alpha", "2"], ["alpha = 2.0"]),
+        (["simulate", "--dtype", "float32"], ["unrecognized arguments"]),
         (["theory", "--cost", "nan"], ["cost_ratio = nan"]),
         (["theory", "--k-max", "100000000"], ["--k-max = 100000000", "<= 1000"]),
+        (["theory", "--k-max", "0"], ["k_max = 0 is out of range"]),
         (["theory", "--plot", "/nonexistent/x.png"], ["--plot", "does not exist"]),
         (["theory", "--alpha"], ["--alpha", "expected at least one"]),
         (["experiments", "--seed", "-3"], ["seed = -3"]),

@@ -16,15 +16,16 @@ pytest.importorskip("transformers")
 pytestmark = pytest.mark.slow
 
 PROMPT = "Rewrite: def f(x): return x+1"
+SPECDEC = {"engine": "specdec", "policy": "fixed"}
 
 
 def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
-    args = ["generate", PROMPT, "--max-new-tokens", "12", "--json"]
+    args = ["generate", PROMPT, "--max-new-tokens", "6", "--json"]
     assert main([*args, "--drafter", "prompt-lookup", "--temperature", "0"]) == 0
     r = json.loads(capsys.readouterr().out)
     keys = {"text", "new_tokens", "tokens_per_second", "tokens_per_pass", "alpha", "rounds"}
     assert keys | {"drafter", "k", "temperature"} <= set(r)
-    assert r["drafter"] == "prompt-lookup" and r["temperature"] == 0 and 1 <= r["new_tokens"] <= 12
+    assert r["drafter"] == "prompt-lookup" and r["temperature"] == 0 and 1 <= r["new_tokens"] <= 6
     assert main([*args, "--drafter", "none", "--temperature", "0"]) == 0
     plain = json.loads(capsys.readouterr().out)
     assert plain["text"] == r["text"] and plain["tokens_per_pass"] == 1.0
@@ -47,48 +48,59 @@ def test_generate_human_output_for_every_drafter(
     assert captured.err == "" and "tokens/s" in captured.out and "target passes" in captured.out
     assert f"drafter {drafter}, k = {0 if drafter == 'none' else 2}" in captured.out
     if drafter == "none":
-        assert "│ - │" in captured.out  # α undefined
+        table_row = next(line for line in captured.out.splitlines() if line.startswith("│"))
+        assert [c.strip() for c in table_row.split("│")][5] == "-"  # α undefined
     else:
         assert "acceptance by draft position" in captured.out
 
 
-def test_demo_human_output_and_json(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4"]) == 0
+def test_demo_human_output(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--temperature", "0.7"]) == 0
     out = capsys.readouterr().out
-    for drafter in ("none", "prompt-lookup", "early-exit:24", "truncated:24"):
-        assert drafter in out
-    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
-    assert [row["drafter"] for row in r["rows"]][0] == "none" and len(r["rows"]) == 4
-    assert r["rows"][0]["alpha"] is None and r["rows"][0]["k"] == 0
+    rows = {
+        cells[0]: cells
+        for line in out.splitlines()
+        if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 6
+    }
+    assert {"none", "prompt-lookup", "early-exit:24", "truncated:24"} <= set(rows)
+    assert rows["none"][5] == "1.00x" and rows["none"][4] == "-"  # α undefined
 
 
 def test_predict_and_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    common = ["--prompts", "1", "--max-new-tokens", "12", "--k-max", "3", "--workloads", "code"]
+    common = ["--prompts", "1", "--max-new-tokens", "8", "--k-max", "3", "--workloads", "chat"]
     common += ["--temperatures", "0", "--drafters", "prompt-lookup", "--repeats", "3"]
-    assert main(["predict", *common, "--json"]) == 0
-    r = json.loads(capsys.readouterr().out)
-    (res,) = r["results"]
-    assert len(r["costs"]["verify_cost"]) == 4 and r["costs"]["verify_cost"][0] == 1.0
-    assert 0 <= res["alpha"] <= 1 and len(res["prediction"]["speedup_refined"]) == 3
     assert main(["predict", *common]) == 0
-    assert "prompt-lookup on code, temperature 0" in capsys.readouterr().out
+    assert "prompt-lookup on chat, temperature 0" in capsys.readouterr().out
     out = tmp_path / "bench"
     assert main(["bench", *common, "--out", str(out), "--no-transformers"]) == 0
     printed = capsys.readouterr().out
     assert "| prompt-lookup | k=2 |" in printed and "| none | target-only |" in printed
     assert (out / "speedup.png").stat().st_size > 10_000
     b = json.loads((out / "results.json").read_text())
-    assert {"target-only", "k=1", "k=2", "adaptive", "heuristic"} <= {
-        r["method"] for r in b["rows"]
-    }
+    assert len(b["costs"]["verify_cost"]) == 4 and b["costs"]["verify_cost"][0] == 1.0
+    (res,) = b["predictions"]["results"]
+    assert 0 <= res["alpha"] <= 1 and len(res["forecast"]["speedup_refined"]) == 3
+    methods = {(r["totals"]["method"]["policy"], r["totals"]["method"]["k"]) for r in b["rows"]}
+    assert {("none", None), ("fixed", 1), ("fixed", 2), ("adaptive", None)} <= methods
+    base = next(r for r in b["rows"] if r["totals"]["method"]["policy"] == "none")
+    k2 = next(r for r in b["rows"] if r["totals"]["method"] == {**SPECDEC, "k": 2})
+    assert base["alpha"] is None and (k2["alpha"] is None) == (k2["totals"]["checked"] == 0)
+    rate = k2["totals"]["tokens"] / k2["totals"]["seconds"]
+    assert k2["tokens_per_second"] == pytest.approx(rate)
+    assert k2["speedup"] == pytest.approx(rate / base["tokens_per_second"])
+    assert k2["predicted"] is not None and base["predicted"] is None
 
 
 @pytest.mark.parametrize(
     ("argv", "fragments"),
     [
         (["generate", "hi", "--drafter", "early-exit:99"], ["num_layers = 99 is out of range"]),
-        (["generate", "hi", "--drafter", "early-exit:x"], ["--drafter 'early-exit:x'"]),
+        (["generate", "hi", "--drafter", "early-exit:x"], ["drafter 'early-exit:x'"]),
+        (["generate", "hi", "--dtype", "float8"], ["dtype = 'float8'"]),
+        (["generate", "hi", "--device", "cuda:7"], ["device = 'cuda:7'"]),
         (["generate", "hi", "--drafter", "model:/nonexistent"], ["/nonexistent is not a folder"]),
         (["generate", "hi", "--k", "0"], ["k = 0 is out of range"]),
         (["generate", "hi", "--top-p", "2"], ["top_p = 2.0"]),
@@ -98,7 +110,7 @@ def test_predict_and_bench(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         (["demo", "--prompts", "0"], ["--prompts = 0 is out of range"]),
         (["demo", "--prompts", "41"], ["--prompts = 41", "<= 40"]),
         (["predict", "--prompts", "-1"], ["--prompts = -1 is out of range"]),
-        (["predict", "--drafters", "none"], ["target-only is always measured"]),
+        (["predict", "--drafters", "none"], ["target-only, which is always measured"]),
         (["predict", "--k-max", "0"], ["--k-max = 0"]),
         (["bench", "--workloads", "poems"], ["--workloads = 'poems'"]),
         (["bench", "--out", "/proc/version"], ["--out", "is a file"]),

@@ -27,7 +27,10 @@ import specdec_rs as sd
 from conftest import P_TABLE, Q_TABLE
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specdec_rs import measure, models, theory, workloads
+from specdec_rs import models, theory
+from specdec_rs.measure import acceptance as measure
+from specdec_rs.measure import workloads
+from specdec_rs.measure.predict import forecast
 from specdec_rs.policy import AdaptiveK, FixedK, HeuristicK
 
 torch = pytest.importorskip("torch")
@@ -556,13 +559,20 @@ class Rogue:
     def __init__(self, tokens: Any, q: Any):
         self.tokens, self.q = tokens, q
 
-    def start(self, seq: Any, cache: Any) -> None:
+    def start(self, seq: Any, cache: Any, hidden: Any) -> None:
         pass
 
     def propose(self, seq: Any, k: int, sampler: Any) -> Any:
         return sd.Draft(self.tokens, self.q)
 
-    def update(self, seq: Any, num_accepted: int) -> None:
+    def update(self, seq: Any, num_accepted: int, hidden: Any) -> None:
+        pass
+
+
+class OldRogue(Rogue):
+    """A drafter written for an older interface: start/update without target_hidden."""
+
+    def start(self, seq: Any, cache: Any) -> None:  # type: ignore[override]
         pass
 
 
@@ -581,6 +591,7 @@ def rogues() -> list[Any]:
         Rogue(torch.tensor([3]), -one_hot[[3]]),  # negative q
         Rogue(torch.tensor([3]), 0.5 * one_hot[[3]]),  # q that sums to 0.5
         Rogue(None, None),
+        OldRogue(torch.tensor([3]), one_hot[[3]]),
     ]
 
 
@@ -735,7 +746,7 @@ def test_summarize_and_predict(kwargs: dict[str, Any]) -> None:
     ok, acc = outcome(measure.summarize, kwargs["matrices"])
     if ok:
         assert 0.0 <= acc.alpha <= 1.0 and len(acc.survive) == 3
-        ok, pred = outcome(measure.predict, acc, kwargs["cost_ratio"], kwargs["verify_cost"])
+        ok, pred = outcome(forecast, acc, kwargs["cost_ratio"], kwargs["verify_cost"])
         if ok:
             assert pred.k == [1, 2, 3] and 0 <= pred.best_k_refined <= 3
 

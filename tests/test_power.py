@@ -53,29 +53,38 @@ def test_no_bonus_is_exact_but_fails_the_tokens_per_round_test() -> None:
     assert counts[5] == 0
 
 
-def test_calibration_of_the_tv_threshold() -> None:
-    """2,000 repetitions of test (1) with the Rust engine. Handout: mean 0.0056,
-    99th percentile 0.010, max 0.013. The false-alarm rate of 0.015 must be < 1%."""
-    tvs = np.array([pair_tv("exact", 1000 + i) for i in range(2000)])
-    mean, p99, top = tvs.mean(), np.quantile(tvs, 0.99), tvs.max()
+@pytest.fixture(scope="module")
+def engine_tvs() -> np.ndarray:
+    """TV of 2,000 repetitions of test (1) with the Rust engine (seeds 1000..2999)."""
+    return np.array([pair_tv("exact", 1000 + i) for i in range(2000)])
+
+
+def test_calibration_of_the_tv_threshold(engine_tvs: np.ndarray) -> None:
+    """Handout: over 2,000 repetitions the mean was 0.0056, the 99th percentile
+    0.010 and the maximum 0.013. The false-alarm rate of 0.015 must be < 1%."""
+    mean, p99, top = engine_tvs.mean(), np.quantile(engine_tvs, 0.99), engine_tvs.max()
     print(f"exact TV over 2000 x {TV_RUNS}: mean {mean:.4f}, p99 {p99:.4f}, max {top:.4f}")
-    assert (tvs >= TV_THRESHOLD).mean() < 0.01
+    assert (engine_tvs >= TV_THRESHOLD).mean() < 0.01
     # the spread is the multinomial's: mean within 5% of 0.0056
     assert mean == pytest.approx(0.0056, rel=0.05)
 
 
-def test_false_alarm_rate_is_below_1e4() -> None:
-    """An exact sampler's 30,000 pairs are i.i.d. from p(a|0)p(b|a), so its
-    histogram is Multinomial(30000, pairs) and the false-alarm rate of the
-    threshold is P(TV >= 0.015) under that law. 10^6 draws measured 7.3e-6
-    (10^7 draws: 73 exceedances); a rate of 1e-4 would give 100 here, so
-    count <= 40 rules it out (Poisson tail P(<= 40 | 100) < 1e-10)."""
+def test_false_alarm_rate_is_below_1e4(engine_tvs: np.ndarray) -> None:
+    """The engine's exact runs are i.i.d. draws from p(a|0)p(b|a), so its
+    histogram is Multinomial(30000, pairs). First that is checked: the engine's
+    2,000 TVs and 2,000 multinomial TVs have the same law (two-sample
+    Kolmogorov–Smirnov, significance 1e-6). Then the false-alarm rate of the
+    threshold is P(TV >= 0.015) under that law, estimated from 10^6
+    multinomial draws: 7.3e-6 measured (10^7 draws: 73 exceedances); a rate of
+    1e-4 would give 100 here, so count <= 40 rules it out (Poisson tail
+    P(<= 40 | 100) < 1e-10)."""
+    from scipy import stats
+
     rng = np.random.default_rng(2024)
     pairs = EXACT_PAIRS.ravel()
     hist = rng.multinomial(TV_RUNS, pairs, size=1_000_000)
     tvs = np.abs(hist / TV_RUNS - pairs).sum(axis=1) / 2
+    assert stats.ks_2samp(engine_tvs, tvs[:2000]).pvalue > 1e-6
     exceed = int((tvs >= TV_THRESHOLD).sum())
     print(f"false alarms: {exceed} in 10^6 -> rate {exceed / 1e6:.1e}")
     assert exceed <= 40
-    # and the engine's exact TV law is this one: same mean within 3%
-    assert tvs.mean() == pytest.approx(0.0056, rel=0.03)

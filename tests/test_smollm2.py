@@ -1,5 +1,5 @@
 """The embedded default, SmolLM2-135M-Instruct: speculative greedy output equals
-target-only greedy on a code prompt and a chat prompt, for each drafter."""
+target-only greedy on a code prompt and a chat prompt, for each drafter kind."""
 
 from __future__ import annotations
 
@@ -7,10 +7,13 @@ from typing import Any
 
 import pytest
 import specdec_rs as sd
-from specdec_rs import models, workloads
+from specdec_rs import models
+from specdec_rs.measure import workloads
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
+
+NEW = 16
 
 
 @pytest.fixture(scope="module")
@@ -27,16 +30,17 @@ def smollm2() -> tuple[Any, Any]:
 def test_greedy_speculative_equals_target_greedy(smollm2: tuple[Any, Any], workload: str) -> None:
     model, tokenizer = smollm2
     ids = workloads.encode(tokenizer, workloads.prompts(workload)[0])
-    plain = sd.generate(model, None, ids, max_new_tokens=64, temperature=0)
+    plain = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
     assert plain.new_tokens > 8
-    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8), (sd.EarlyExit(model, 24), 2)]
+    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8)]
+    if workload == "code":  # one prompt for the model drafter: its rounds cost the most
+        drafters.append((sd.EarlyExit(model, 24), 2))
     for drafter, k in drafters:
-        out = sd.generate(model, drafter, ids, max_new_tokens=64, k=k, temperature=0)
+        out = sd.generate(model, drafter, ids, max_new_tokens=NEW, k=k, temperature=0)
         assert out.tokens == plain.tokens, drafter.name
         assert out.stop_reason == plain.stop_reason
-    if workload == "code":  # the answer copies the function: lookup drafts get accepted
-        lookup = sd.generate(model, sd.PromptLookup(), ids, max_new_tokens=64, k=8, temperature=0)
-        assert lookup.tokens_per_pass > 1.5, lookup.summary()
+        if workload == "code" and drafter.name == "prompt-lookup":
+            assert out.tokens_per_pass > 1.5, out.summary()  # the answer copies the function
 
 
 def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:

@@ -1,0 +1,247 @@
+"""The end-to-end law of generation: the joint law of the first two new
+tokens from `generate` against the target's exact law, with each kind of
+drafter, and each test's power against a known bug. p = target, q = draft.
+
+Models: a 2-layer target and a 1-layer draft model (random Llamas, V = 4),
+so the pair law has 16 cells: p(a | prompt) p(b | prompt, a), processors
+applied. Statistic: Pearson chi-square over N runs (generations with
+seeds 0..N-1). Pass: p-value > 1e-6, so an exact loop fails a test with
+probability 1e-6 (3 tests: under 1e-5 together).
+
+Power: for a bug with pair law p_bug, the statistic is noncentral
+chi-square with λ = N Σ (p_bug − p)² / p. The effects Σ (p_bug − p)² / p
+below were measured with 8,000 runs of each bug (noise (cells − 1)/8000
+removed): resample-from-p under the adaptive γ policy 0.165, greedy-check
+with early exit 4.22, the unprocessed q under top-k/top-p 0.186 (9 cells
+with mass). At N = 900 the weakest gives λ = 148 and the bug escapes
+(χ² below the 1e-6 critical value) with probability < 1e-4 (`power`,
+checked in `test_the_runs_give_the_stated_power`). A bug run stops as soon
+as its p-value falls below 1e-6: that saves time and changes nothing for
+the exact runs, whose false-alarm rate is computed at fixed N.
+
+These runs take about a minute; they are marked `law` and run as their own
+step in `.ci/run` (`pytest -m law`).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+import specdec_rs as sd
+from specdec_rs.models import forward, new_cache, tiny_llama
+from specdec_rs.processors import SamplingConfig, logits_to_probs
+from specdec_rs.reference import verify_batch_numpy
+from specdec_rs.stats import chi2_pvalue
+
+torch = pytest.importorskip("torch")
+scipy_stats = pytest.importorskip("scipy.stats")
+pytestmark = pytest.mark.law
+
+V = 4
+PROMPT = [2, 1, 3]
+RUNS = 900
+SIGNIFICANCE = 1e-6
+BUG_ESCAPES = 1e-4  # the largest allowed probability that a bug passes
+
+
+def models_pair() -> tuple[Any, Any]:
+    target = tiny_llama(vocab_size=V, hidden_size=16, num_layers=2, seed=3, logit_scale=8.0)
+    draft = tiny_llama(vocab_size=V, hidden_size=16, num_layers=1, seed=4, logit_scale=8.0)
+    return target, draft
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[Any, Any]:
+    return models_pair()
+
+
+def exact_pairs(model: Any, config: SamplingConfig) -> np.ndarray:
+    with torch.inference_mode():
+        first = logits_to_probs(
+            forward(model, torch.tensor(PROMPT), new_cache(model), keep=1), config
+        )[0]
+        rows = [
+            logits_to_probs(
+                forward(model, torch.tensor([*PROMPT, a]), new_cache(model), keep=1), config
+            )[0]
+            for a in range(V)
+        ]
+    return (first[:, None] * torch.stack(rows)).double().numpy()
+
+
+class Swerve:
+    """An adversarial γ policy: after a round that kept all its drafts ask for 3,
+    after one that rejected ask for none; γ depends on every past outcome."""
+
+    name = "swerve"
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self.k = 2
+
+    def next_k(self) -> int:
+        return self.k
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.k = 3 if num_accepted == drafted else 0 if self.k else 1
+
+
+def buggy_verifier(variant: str) -> Callable[..., Any]:
+    """`verify` with one of the reference's known bugs, e.g. resample_from_p."""
+
+    def run(p: Any, q: Any, drafts: Any, seed: int, *, check: str = "read") -> Any:
+        rng = np.random.default_rng(seed)
+        tokens, n = verify_batch_numpy(
+            p.double().numpy()[None], q.double().numpy()[None], drafts.numpy()[None], rng, variant
+        )
+        return tokens[0, : n[0]]
+
+    return run
+
+
+class UnprocessedQ(sd.DraftModel):
+    """Bug: drafts drawn from the processed q, verified against softmax(raw logits)."""
+
+    def propose(self, seq: Any, k: int, sampler: Any) -> sd.Draft:
+        d = super().propose(seq, k, sampler)
+        if len(d.tokens) == 0:
+            return d
+        with torch.inference_mode():
+            logits = forward(
+                self.model,
+                torch.cat([seq, d.tokens[:-1]]),
+                new_cache(self.model),
+                keep=len(d.tokens),
+            )
+        return sd.Draft(d.tokens, torch.softmax(logits.float(), dim=-1))
+
+
+Factory = Callable[[Any, Any], Any]  # (target, draft model) -> drafter
+
+
+@dataclass(frozen=True)
+class Setting:
+    """Processors, γ, budget, the exact drafter, and the same run with a bug."""
+
+    config: SamplingConfig
+    exact: Factory
+    buggy: Factory
+    k: Callable[[], Any]
+    max_new_tokens: int
+    buggy_verifier: Callable[..., Any] | None
+    effect: float  # measured Σ (p_bug − p)² / p of the bug
+
+
+SETTINGS = {
+    # γ ∈ {0, 1, 2, 3} chosen from every past outcome; rounds of 0, 2 and 3 drafts
+    "draft-model-adaptive-γ-T1": Setting(
+        SamplingConfig(1.0),
+        lambda t, d: sd.DraftModel(d),
+        lambda t, d: sd.DraftModel(d),
+        Swerve,
+        5,
+        buggy_verifier("resample_from_p"),
+        effect=0.165,
+    ),
+    "early-exit-T1": Setting(
+        SamplingConfig(1.0),
+        lambda t, d: sd.EarlyExit(t, 1),
+        lambda t, d: sd.EarlyExit(t, 1),
+        lambda: 2,
+        3,
+        buggy_verifier("greedy_check"),
+        effect=4.22,
+    ),
+    "draft-model-T0.7-top-k-top-p": Setting(
+        SamplingConfig(0.7, top_k=3, top_p=0.9),
+        lambda t, d: sd.DraftModel(d),
+        lambda t, d: UnprocessedQ(d),
+        lambda: 2,
+        3,
+        None,
+        effect=0.186,
+    ),
+}
+
+
+def pair_counts(
+    target: Any,
+    make: Callable[[], Any],
+    setting: Setting,
+    runs: int,
+    *,
+    verifier: Callable[..., Any] | None = None,
+    stop_at: np.ndarray | None = None,
+) -> np.ndarray:
+    """Counts of the first two tokens over `runs` generations (seeds 0..runs-1),
+    optionally with a buggy verifier; with `stop_at` (the exact law) stop once
+    the counts' p-value falls below the significance (a bug caught)."""
+    module = sys.modules["specdec_rs.generate"]
+    original = module.verify
+    if verifier is not None:
+        module.verify = verifier
+    counts = np.zeros((V, V))
+    drafter = make()
+    try:
+        for seed in range(runs):
+            out = sd.generate(
+                target,
+                drafter,
+                PROMPT,
+                max_new_tokens=setting.max_new_tokens,
+                k=setting.k(),
+                temperature=setting.config.temperature,
+                top_k=setting.config.top_k,
+                top_p=setting.config.top_p,
+                seed=seed,
+                eos_token_id=[],
+            )
+            counts[out.tokens[0], out.tokens[1]] += 1
+            if stop_at is not None and seed % 50 == 49:
+                if chi2_pvalue(counts, stop_at) < SIGNIFICANCE:
+                    break
+    finally:
+        module.verify = original
+    return counts
+
+
+def power(effect: float, cells: int, runs: int = RUNS) -> float:
+    """P(the chi-square test catches a bug with this effect at `runs` runs)."""
+    dof = cells - 1
+    critical = scipy_stats.chi2.isf(SIGNIFICANCE, dof)
+    return float(scipy_stats.ncx2.sf(critical, dof, runs * effect))
+
+
+def test_the_runs_give_the_stated_power(pair: tuple[Any, Any]) -> None:
+    target, _ = pair
+    for name, setting in SETTINGS.items():
+        cells = int((exact_pairs(target, setting.config) > 0).sum())
+        assert power(setting.effect, cells) > 1 - BUG_ESCAPES, name
+
+
+@pytest.mark.parametrize("name", SETTINGS)
+def test_first_two_tokens_follow_the_target(pair: tuple[Any, Any], name: str) -> None:
+    target, draft = pair
+    setting = SETTINGS[name]
+    exact = exact_pairs(target, setting.config)
+    good = pair_counts(target, lambda: setting.exact(target, draft), setting, RUNS)
+    assert good.sum() == RUNS
+    p_good = chi2_pvalue(good, exact)
+    assert p_good > SIGNIFICANCE, f"the exact loop failed: p = {p_good:.2e}"
+    bad = pair_counts(
+        target,
+        lambda: setting.buggy(target, draft),
+        setting,
+        RUNS,
+        verifier=setting.buggy_verifier,
+        stop_at=exact,
+    )
+    p_bad = chi2_pvalue(bad, exact)
+    assert p_bad < SIGNIFICANCE, f"the bug went unnoticed: p = {p_bad:.2e} after {bad.sum():.0f}"
