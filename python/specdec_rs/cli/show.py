@@ -9,7 +9,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from specdec_rs.measure.report import fmt
+from specdec_rs.measure.tables import fmt
 
 __all__ = ["fmt", "progress_bars", "table"]
 

@@ -21,6 +21,7 @@ import numpy as np
 import specdec_rs as sd
 from specdec_rs import _checks, theory
 from specdec_rs.measure import plotting
+from specdec_rs.measure.tables import markdown_table
 from specdec_rs.stats import softmax, tv
 from specdec_rs.toy import CHAIN_P, CHAIN_Q, EXACT_PAIRS
 
@@ -244,11 +245,11 @@ def report(r: dict[str, Any], seed: int, command: str) -> str:
         "",
         f"TV of the first-two-token law after token 0, k = 2, mean of {nb['repeats']} seeds.",
         "",
-        "| variant | " + " | ".join(f"n = {n:,}" for n in nb["runs"][::2]) + " |",
-        "|---|" + "---:|" * len(nb["runs"][::2]),
+        markdown_table(
+            ["variant", *(f"n = {n:,}" for n in nb["runs"][::2])],
+            [[v, *(f"{x:.4f}" for x in curve[::2])] for v, curve in nb["tv"].items()],
+        ),
     ]
-    for variant, curve in nb["tv"].items():
-        lines.append(f"| {variant} | " + " | ".join(f"{x:.4f}" for x in curve[::2]) + " |")
     lines += [
         "",
         "The exact sampler (and no_bonus, which is exact but slower) falls like 1/√n; every "
@@ -261,16 +262,27 @@ def report(r: dict[str, Any], seed: int, command: str) -> str:
         f"Continuing rounds, {ni['rounds']:,} per γ. Average α over the token law: "
         f"{ni['alpha_average']:.4f}.",
         "",
-        "| γ | measured tokens/round | i.i.d. formula at average α "
-        "| per-position prediction | α_1..α_γ |",
-        "|---:|---:|---:|---:|---|",
+        markdown_table(
+            [
+                "γ",
+                "measured tokens/round",
+                "i.i.d. formula at average α",
+                "per-position prediction",
+                "α_1..α_γ",
+            ],
+            [
+                [
+                    str(k),
+                    f"{ni['measured'][i]:.4f}",
+                    f"{ni['formula_average_alpha'][i]:.4f}",
+                    f"{ni['per_position'][i]:.4f}",
+                    ", ".join(f"{a:.3f}" for a in ni["position_alpha"][i]),
+                ]
+                for i, k in enumerate(ni["k"])
+            ],
+            "rrrrl",
+        ),
     ]
-    for i, k in enumerate(ni["k"]):
-        alphas = ", ".join(f"{a:.3f}" for a in ni["position_alpha"][i])
-        lines.append(
-            f"| {k} | {ni['measured'][i]:.4f} | {ni['formula_average_alpha'][i]:.4f} "
-            f"| {ni['per_position'][i]:.4f} | {alphas} |"
-        )
     miss_formula = max(
         abs(m - f) / m for m, f in zip(ni["measured"], ni["formula_average_alpha"], strict=True)
     )
@@ -293,16 +305,24 @@ def report(r: dict[str, Any], seed: int, command: str) -> str:
         "",
         f"V = {te['vocab']}, {te['pairs']} logit pairs per ρ.",
         "",
-        "| ρ | α at T = 0.01 | α at T = 1 | α at T = 100 | argmax agreement |",
-        "|---:|---:|---:|---:|---:|",
     ]
-    temps = te["temperature"]
-    i1 = int(np.argmin(np.abs(np.array(temps) - 1.0)))
-    for rho, c in te["curves"].items():
-        lines.append(
-            f"| {rho} | {c['alpha'][0]:.3f} | {c['alpha'][i1]:.3f} | {c['alpha'][-1]:.3f} "
-            f"| {c['argmax_agreement']:.3f} |"
+    i1 = int(np.argmin(np.abs(np.array(te["temperature"]) - 1.0)))
+    lines.append(
+        markdown_table(
+            ["ρ", "α at T = 0.01", "α at T = 1", "α at T = 100", "argmax agreement"],
+            [
+                [
+                    rho,
+                    f"{c['alpha'][0]:.3f}",
+                    f"{c['alpha'][i1]:.3f}",
+                    f"{c['alpha'][-1]:.3f}",
+                    f"{c['argmax_agreement']:.3f}",
+                ]
+                for rho, c in te["curves"].items()
+            ],
+            "rrrrr",
         )
+    )
     lines += [
         "",
         "As T → 0 both distributions become one-hot at their argmax, so α tends to the "
@@ -316,11 +336,14 @@ def report(r: dict[str, Any], seed: int, command: str) -> str:
         "",
         f"k = 1, draft = argmax q(· | 0) = {gd['draft']}, {gd['rounds']:,} rounds.",
         "",
-        "| q passed to verify | TV to the target row after token 0 | chi-square p-value |",
-        "|---|---:|---:|",
+        markdown_table(
+            ["q passed to verify", "TV to the target row after token 0", "chi-square p-value"],
+            [
+                [label, f"{res['tv']:.5f}", f"{res['chi2_pvalue']:.3g}"]
+                for label, res in gd["results"].items()
+            ],
+        ),
     ]
-    for label, res in gd["results"].items():
-        lines.append(f"| {label} | {res['tv']:.5f} | {res['chi2_pvalue']:.3g} |")
     lines += [
         "",
         "With q one-hot, acceptance is p(x) and the residual is p without x: exact. Passing "

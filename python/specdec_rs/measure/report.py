@@ -4,30 +4,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from specdec_rs import _checks
 from specdec_rs.measure import plotting
 from specdec_rs.measure.bench import BenchReport, BenchRow
-
-
-def fmt(x: Any, spec: str) -> str:
-    """A number for a table; "-" for an undefined one (None or NaN)."""
-    if x is None or (isinstance(x, float) and x != x):
-        return "-"
-    return format(x, spec)
-
-
-def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]], align: str = "") -> str:
-    """A Markdown table; `align` gives one of "l"/"r" per column (default: all right
-    but the first)."""
-    align = align or "l" + "r" * (len(header) - 1)
-    rule = ["---" if a == "l" else "---:" for a in align]
-    lines = [f"| {' | '.join(header)} |", f"|{'|'.join(rule)}|"]
-    lines += [f"| {' | '.join(row)} |" for row in rows]
-    return "\n".join(lines)
+from specdec_rs.measure.tables import fmt, markdown_table
 
 
 def to_json(report: Any, indent: int | None = None) -> str:
