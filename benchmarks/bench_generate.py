@@ -9,7 +9,8 @@ runs), with the transformers sweep on: prompt lookup at several
 `prompt_lookup_num_tokens`, the model drafters at constant k.
 
 Run: python benchmarks/bench_generate.py [--dtype float32] [--prompts 2] [--max-new-tokens 64]
-     [--drafters prompt-lookup early-exit:24] [--transformers-ks 2 4 8] [--out DIR]
+     [--drafters prompt-lookup early-exit:24 eagle medusa hybrid] [--transformers-ks 2 4 8]
+     [--ks 1 2 3 4] [--policies adaptive heuristic] [--out DIR]
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ def main() -> None:
     parser.add_argument("--temperatures", nargs="+", type=float, default=[0.0, 0.7])
     parser.add_argument("--transformers-ks", nargs="*", type=int, default=[])
     parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument(
+        "--ks", nargs="*", type=int, default=None, help="fixed γ values (default: by cost)"
+    )
+    parser.add_argument("--policies", nargs="*", default=["adaptive", "heuristic"])
     parser.add_argument("--out", default=None, help="folder for report.md, results.json, plot")
     args = parser.parse_args()
     from transformers.utils import logging
@@ -54,6 +59,8 @@ def main() -> None:
             max_new_tokens=args.max_new_tokens,
             repeats=args.repeats,
             transformers_ks=args.transformers_ks,
+            ks=args.ks,
+            policies=args.policies,
             progress=progress,
         )
     print(f"SmolLM2-135M-Instruct, {args.dtype}\n")

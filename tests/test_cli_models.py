@@ -32,7 +32,30 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     assert plain["alpha"] is None  # nothing drafted: α undefined, JSON null
 
 
-DRAFTERS = ["none", "prompt-lookup", "early-exit:4", "truncated:2", "model:SMOLLM2"]
+DRAFTERS = [
+    "none",
+    "prompt-lookup",
+    "early-exit:4",
+    "truncated:2",
+    "model:SMOLLM2",
+    "eagle",
+    "medusa",
+    "hybrid",
+]
+
+
+@pytest.mark.parametrize("drafter", ["eagle", "medusa", "hybrid"])
+def test_trained_heads_keep_greedy_output_through_the_cli(
+    drafter: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The shipped heads on SmolLM2: greedy text identical to target-only."""
+    args = ["generate", "Tell me about the moon.", "--max-new-tokens", "24", "--json"]
+    assert main([*args, "--drafter", "none", "--temperature", "0"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, "--drafter", drafter, "--temperature", "0", "--k", "3"]) == 0
+    spec = json.loads(capsys.readouterr().out)
+    assert spec["text"] == plain["text"]
+    assert spec["tokens_per_pass"] > 1.0  # the trained head's drafts are kept
 
 
 @pytest.mark.parametrize("drafter", DRAFTERS)
@@ -65,7 +88,15 @@ def test_demo_human_output(
         for line in out.splitlines()
         if len(cells := [c.strip() for c in line.split("│")[1:-1]]) == 6
     }
-    assert {"none", "prompt-lookup", "early-exit:24", "truncated:24"} <= set(rows)
+    assert {
+        "none",
+        "prompt-lookup",
+        "eagle",
+        "medusa",
+        "hybrid",
+        "early-exit:24",
+        "truncated:24",
+    } <= set(rows)
     assert rows["none"][5] == "1.00x" and rows["none"][4] == "-"  # α undefined
 
 

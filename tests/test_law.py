@@ -6,16 +6,20 @@ Models: a 2-layer target and a 1-layer draft model (random Llamas, V = 4),
 so the pair law has 16 cells: p(a | prompt) p(b | prompt, a), processors
 applied. Statistic: Pearson chi-square over N runs (generations with
 seeds 0..N-1). Pass: p-value > 1e-6, so an exact loop fails a test with
-probability 1e-6 (3 tests: under 1e-5 together).
+probability 1e-6 (5 tests: 5e-6 together).
 
 Power: for a bug with pair law p_bug, the statistic is noncentral
 chi-square with λ = N Σ (p_bug − p)² / p. The effects Σ (p_bug − p)² / p
 below were measured with 8,000 runs of each bug (noise (cells − 1)/8000
 removed): resample-from-p under the adaptive γ policy 0.165, greedy-check
 with early exit 4.22, the unprocessed q under top-k/top-p 0.186 (9 cells
-with mass). At N = 900 the weakest gives λ = 148 and the bug escapes
-(χ² below the 1e-6 critical value) with probability < 1e-4 (`power`,
-checked in `test_the_runs_give_the_stated_power`). A bug run stops as soon
+with mass), resample-from-p with the EAGLE-style head at top-k/top-p 0.170,
+continue-after-reject with Medusa heads at top-p 0.126 (16 cells). The two
+heads are trained a few steps on the target's own answers, over a draft
+vocabulary of 3 of the 4 tokens (q = 0 on the fourth: still exact, through the
+residual). At N = 900 the weakest (Medusa, λ = 114 on 15 degrees of freedom)
+escapes (χ² below the 1e-6 critical value) with probability 4.3e-5 < 1e-4
+(`power`, checked in `test_the_runs_give_the_stated_power`). A bug run stops as soon
 as its p-value falls below 1e-6: that saves time and changes nothing for
 the exact runs, whose false-alarm rate is computed at fixed N.
 
@@ -25,14 +29,18 @@ step in `.ci/run` (`pytest -m law`).
 
 from __future__ import annotations
 
+import functools
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import specdec_rs as sd
+from heads_fixtures import tiny_head
 from specdec_rs.models import forward, new_cache, tiny_llama
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.reference import verify_batch_numpy
@@ -47,6 +55,8 @@ PROMPT = [2, 1, 3]
 RUNS = 900
 SIGNIFICANCE = 1e-6
 BUG_ESCAPES = 1e-4  # the largest allowed probability that a bug passes
+EAGLE_EFFECT = 0.170  # resample-from-p under the EAGLE head (8,000 runs)
+MEDUSA_EFFECT = 0.126  # continue-after-reject under the Medusa heads (8,000 runs)
 
 
 def models_pair() -> tuple[Any, Any]:
@@ -123,6 +133,24 @@ class UnprocessedQ(sd.DraftModel):
         return sd.Draft(d.tokens, torch.softmax(logits.float(), dim=-1))
 
 
+@functools.cache
+def law_head(kind: str) -> str:
+    """A head of `kind` trained a few steps on the law target, over a draft
+    vocabulary of 3 of its 4 tokens (so one token is reachable only through
+    the residual or the bonus)."""
+    target, _ = models_pair()
+    folder = Path(tempfile.mkdtemp(prefix="specdec-law-"))
+    return str(tiny_head(target, folder, kind, draft_vocab=3, depth=2, medusa_heads=2))
+
+
+def eagle(target: Any) -> Any:
+    return sd.drafters.from_spec(f"eagle:{law_head('eagle')}", target)
+
+
+def medusa(target: Any) -> Any:
+    return sd.drafters.from_spec(f"medusa:{law_head('medusa')}", target)
+
+
 Factory = Callable[[Any, Any], Any]  # (target, draft model) -> drafter
 
 
@@ -167,6 +195,25 @@ SETTINGS = {
         3,
         None,
         effect=0.186,
+    ),
+    # trained heads over a draft vocabulary of 3 of the 4 tokens, top-k/top-p
+    "eagle-T0.7-top-k-top-p": Setting(
+        SamplingConfig(0.7, top_k=3, top_p=0.9),
+        lambda t, d: eagle(t),
+        lambda t, d: eagle(t),
+        lambda: 2,
+        3,
+        buggy_verifier("resample_from_p"),
+        effect=EAGLE_EFFECT,
+    ),
+    "medusa-T0.8-top-p": Setting(
+        SamplingConfig(0.8, top_p=0.95),
+        lambda t, d: medusa(t),
+        lambda t, d: medusa(t),
+        lambda: 2,
+        3,
+        buggy_verifier("continue_after_reject"),
+        effect=MEDUSA_EFFECT,
     ),
 }
 

@@ -283,7 +283,7 @@ def new_cache(model: PreTrainedModel) -> Cache:
 
 
 @cache
-def _cache_keyword(model_type: type) -> str:
+def cache_keyword(model_type: type) -> str:
     """transformers renamed `past_key_values` to `cache` (5.24 accepts both)."""
     params = inspect.signature(getattr(model_type, "forward")).parameters  # noqa: B009
     return "cache" if "cache" in params else "past_key_values"
@@ -307,7 +307,7 @@ def forward_with_hidden(
         use_cache=True,
         logits_to_keep=keep,
         output_hidden_states=hidden,
-        **{_cache_keyword(model.__class__): cache},
+        **{cache_keyword(model.__class__): cache},
     )
     logits: torch.Tensor = out.logits[0].float()
     return logits, (out.hidden_states[-1][0] if hidden else None)

@@ -16,7 +16,7 @@ from typing import NoReturn
 
 from rich.console import Console
 
-from specdec_rs.cli import engine, measure, models
+from specdec_rs.cli import engine, measure, models, train
 
 
 class Parser(argparse.ArgumentParser):
@@ -43,6 +43,7 @@ def build_parser() -> Parser:
     engine.add_parsers(sub, [common])
     models.add_parsers(sub, [common, model])
     measure.add_parsers(sub, [common, model])
+    train.add_parsers(sub, [common, model])
     return parser
 
 

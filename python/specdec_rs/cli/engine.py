@@ -41,7 +41,12 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     e.set_defaults(run=run_experiments, show=show_experiments)
 
 
+LONG_RUN = 10**8  # runs that take seconds: say so before starting
+
+
 def run_simulate(args: argparse.Namespace, console: Console) -> EngineCheck:
+    if not args.json and isinstance(args.runs, int) and args.runs >= LONG_RUN:
+        print(f"simulating {args.runs:,} runs (Ctrl-C stops)", file=sys.stderr, flush=True)
     return engine_check(
         k=args.k, runs=args.runs, variant=args.variant, seed=args.seed, threads=args.threads
     )

@@ -202,3 +202,5 @@ def show_demo(r: bench.DemoReport, console: Console) -> None:
         f"temperature {r.temperature:g}"
     )
     console.print(table(title, ["drafter", "k", "tokens/s", "tokens/pass", "α", "speedup"], rows))
+    for note in r.skipped:
+        console.print(f"left out: {note}")

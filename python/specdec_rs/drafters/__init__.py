@@ -6,8 +6,11 @@ One module per drafter; each class registers its command-line name once
 """
 
 from specdec_rs.drafters.base import Draft, Drafter, ModelDrafter, TeacherForced
+from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.early_exit import EarlyExit
+from specdec_rs.drafters.hybrid import Hybrid
 from specdec_rs.drafters.lookup import PromptLookup, lookup
+from specdec_rs.drafters.medusa import Medusa
 from specdec_rs.drafters.model import DraftModel, Truncated
 from specdec_rs.drafters.registry import REGISTRY, from_spec, parse_spec, spec_help
 
@@ -15,8 +18,11 @@ __all__ = [
     "REGISTRY",
     "Draft",
     "DraftModel",
+    "Eagle",
     "Drafter",
     "EarlyExit",
+    "Hybrid",
+    "Medusa",
     "ModelDrafter",
     "PromptLookup",
     "TeacherForced",

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-Arg = Literal["layers", "path"] | None
+Arg = Literal["layers", "path", "optional-path"] | None
 
 T = TypeVar("T")
 
@@ -23,7 +23,10 @@ class Entry:
 
     @property
     def usage(self) -> str:
-        return self.kind + {"layers": ":L", "path": ":PATH", None: ""}[self.arg]
+        return (
+            self.kind
+            + {"layers": ":L", "path": ":PATH", "optional-path": "[:PATH]", None: ""}[self.arg]
+        )
 
 
 REGISTRY: dict[str, Entry] = {}
@@ -50,7 +53,8 @@ def spec_help() -> str:
 
 def parse_spec(spec: Any) -> tuple[Entry, Any]:
     """(entry, argument) of a spec, checked without building anything:
-    ``early-exit:24`` -> (early-exit, 24); ValueError for an unknown or
+    ``early-exit:24`` -> (early-exit, 24), ``eagle`` -> (eagle, None);
+    ValueError for an unknown or
     malformed spec."""
     if isinstance(spec, str):
         kind, sep, raw = spec.partition(":")
@@ -62,6 +66,8 @@ def parse_spec(spec: Any) -> tuple[Entry, Any]:
                 return entry, int(raw)
             if entry.arg == "path" and raw:
                 return entry, raw
+            if entry.arg == "optional-path" and (raw or not sep):
+                return entry, raw or None
     raise ValueError(f"drafter {spec!r} is not understood; expected one of: {spec_help()}")
 
 

@@ -61,7 +61,9 @@ TARGET_ONLY = Method("specdec", "none")
 @dataclass(frozen=True)
 class Run:
     """One generation: new tokens, wall seconds (prefill included), prefill
-    seconds (None for transformers), target passes, drafts kept and checked."""
+    seconds (None for transformers), target passes, drafts kept and checked
+    (in all, and by draft position: kept_at[i] / checked_at[i] is
+    P(draft i + 1 kept | checked))."""
 
     workload: str
     temperature: float
@@ -74,6 +76,8 @@ class Run:
     passes: int
     kept: int
     checked: int
+    kept_at: tuple[int, ...] = ()
+    checked_at: tuple[int, ...] = ()
 
     @classmethod
     def of(
@@ -92,7 +96,15 @@ class Run:
             out.rounds,
             sum(out.accepted),
             sum(out.reached),
+            tuple(out.accepted),
+            tuple(out.reached),
         )
+
+
+def _add(rows: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
+    """Element-wise sum of tuples of different lengths."""
+    width = max((len(r) for r in rows), default=0)
+    return tuple(sum(r[i] for r in rows if i < len(r)) for i in range(width))
 
 
 @dataclass(frozen=True)
@@ -109,6 +121,8 @@ class Totals:
     passes: int
     kept: int
     checked: int
+    kept_at: tuple[int, ...] = ()
+    checked_at: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, runs: Sequence[Run]) -> Totals:
@@ -127,6 +141,8 @@ class Totals:
             sum(r.passes for r in runs),
             sum(r.kept for r in runs),
             sum(r.checked for r in runs),
+            _add([r.kept_at for r in runs]),
+            _add([r.checked_at for r in runs]),
         )
 
     @property
@@ -141,6 +157,13 @@ class Totals:
     def alpha(self) -> float | None:
         """Drafts kept / drafts checked (None when nothing was drafted)."""
         return self.kept / self.checked if self.checked else None
+
+    @property
+    def alpha_by_position(self) -> list[float]:
+        """P(draft i + 1 kept | checked), i = 0.. (NaN where none was checked)."""
+        return [
+            k / c if c else float("nan") for k, c in zip(self.kept_at, self.checked_at, strict=True)
+        ]
 
     def speedup_vs(self, baseline: Totals) -> float:
         """tokens/s over the baseline's tokens/s."""
@@ -273,21 +296,28 @@ def run_once(
     return Run.of(out, "", spec, method, 0), out.tokens
 
 
+POLICIES = ("adaptive", "heuristic")
+
+
 def bench_methods(
     built: dict[str, Any],
     costs: Costs,
     k_max: int,
     transformers: bool,
     transformers_ks: Sequence[int],
+    ks: Sequence[int] | None = None,
+    policies: Sequence[str] = POLICIES,
 ) -> list[tuple[str, Method]]:
-    """(drafter spec, method) pairs of a job, target-only first."""
+    """(drafter spec, method) pairs of a job, target-only first. Fixed γ:
+    `ks`, or `ks_for` the drafter's cost; then each of `policies`."""
     jobs = [("none", TARGET_ONLY)]
     if transformers:
         jobs.append(("none", Method("transformers", "none")))
     for spec, drafter in built.items():
         c = costs.cost_ratio[spec]
-        jobs += [(spec, Method("specdec", "fixed", k)) for k in ks_for(c, k_max)]
-        jobs += [(spec, Method("specdec", "adaptive")), (spec, Method("specdec", "heuristic"))]
+        fixed = ks_for(c, k_max) if ks is None else [k for k in ks if k <= k_max]
+        jobs += [(spec, Method("specdec", "fixed", k)) for k in fixed]
+        jobs += [(spec, Method("specdec", p)) for p in policies]
         if transformers and strategy(drafter) is not None:
             jobs.append((spec, Method("transformers", "default")))
             jobs += [(spec, Method("transformers", "fixed", k)) for k in transformers_ks]
@@ -308,10 +338,14 @@ def run_bench(
     repeats: int = 100,
     transformers: bool = True,
     transformers_ks: Sequence[int] = (),
+    ks: Sequence[int] | None = None,
+    policies: Sequence[str] = POLICIES,
     progress: Progress = no_progress,
 ) -> BenchReport:
     """Real generation per drafter and method, with the forecast for the same
-    prompts (teacher forcing over the target-only runs' own answers)."""
+    prompts (teacher forcing over the target-only runs' own answers). Fixed γ
+    values: `ks` (default: chosen by each drafter's cost); γ policies:
+    `policies` (a subset of "adaptive", "heuristic")."""
     specs = check_drafter_specs(drafter_specs)
     configs = [SamplingConfig(t) for t in temperatures]
     workloads = workloads_mod.check_names(workloads)
@@ -319,10 +353,12 @@ def run_bench(
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
     k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=64)
     ks_hf = [_checks.integer(k, "transformers_ks", minimum=1) for k in transformers_ks]
+    fixed = None if ks is None else [_checks.integer(k, "ks", minimum=1) for k in ks]
+    policies = [_checks.choice(p, "policies", POLICIES) for p in policies]
     seed = _checks.seed(seed)
     built = {spec: drafters.from_spec(spec, target, tokenizer) for spec in specs}
     costs = measure_job_costs(target, tokenizer, built, k_max, repeats, workloads[0])
-    jobs = bench_methods(built, costs, k_max, transformers, ks_hf)
+    jobs = bench_methods(built, costs, k_max, transformers, ks_hf, fixed, policies)
     built["none"] = None
     eos = sorted(eos_set(None, target))
     runs: list[Run] = []
@@ -378,7 +414,15 @@ def _placed(run: Run, workload: str, prompt: int) -> Run:
 
 # ---- the demo ---------------------------------------------------------------------------
 
-DEMO_DRAFTERS = (("none", 1), ("prompt-lookup", 8), ("early-exit:24", 2), ("truncated:24", 2))
+DEMO_DRAFTERS = (
+    ("none", 1),
+    ("prompt-lookup", 8),
+    ("eagle", 3),
+    ("medusa", 3),
+    ("hybrid", 4),
+    ("early-exit:24", 2),
+    ("truncated:24", 2),
+)
 
 
 @dataclass(frozen=True)
@@ -389,6 +433,9 @@ class DemoReport:
     prompts: int
     max_new_tokens: int
     rows: list[BenchRow]
+    skipped: list[str] = field(
+        default_factory=list
+    )  # default drafters this target cannot use, and why
 
 
 def demo(
@@ -403,7 +450,9 @@ def demo(
     progress: Progress = no_progress,
 ) -> DemoReport:
     """Target-only and each (drafter, k) on `prompts` built-in prompts
-    (alternately code editing and chat); speedups against target-only."""
+    (alternately code editing and chat); speedups against target-only. With
+    the default list, drafters that cannot serve this target (e.g. heads
+    trained for another model) are left out and listed in `skipped`."""
     if all(spec != "none" for spec, _ in drafter_ks):
         drafter_ks = [("none", 1), *drafter_ks]  # the baseline every speedup is against
     code, chat = workloads_mod.prompts("code"), workloads_mod.prompts("chat")
@@ -412,7 +461,15 @@ def demo(
     config = SamplingConfig(temperature)
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
     seed = _checks.seed(seed)
-    built = {spec: drafters.from_spec(spec, target, tokenizer) for spec, _ in drafter_ks}
+    built, skipped = {}, []
+    for spec, _ in drafter_ks:
+        try:
+            built[spec] = drafters.from_spec(spec, target, tokenizer)
+        except ValueError as e:
+            if drafter_ks is not DEMO_DRAFTERS:
+                raise
+            skipped.append(f"{spec}: {e}")
+    drafter_ks = [(spec, k) for spec, k in drafter_ks if spec in built]
     encoded = [workloads_mod.encode(tokenizer, m) for m in interleaved[:count]]
     advance = progress("demo", len(encoded) * len(drafter_ks))
     runs = []
@@ -430,4 +487,4 @@ def demo(
             )
             runs.append(Run.of(out, "demo", spec, method, i))
             advance()
-    return DemoReport(config.temperature, count, max_new_tokens, totals_rows(runs))
+    return DemoReport(config.temperature, count, max_new_tokens, totals_rows(runs), skipped)

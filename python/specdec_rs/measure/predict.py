@@ -28,7 +28,7 @@ Progress = Callable[[str, int], Callable[[], None]]
 # (workload, temperature, prompt index) -> the target's answer, when already generated
 Answers = dict[tuple[str, float, int], list[int]]
 
-DEFAULT_DRAFTERS = ("prompt-lookup", "early-exit:24", "truncated:8")
+DEFAULT_DRAFTERS = ("prompt-lookup", "eagle", "medusa", "hybrid", "early-exit:24", "truncated:8")
 
 
 def no_progress(description: str, total: int) -> Callable[[], None]:

@@ -1,0 +1,101 @@
+"""specdec train-drafter: build the self-distilled data and train a head.
+
+specdec train-drafter --kind eagle|medusa [--data DIR] [--out PATH] [--prompts 1200]
+                      [--max-new-tokens 128] [--batch-size 64] [--epochs 4] [--depth 2]
+                      [--medusa-heads 3] [--draft-vocab 0] [--lr 1e-3]
+                      [--model PATH] [--dtype float32] [--device cpu] [--seed 0] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from rich.console import Console
+
+from specdec_rs.cli.models import check_model_flags, load_target
+from specdec_rs.cli.show import fmt, progress_bars, table
+from specdec_rs.training import DataConfig, TrainConfig, TrainReport, train_head
+
+
+def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    t = sub.add_parser(
+        "train-drafter", parents=parents, help="train an EAGLE-style or Medusa head on the target"
+    )
+    t.add_argument("--kind", default="eagle", help="eagle | medusa")
+    t.add_argument(
+        "--data", default=None, help="folder of the training data (default: the model cache)"
+    )
+    t.add_argument(
+        "--out",
+        default=None,
+        help="the head's file (default: the model cache's heads/KIND.safetensors)",
+    )
+    d, c = DataConfig(), TrainConfig()
+    t.add_argument("--prompts", type=int, default=d.prompts)
+    t.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
+    t.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts answered together")
+    t.add_argument("--epochs", type=float, default=c.epochs)
+    t.add_argument("--train-batch-size", type=int, default=c.batch_size)
+    t.add_argument("--lr", type=float, default=c.lr)
+    t.add_argument(
+        "--depth", type=int, default=c.depth, help="unrolled draft depth of the EAGLE loss"
+    )
+    t.add_argument("--medusa-heads", type=int, default=c.medusa_heads)
+    t.add_argument("--draft-vocab", type=int, default=c.draft_vocab, help="N; 0 = by coverage")
+    t.set_defaults(run=run_train, show=show_train)
+
+
+def run_train(args: argparse.Namespace, console: Console) -> TrainReport:
+    check_model_flags(args)
+    data = DataConfig(
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        batch_size=args.batch_size,
+        seed=args.seed,
+    )
+    train = TrainConfig(
+        kind=args.kind,
+        epochs=args.epochs,
+        batch_size=args.train_batch_size,
+        lr=args.lr,
+        depth=args.depth,
+        medusa_heads=args.medusa_heads,
+        draft_vocab=args.draft_vocab,
+        seed=args.seed,
+    )
+    target, tokenizer = load_target(args)
+    with progress_bars(console) as progress:
+        return train_head(
+            target,
+            tokenizer,
+            data=data,
+            train=train,
+            data_dir=args.data,
+            out=args.out,
+            progress=progress,
+        )
+
+
+def show_train(r: TrainReport, console: Console) -> None:
+    res = r.result
+    console.print(
+        f"data: {r.sequences} answers, {r.answer_tokens} answer tokens in {r.data_dir} "
+        f"({r.data_seconds:.0f} s this run)"
+    )
+    console.print(
+        f"{res.kind} head: {res.steps} steps in {res.seconds:.0f} s "
+        f"on {res.train_sequences} answers; "
+        f"draft vocabulary {res.draft_vocab} tokens; saved to {res.path}"
+    )
+    cover = [[str(n), f"{c:.3f}"] for n, c in res.coverage.items()]
+    console.print(table("coverage of the training answers' tokens", ["N", "coverage"], cover))
+    label = "draft depth" if res.kind == "eagle" else "head"
+    rows = [[str(i + 1), fmt(a, ".3f")] for i, a in enumerate(res.holdout_agreement)]
+    console.print(
+        table(
+            f"argmax agreement on {res.holdout_sequences} held-out answers",
+            [label, "agreement"],
+            rows,
+        )
+    )

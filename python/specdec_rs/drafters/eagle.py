@@ -1,0 +1,234 @@
+"""The EAGLE-style drafter: a trained head over the target's last hidden
+states drafts k tokens, one head step each. p = target, q = draft, k = γ.
+
+q is the head's processed distribution over its draft vocabulary D, zero
+outside D. That is still exact: a token outside D is never drafted, and the
+residual norm(max(0, p - q)) keeps every token reachable. Greedy mode drafts
+the argmax with a one-hot q.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, cast
+
+import numpy as np
+
+from specdec_rs import _checks, models
+from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft
+from specdec_rs.drafters.registry import register
+from specdec_rs.processors import Sampler
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+
+    from specdec_rs.heads import EagleHead, MedusaHeads
+
+
+def check_head_target(
+    head: EagleHead | MedusaHeads, fingerprint: str, target: PreTrainedModel, name: str
+) -> None:
+    """ValueError unless `target` is the model the head was built on."""
+    from specdec_rs import heads
+
+    if heads.fingerprint(target) != fingerprint:
+        raise ValueError(
+            f"drafter {name} was trained for another target (fingerprint {fingerprint}, "
+            f"this target's is "
+            f"{heads.fingerprint(target)}); load or train a head for this target"
+        )
+    if head.draft_vocab.device != models.device_of(target):
+        raise ValueError(
+            f"drafter {name} is on {head.draft_vocab.device} but the target on "
+            f"{models.device_of(target)}; "
+            "move both to one device"
+        )
+
+
+def draft_rows(
+    logits: torch.Tensor, draft_vocab: torch.Tensor, sampler: Sampler, greedy: bool, name: str
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reduced logits (n, N) -> (tokens (n,) in the full vocabulary, q (n, V)):
+    processing and sampling over D equal processing the full row with -inf
+    outside D (temperature, top-k and top-p ignore -inf entries)."""
+    import torch
+
+    idx, q_small = sampler.draw(sampler.probs(logits, name), greedy=greedy)
+    q = torch.zeros(len(idx), sampler.vocab_size, device=q_small.device)
+    q[:, draft_vocab] = q_small
+    return draft_vocab[idx], q
+
+
+def teacher_forced_acceptance(
+    logits: torch.Tensor, tf: TeacherForced, draft_vocab: torch.Tensor, greedy: bool
+) -> torch.Tensor:
+    """Acceptance of drafts with reduced `logits` (n, N), row t drafting
+    answer[t] (scored against tf.p[t]): at greedy the argmax agreement, with a
+    one-hot q p(argmax), otherwise Σ_x min(p(x), q(x))."""
+    import torch
+
+    if tf.sampler.config.greedy or greedy:
+        x = draft_vocab[logits.argmax(-1)]
+        if tf.sampler.config.greedy:
+            return (x == tf.answer[: len(x)].to(x.device)).double()
+        return tf.p[: len(x)].gather(-1, x[:, None])[:, 0].double()
+    q = tf.sampler.probs(logits)
+    p = tf.p[: len(q), draft_vocab.to(tf.p.device)]
+    return torch.minimum(p, q.to(p.device)).sum(-1).double()
+
+
+@register(
+    "eagle", arg="optional-path", help="the trained EAGLE-style head (the shipped one, or PATH)"
+)
+class Eagle:
+    """Its cache holds the head's entries of true features: entry j read
+    (f_j, e(x_{j+1})). `update` hands over the verification forward's
+    features of the kept positions; the next `propose` runs them as one step,
+    then drafts on its own predictions and drops those entries again."""
+
+    needs_target_hidden = True
+
+    def __init__(
+        self, head: EagleHead, fingerprint: str, *, greedy: bool = False, name: str = "eagle"
+    ):
+        self.head = head
+        self.fingerprint = fingerprint
+        self.greedy = _checks.boolean(greedy, "greedy")
+        self.name = name
+        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._pending: torch.Tensor | None = (
+            None  # true features of positions cached, cached + 1, ...
+        )
+        self._cached = 0
+        self._last: torch.Tensor | None = None  # f̂ after the last true entry
+
+    @classmethod
+    def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> Eagle:
+        """``eagle`` (the shipped head) or ``eagle:PATH``."""
+        from specdec_rs import heads
+
+        path = arg or heads.shipped("eagle")
+        head = cast("EagleHead", heads.load(path, target, "eagle"))
+        return cls(
+            head,
+            heads.fingerprint(target),
+            greedy=greedy,
+            name="eagle" if arg is None else f"eagle:{arg}",
+        )
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        check_head_target(self.head, self.fingerprint, target, self.name)
+
+    def start(
+        self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
+    ) -> None:
+        if target_hidden is None:
+            raise ValueError(f"drafter {self.name} needs the target's hidden states")
+        self._kv, self._cached, self._last = None, 0, None
+        self._pending = target_hidden
+
+    def update(
+        self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None
+    ) -> None:
+        import torch
+
+        if target_hidden is None:
+            raise ValueError(f"drafter {self.name} needs the target's hidden states")
+        position = len(seq) - 1  # target_hidden[0] is the feature there
+        pending = self._pending
+        if position < self._cached:
+            self._crop(position)
+            self._pending = target_hidden
+        elif pending is not None and position == self._cached + len(pending):
+            self._pending = torch.cat([pending, target_hidden])
+        elif pending is None and position == self._cached:
+            self._pending = target_hidden
+        else:
+            raise ValueError(
+                f"drafter {self.name}: update() at position {position} skips positions; "
+                "call start()"
+            )
+
+    def _crop(self, length: int) -> None:
+        if self._kv is not None:
+            self._kv = (self._kv[0][:, :, :length], self._kv[1][:, :, :length])
+        self._cached, self._last = length, None
+
+    def _advance(self, seq: torch.Tensor) -> torch.Tensor:
+        """Run the pending true features; f̂ (1, 1, H) after position len(seq) - 2."""
+        import torch
+
+        pending = self._pending
+        if pending is not None and len(pending):
+            n = len(pending)
+            start = self._cached
+            tokens = seq[start + 1 : start + 1 + n].to(pending.device)
+            positions = torch.arange(start, start + n, device=pending.device)[None]
+            out, (k, v) = self.head.step(pending[None], tokens[None], positions, self._kv)
+            self._kv = (
+                (k, v)
+                if self._kv is None
+                else (torch.cat([self._kv[0], k], 2), torch.cat([self._kv[1], v], 2))
+            )
+            self._cached, self._pending, self._last = start + n, None, out[:, -1:]
+        if self._last is None or self._cached != len(seq) - 1:
+            raise ValueError(
+                f"drafter {self.name}: propose() on a sequence the head has not been updated for"
+            )
+        return self._last
+
+    def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
+        import torch
+
+        if k == 0 or len(seq) < 2:  # the head needs one feature and the token after it
+            return empty_draft(sampler)
+        with torch.inference_mode():
+            f = self._advance(seq)
+            kv = self._kv
+            tokens, rows = [], []
+            for i in range(k):
+                token, q = draft_rows(
+                    self.head.logits(f[0]), self.head.draft_vocab, sampler, self.greedy, self.name
+                )
+                tokens.append(token)
+                rows.append(q)
+                if i + 1 < k:
+                    position = torch.tensor([[self._cached + i]], device=f.device)
+                    f, (k_new, v_new) = self.head.step(f, token[None], position, kv)
+                    assert kv is not None
+                    kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+        return Draft(torch.cat(tokens), torch.cat(rows))
+
+    def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
+        """Teacher forcing with the head's own unrolled drafts: a[t, i] scores
+        draft i + 1 of the round starting at answer position t (the head's
+        inputs: true features up to position start + t - 2, then its own)."""
+        import torch
+
+        if tf.hidden is None:
+            raise ValueError(f"drafter {self.name} needs the teacher-forced hidden states")
+        n, start = len(tf.seq), tf.start
+        a = np.full((n - start, k_max), np.nan)
+        with torch.inference_mode():
+            feats = tf.hidden[: n - 1].to(self.head.embed.device)
+            outputs = self.head.unroll(feats[None], tf.seq[None].to(feats.device), k_max)
+            for i, out in enumerate(outputs):
+                rows = out[0, start - 2 + i : n - 2]  # depth i + 1 predicting answer[i:]
+                if len(rows) == 0:
+                    break
+                agree = teacher_forced_acceptance(
+                    self.head.logits(rows), _shifted(tf, i), self.head.draft_vocab, self.greedy
+                )
+                a[: len(agree), i] = agree.cpu().numpy()
+        return a
+
+    def hf_kwargs(self) -> dict[str, Any] | None:
+        return None
+
+
+def _shifted(tf: TeacherForced, i: int) -> TeacherForced:
+    """tf with its answer starting i tokens later (row t of p is then answer[t + i])."""
+    from dataclasses import replace
+
+    return replace(tf, start=tf.start + i, p=tf.p[i:])

@@ -1,0 +1,63 @@
+"""Medusa-style heads: m residual blocks on the target's last hidden state,
+head i (1-based) predicting the token i positions past the one the target's
+own LM head predicts from the same feature. p = target, q = draft.
+
+From f_j (which the target decodes into x_{j+1}), head i gives
+W_D (f_j + SiLU(A_i f_j + b_i)), logits over the draft vocabulary for
+x_{j+1+i}. A_i starts at zero, so every head starts as the target's own
+LM head restricted to the draft vocabulary.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class MedusaHeads(nn.Module):
+    kind = "medusa"
+    draft_vocab: torch.Tensor
+    head_rows: torch.Tensor
+
+    def __init__(
+        self, hidden: int, num_heads: int, draft_vocab: torch.Tensor, lm_head: torch.Tensor
+    ):
+        super().__init__()
+        self.hidden = hidden
+        blocks = [nn.Linear(hidden, hidden) for _ in range(num_heads)]
+        for block in blocks:
+            nn.init.zeros_(block.weight)
+            nn.init.zeros_(block.bias)
+        self.blocks = nn.ModuleList(blocks)
+        self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
+        self.register_buffer("head_rows", lm_head[draft_vocab], persistent=False)  # (N, H)
+
+    @property
+    def num_heads(self) -> int:
+        return len(self.blocks)
+
+    def features(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """(..., H) -> (..., m', H): each head's residual block applied to f
+        (the first `heads` heads, all by default)."""
+        f = f.to(self.head_rows.dtype)
+        return torch.stack([f + F.silu(b(f)) for b in self.blocks[: heads or self.num_heads]], -2)
+
+    def logits(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        """(..., H) -> (..., m', N) logits over the draft vocabulary."""
+        h = self.features(f, heads)
+        return h @ self.head_rows.to(h.dtype).T
+
+    def head_logits(self, f: torch.Tensor, i: int) -> torch.Tensor:
+        """(..., H) -> (..., N): head i + 1 alone."""
+        f = f.to(self.head_rows.dtype)
+        return (f + F.silu(self.blocks[i](f))) @ self.head_rows.T
+
+    def config(self) -> dict[str, Any]:
+        return {
+            "hidden": self.hidden,
+            "num_heads": self.num_heads,
+            "draft_vocab_size": int(self.draft_vocab.numel()),
+        }

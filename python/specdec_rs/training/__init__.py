@@ -1,0 +1,18 @@
+"""Training the draft heads on a frozen target: self-distilled data
+(`data`), the built-in prompts (`prompts`), the trainer (`train`, on
+accelerate) and the two together (`pipeline.train_head`)."""
+
+from specdec_rs.training.data import DataConfig, build_dataset, load_dataset
+from specdec_rs.training.pipeline import TrainReport, train_head
+from specdec_rs.training.train import TrainConfig, TrainResult, train_drafter
+
+__all__ = [
+    "DataConfig",
+    "TrainConfig",
+    "TrainReport",
+    "TrainResult",
+    "build_dataset",
+    "load_dataset",
+    "train_drafter",
+    "train_head",
+]

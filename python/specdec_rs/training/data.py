@@ -1,0 +1,248 @@
+"""Training data from the target itself (self-distillation): the target
+answers the built-in training prompts (batched generation), then one
+teacher-forced target forward per batch records the features the heads learn
+from (the last hidden state, the LM head's input).
+
+Half the shards are greedy answers (what the target writes at temperature 0,
+the main use), half sampled at temperature 0.7 with top-p 0.95 (the states
+a sampled generation visits); a head learns from both. The features come from
+the generation's own forwards (no second pass). Stored on disk as safetensors
+shards (features float16), one per batch, written atomically; a rerun skips
+the shards already there (resumable), after checking they were made with the
+same settings and target.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.training.prompts import training_prompts
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """prompts: how many training prompts; max_new_tokens: answer length cap;
+    batch_size: prompts generated together; sampled_every: every n-th shard is
+    sampled (the others greedy); temperature/top_p of the sampled shards;
+    max_prompt_tokens: longer prompts are left out."""
+
+    prompts: int = 1200
+    max_new_tokens: int = 128
+    batch_size: int = 64
+    sampled_every: int = 2
+    temperature: float = 0.7
+    top_p: float = 0.95
+    max_prompt_tokens: int = 384
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _checks.integer(self.prompts, "prompts", minimum=1)
+        _checks.integer(self.max_new_tokens, "max_new_tokens", minimum=2)
+        _checks.integer(self.batch_size, "batch_size", minimum=1)
+        _checks.integer(self.sampled_every, "sampled_every", minimum=1)
+        _checks.real(self.temperature, "temperature", minimum=0.0)
+        _checks.real(self.top_p, "top_p", minimum=0.0, maximum=1.0)
+        _checks.integer(self.max_prompt_tokens, "max_prompt_tokens", minimum=2)
+        _checks.seed(self.seed)
+
+
+@dataclass(frozen=True)
+class Sequence:
+    """One training example: tokens (n,) prompt + answer; features (n - 1, H)
+    the target's last hidden states at positions 0 .. n - 2; prompt_len."""
+
+    tokens: torch.Tensor
+    features: torch.Tensor
+    prompt_len: int
+    greedy: bool
+
+
+def encode_prompts(tokenizer: PreTrainedTokenizerBase, config: DataConfig) -> list[torch.Tensor]:
+    """The training prompts in the chat template, at most max_prompt_tokens
+    long, sorted by length (so a batch pads little)."""
+    from specdec_rs.measure.workloads import encode
+
+    encoded = [encode(tokenizer, m) for m in training_prompts(config.prompts, seed=config.seed)]
+    kept = [e for e in encoded if len(e) <= config.max_prompt_tokens]
+    return sorted(kept, key=len)
+
+
+def answer_batch(
+    target: PreTrainedModel,
+    prompts: list[torch.Tensor],
+    config: DataConfig,
+    greedy: bool,
+    seed: int,
+    eos: list[int],
+) -> list[Sequence]:
+    """The target's answers to `prompts` (each cut after its first end-of-turn
+    token) with their features, from one batched generation: the prompts,
+    left-padded, run as one forward, then one forward per new token; the
+    last hidden state of every position fed is the feature of that position
+    (the same as a teacher-forced forward over prompt + answer would give,
+    up to float rounding), so no second pass is needed."""
+    import torch
+
+    from specdec_rs.processors import SamplingConfig, logits_to_probs
+
+    device = models.device_of(target)
+    b, width = len(prompts), max(len(p) for p in prompts)
+    ids = torch.zeros(b, width, dtype=torch.long)
+    mask = torch.zeros(b, width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p) :] = p
+        mask[i, width - len(p) :] = 1
+    ids, mask = ids.to(device), mask.to(device)
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    sampling = (
+        SamplingConfig(0.0) if greedy else SamplingConfig(config.temperature, top_p=config.top_p)
+    )
+    rng = torch.Generator(device).manual_seed(seed)
+    ends = torch.tensor(eos, device=device)
+    cache = models.new_cache(target)
+    hidden_steps, tokens = [], []
+    done = torch.zeros(b, dtype=torch.bool, device=device)
+    with torch.inference_mode():
+        feed = ids
+        for _ in range(config.max_new_tokens):
+            out = target.model(
+                input_ids=feed,
+                attention_mask=mask,
+                position_ids=positions,
+                use_cache=True,
+                **{models.cache_keyword(target.model.__class__): cache},
+            )
+            hidden_steps.append(out.last_hidden_state.float().cpu())
+            probs = logits_to_probs(target.lm_head(out.last_hidden_state[:, -1]), sampling)
+            x = probs.argmax(-1) if greedy else torch.multinomial(probs, 1, generator=rng)[:, 0]
+            x = torch.where(done, ends[0], x)
+            tokens.append(x.cpu())
+            done |= torch.isin(x, ends)
+            if bool(done.all()):
+                break
+            feed = x[:, None]
+            mask = torch.cat([mask, torch.ones(b, 1, dtype=mask.dtype, device=device)], 1)
+            positions = positions[:, -1:] + 1
+    answers = torch.stack(tokens, 1)
+    steps = torch.cat(hidden_steps[1:], 1) if len(hidden_steps) > 1 else None  # (B, steps - 1, H)
+    out_seqs = []
+    for i, p in enumerate(prompts):
+        row = answers[i]
+        hit = torch.isin(row, ends.cpu()).nonzero()
+        answer = row[: int(hit[0]) + 1] if len(hit) else row
+        prompt_feats = hidden_steps[0][i, width - len(p) :]
+        answer_feats = steps[i, : len(answer) - 1] if steps is not None else prompt_feats[:0]
+        features = torch.cat([prompt_feats, answer_feats])
+        out_seqs.append(Sequence(torch.cat([p, answer]), features, len(p), greedy))
+    return out_seqs
+
+
+def write_shard(path: Path, seqs: list[Sequence]) -> None:
+    import torch
+    from safetensors.torch import save_file
+
+    tensors = {
+        "tokens": torch.cat([s.tokens for s in seqs]).to(torch.int32),
+        "features": torch.cat([s.features for s in seqs]).to(torch.float16),
+        "lengths": torch.tensor([len(s.tokens) for s in seqs]),
+        "prompt_lengths": torch.tensor([s.prompt_len for s in seqs]),
+        "greedy": torch.tensor([s.greedy for s in seqs]),
+    }
+    partial = path.with_suffix(".partial")
+    save_file(tensors, str(partial))
+    partial.replace(path)
+
+
+def read_shard(path: Path) -> list[Sequence]:
+    from safetensors.torch import load_file
+
+    t = load_file(str(path))
+    out, at, fat = [], 0, 0
+    columns = (t["lengths"].tolist(), t["prompt_lengths"].tolist(), t["greedy"].tolist())
+    for n, p, g in zip(*columns, strict=True):
+        out.append(
+            Sequence(
+                t["tokens"][at : at + n].long(), t["features"][fat : fat + n - 1], int(p), bool(g)
+            )
+        )
+        at, fat = at + n, fat + n - 1
+    return out
+
+
+def manifest(config: DataConfig, target: PreTrainedModel) -> dict[str, Any]:
+    from specdec_rs.heads import fingerprint
+
+    return {"config": asdict(config), "target": fingerprint(target)}
+
+
+def build_dataset(
+    out_dir: str | Path,
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    config: DataConfig,
+    *,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+) -> Path:
+    """Write the shards of `config` into `out_dir` (skipping those present).
+    `progress(description, total)`
+    returns a function called once per shard. Returns `out_dir`."""
+    out = _checks.writable_dir(out_dir, "out_dir")
+    want = manifest(config, target)
+    manifest_path = out / "manifest.json"
+    if manifest_path.exists():
+        have = json.loads(manifest_path.read_text())
+        if have != want:
+            raise ValueError(
+                f"{out} holds data made with other settings or another target ({have}); "
+                "choose another folder or delete it"
+            )
+    manifest_path.write_text(json.dumps(want, indent=1))
+    prompts = encode_prompts(tokenizer, config)
+    eos = sorted({int(tokenizer.eos_token_id), *chat_ends(tokenizer)})
+    batches = [
+        prompts[i : i + config.batch_size] for i in range(0, len(prompts), config.batch_size)
+    ]
+    advance = progress("target answers and features", len(batches)) if progress else None
+    started = time.perf_counter()
+    for b, batch in enumerate(batches):
+        path = out / f"shard-{b:05d}.safetensors"
+        if not path.exists():
+            greedy = b % config.sampled_every != config.sampled_every - 1
+            seqs = answer_batch(target, batch, config, greedy, config.seed * 100003 + b, eos)
+            write_shard(path, [s for s in seqs if len(s.tokens) - s.prompt_len >= 2])
+        if advance is not None:
+            advance()
+    (out / "done.json").write_text(
+        json.dumps({"seconds": time.perf_counter() - started, "shards": len(batches)})
+    )
+    return out
+
+
+def chat_ends(tokenizer: PreTrainedTokenizerBase) -> list[int]:
+    """Ids that end an assistant turn in the chat template (e.g. <|im_end|>)."""
+    ids = []
+    for text in ("<|im_end|>", "<|eot_id|>", "<|end|>"):
+        tid = tokenizer.convert_tokens_to_ids(text)
+        if isinstance(tid, int) and tid != tokenizer.unk_token_id and tid is not None:
+            ids.append(tid)
+    return ids
+
+
+def load_dataset(data_dir: str | Path) -> list[Sequence]:
+    """Every sequence of the shards in `data_dir`, in shard order."""
+    paths = sorted(Path(data_dir).glob("shard-*.safetensors"))
+    if not paths:
+        raise ValueError(
+            f"{data_dir} holds no training shards; build them with `specdec train-drafter` first"
+        )
+    return [s for p in paths for s in read_shard(p)]

@@ -1,0 +1,71 @@
+"""Data, then training, for one head: what `specdec train-drafter` runs.
+p = target, q = draft."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from specdec_rs import models
+from specdec_rs.training.data import DataConfig, build_dataset, chat_ends, load_dataset
+from specdec_rs.training.train import TrainConfig, TrainResult, train_drafter
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    """data_dir, its sequences and answer tokens, the seconds spent on data
+    (this run; 0 when every shard was already there) and the training result."""
+
+    data_dir: str
+    sequences: int
+    answer_tokens: int
+    data_seconds: float
+    result: TrainResult
+
+
+def default_data_dir() -> Path:
+    return models.cache_dir() / "training-data"
+
+
+def default_out(kind: str) -> Path:
+    return models.cache_dir() / "heads" / f"{kind}.safetensors"
+
+
+def train_head(
+    target: PreTrainedModel,
+    tokenizer: PreTrainedTokenizerBase,
+    *,
+    data: DataConfig,
+    train: TrainConfig,
+    data_dir: str | Path | None = None,
+    out: str | Path | None = None,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+) -> TrainReport:
+    """Build (or resume) the training data, then train and save one head."""
+    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
+    out = Path(out) if out is not None else default_out(train.kind)
+    from accelerate import PartialState
+
+    started = time.perf_counter()
+    with (
+        PartialState().main_process_first()
+    ):  # under `accelerate launch` one process writes the data
+        build_dataset(data_dir, target, tokenizer, data, progress=progress)
+    data_seconds = time.perf_counter() - started
+    seqs = load_dataset(data_dir)
+    ends = sorted({int(tokenizer.eos_token_id), *chat_ends(tokenizer)})
+    info = {"data": asdict(data), "data_seconds": data_seconds}
+    result = train_drafter(target, data_dir, out, train, end_ids=ends, info=info, progress=progress)
+    return TrainReport(
+        str(data_dir),
+        len(seqs),
+        sum(len(s.tokens) - s.prompt_len for s in seqs),
+        data_seconds,
+        result,
+    )

@@ -1,0 +1,395 @@
+"""Training the heads on the frozen target's features (written on
+`accelerate`: the same code runs on the CPU, one GPU or several).
+p = target, q = draft.
+
+EAGLE-style head, at output position j (inputs f_j, x_{j+1}): a regression of
+the next feature, SmoothL1(f̂_{j+1}, f_{j+1}), plus cross-entropy of x_{j+2}
+over the draft vocabulary, at each unrolled depth d = 1 .. `depth` (EAGLE-3's
+training-time test: depth d >= 2 reads the head's own depth d - 1 outputs),
+weighted 0.8^(d - 1). Medusa head i at position j: cross-entropy of x_{j+1+i}.
+Losses count answer tokens only (the prompt is context). Tokens outside the
+draft vocabulary are left out of the cross-entropy.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks
+from specdec_rs.training.data import Sequence, load_dataset
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from specdec_rs.heads import EagleHead, MedusaHeads
+    from specdec_rs.heads.files import Head
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """kind: 'eagle' or 'medusa'. depth: unrolled draft depth of the EAGLE
+    loss; medusa_heads: m. draft_vocab: N, or 0 to take the smallest size in
+    `vocab_sizes` covering `coverage` of the training answers' tokens."""
+
+    kind: str = "eagle"
+    epochs: float = 4.0
+    batch_size: int = 8
+    lr: float = 1e-3
+    depth: int = 2
+    medusa_heads: int = 3
+    max_len: int = 512
+    draft_vocab: int = 0
+    coverage: float = 0.97
+    vocab_sizes: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
+    reg_weight: float = 1.0
+    holdout: float = 0.05
+    checkpoint_every: int = 200
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        _checks.choice(self.kind, "kind", ("eagle", "medusa"))
+        _checks.real(self.epochs, "epochs", minimum=0.0)
+        _checks.integer(self.batch_size, "batch_size", minimum=1)
+        _checks.real(self.lr, "lr", minimum=0.0)
+        _checks.integer(self.depth, "depth", minimum=1, maximum=8)
+        _checks.integer(self.medusa_heads, "medusa_heads", minimum=1, maximum=16)
+        _checks.integer(self.max_len, "max_len", minimum=4)
+        _checks.integer(self.draft_vocab, "draft_vocab", minimum=0)
+        _checks.real(self.coverage, "coverage", minimum=0.0, maximum=1.0)
+        _checks.real(self.holdout, "holdout", minimum=0.0, maximum=0.5)
+        _checks.seed(self.seed)
+
+
+@dataclass(frozen=True)
+class VocabChoice:
+    """The draft vocabulary (ids, most frequent first) and the share of the
+    training answers' tokens each candidate size covers."""
+
+    ids: list[int]
+    coverage: dict[int, float]
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    """The saved head's path and how its training went: losses are means over
+    the first and the last tenth of this run's steps; holdout_agreement is
+    the argmax agreement with the target on held-out greedy answers, by draft
+    depth (EAGLE) or head (Medusa)."""
+
+    path: str
+    kind: str
+    seconds: float
+    steps: int
+    train_sequences: int
+    holdout_sequences: int
+    draft_vocab: int
+    coverage: dict[int, float]
+    first_loss: float
+    last_loss: float
+    holdout_agreement: list[float] = field(default_factory=list)
+
+
+def choose_draft_vocab(seqs: list[Sequence], config: TrainConfig, always: list[int]) -> VocabChoice:
+    """The N most frequent answer tokens (plus `always`, e.g. end-of-turn ids)."""
+    counts: Counter[int] = Counter()
+    for s in seqs:
+        counts.update(s.tokens[s.prompt_len :].tolist())
+    ranked = [t for t, _ in counts.most_common()]
+    total = sum(counts.values())
+    coverage = {n: sum(counts[t] for t in ranked[:n]) / total for n in config.vocab_sizes}
+    size = config.draft_vocab or next(
+        (n for n in config.vocab_sizes if coverage[n] >= config.coverage), config.vocab_sizes[-1]
+    )
+    ids = [t for t in always if t not in ranked[:size]] + ranked[:size]
+    return VocabChoice(ids[:size] if len(ids) > size else ids, coverage)
+
+
+def split(seqs: list[Sequence], holdout: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
+    import random
+
+    order = list(range(len(seqs)))
+    random.Random(seed).shuffle(order)
+    n_hold = int(len(seqs) * holdout)
+    return [seqs[i] for i in order[n_hold:]], [seqs[i] for i in order[:n_hold]]
+
+
+def collate(batch: list[Sequence], max_len: int) -> dict[str, torch.Tensor]:
+    """Right-padded tensors: tokens (B, L + 1), features (B, L, H) float32,
+    lengths (B,) in tokens, prompt_len (B,); sequences longer than max_len
+    lose their first tokens."""
+    import torch
+
+    cut = [max(0, len(s.tokens) - max_len) for s in batch]
+    width = max(len(s.tokens) - c for s, c in zip(batch, cut, strict=True))
+    h = batch[0].features.shape[1]
+    tokens = torch.zeros(len(batch), width, dtype=torch.long)
+    feats = torch.zeros(len(batch), width - 1, h)
+    for i, (s, c) in enumerate(zip(batch, cut, strict=True)):
+        n = len(s.tokens) - c
+        tokens[i, :n] = s.tokens[c:]
+        feats[i, : n - 1] = s.features[c:].float()
+    lengths = torch.tensor([len(s.tokens) - c for s, c in zip(batch, cut, strict=True)])
+    prompt_len = torch.tensor([max(2, s.prompt_len - c) for s, c in zip(batch, cut, strict=True)])
+    return {"tokens": tokens, "features": feats, "lengths": lengths, "prompt_len": prompt_len}
+
+
+def target_mask(batch: dict[str, torch.Tensor], offset: int, first: int) -> torch.Tensor:
+    """(B, L) valid output positions j: token j + offset lies inside the
+    sequence and at least `first` tokens into the answer (so the round that
+    drafts it started in the answer)."""
+    import torch
+
+    j = torch.arange(batch["features"].shape[1])[None]
+    tok = j + offset
+    return (tok < batch["lengths"][:, None]) & (tok >= batch["prompt_len"][:, None] + first)
+
+
+def losses(
+    head: Head, batch: dict[str, torch.Tensor], config: TrainConfig, vocab_index: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The training loss and, per depth (EAGLE) or head (Medusa), the
+    (correct argmax, count) of the cross-entropy's positions."""
+    from specdec_rs.heads import EagleHead
+
+    if isinstance(head, EagleHead):
+        return eagle_losses(head, batch, config, vocab_index)
+    return medusa_losses(head, batch, vocab_index)
+
+
+def eagle_losses(
+    head: EagleHead, batch: dict[str, torch.Tensor], config: TrainConfig, vocab_index: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """Σ_d 0.8^(d-1) (CE_d + reg_weight · SmoothL1_d) / Σ_d 0.8^(d-1)."""
+    import torch
+    from torch.nn import functional as F
+
+    tokens, feats = batch["tokens"], batch["features"]
+    total, weight, hits = torch.zeros((), device=feats.device), 0.0, []
+    label = vocab_index[tokens[:, 2:]]  # (B, L - 1): output j predicts x_{j+2}
+    width = label.shape[1]
+    for d, out in enumerate(head.unroll(feats, tokens, config.depth), start=1):
+        m = target_mask(batch, 2, d - 1)[:, :width]  # rounds that start in the answer
+        pred = out[:, :width][m]
+        logits = head.logits(pred)
+        ce = F.cross_entropy(logits, label[m], ignore_index=-100)
+        reg = F.smooth_l1_loss(pred, feats[:, 1 : width + 1][m])
+        w = 0.8 ** (d - 1)
+        total = total + w * (ce + config.reg_weight * reg)
+        weight += w
+        hits.append(_hits(logits, label[m]))
+    return total / weight, hits
+
+
+def medusa_losses(
+    head: MedusaHeads, batch: dict[str, torch.Tensor], vocab_index: torch.Tensor
+) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+    """The mean over heads of CE(head i at j, x_{j+1+i})."""
+    import torch
+    from torch.nn import functional as F
+
+    tokens, feats = batch["tokens"], batch["features"]
+    total, hits = torch.zeros((), device=feats.device), []
+    for i in range(head.num_heads):
+        label = vocab_index[tokens[:, 2 + i :]]  # head i + 1 at j predicts x_{j+2+i}
+        m = target_mask(batch, 2 + i, i)[:, : label.shape[1]]
+        logits = head.head_logits(feats[:, : label.shape[1]][m], i)
+        total = total + F.cross_entropy(logits, label[m], ignore_index=-100)
+        hits.append(_hits(logits, label[m]))
+    return total / head.num_heads, hits
+
+
+def _hits(logits: torch.Tensor, label: torch.Tensor) -> tuple[int, int]:
+    """(argmax == label, count), counting tokens outside the draft vocabulary as misses."""
+    return int((logits.argmax(-1) == label).sum()), int(label.numel())
+
+
+def _objective(head: Head, config: TrainConfig, vocab_index: torch.Tensor) -> Any:
+    """The head and its loss as one module, so `accelerate` (DDP on several
+    processes) wraps the forward that makes the gradients."""
+    from torch import nn
+
+    class _Objective(nn.Module):
+        vocab_index: torch.Tensor
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.head = head
+            self.register_buffer("vocab_index", vocab_index, persistent=False)
+
+        def forward(
+            self, batch: dict[str, torch.Tensor]
+        ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
+            return losses(self.head, batch, config, self.vocab_index)
+
+    return _Objective()
+
+
+def train_drafter(
+    target: PreTrainedModel,
+    data_dir: str | Path,
+    out: str | Path,
+    config: TrainConfig,
+    *,
+    end_ids: list[int] | None = None,
+    info: dict[str, Any] | None = None,
+    progress: Callable[[str, int], Callable[[], None]] | None = None,
+) -> TrainResult:
+    """Train a head of `config.kind` on the shards in `data_dir` and save it
+    to `out` (safetensors, bfloat16). Checkpoints go to `out`.ckpt/ every
+    `checkpoint_every` steps; a rerun with the same settings resumes there.
+    `end_ids` always join the draft vocabulary; `info` goes into the file's header.
+
+    Under `accelerate launch` with P processes each step takes P batches of
+    `batch_size` (one per process, gradients averaged); one process gives
+    the same steps as a plain call."""
+    import torch
+    from accelerate import Accelerator
+    from accelerate.utils import DistributedDataParallelKwargs, set_seed
+
+    from specdec_rs import heads
+
+    started = time.perf_counter()
+    out = Path(out)
+    set_seed(config.seed)
+    seqs = load_dataset(data_dir)
+    train, hold = split(seqs, config.holdout, config.seed)
+    vocab = target.get_output_embeddings().weight.shape[0]
+    choice = choose_draft_vocab(train, config, end_ids or [])
+    draft_vocab = torch.tensor(choice.ids)
+    vocab_index = torch.full((vocab,), -100, dtype=torch.long)
+    vocab_index[draft_vocab] = torch.arange(len(draft_vocab))
+    head_config = {"num_heads": config.medusa_heads} if config.kind == "medusa" else {}
+    head = heads.files.build(config.kind, head_config, target, draft_vocab).float().train()
+    params = [p for p in head.parameters() if p.requires_grad]
+    accelerator = Accelerator(
+        kwargs_handlers=[DistributedDataParallelKwargs(broadcast_buffers=False)],
+    )
+    world, rank = accelerator.num_processes, accelerator.process_index
+    global_batch = config.batch_size * world
+    steps_per_epoch = math.ceil(len(train) / global_batch)
+    total_steps = max(1, round(config.epochs * steps_per_epoch))
+    optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=0.0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_scale(s, total_steps))
+    objective = _objective(head, config, vocab_index)
+    objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
+    ckpt = out.with_suffix(".ckpt")
+    step = _resume(accelerator, ckpt, config)
+    advance = progress(f"training the {config.kind} head", total_steps - step) if progress else None
+    generator = torch.Generator()
+    order: list[int] = []
+    loss_log: list[float] = []
+    for s in range(step, total_steps):
+        epoch, at = divmod(s, steps_per_epoch)
+        if at == 0 or not order:  # the same permutation on every process
+            order = torch.randperm(
+                len(train), generator=generator.manual_seed(config.seed + epoch)
+            ).tolist()
+        chunk = order[at * global_batch : (at + 1) * global_batch]
+        mine = chunk[rank::world] or chunk[rank % len(chunk) :][:1]
+        batch = {
+            k: v.to(accelerator.device)
+            for k, v in collate([train[i] for i in mine], config.max_len).items()
+        }
+        loss, _ = objective(batch)
+        loss_log.append(float(loss.detach()))
+        optimizer.zero_grad()
+        accelerator.backward(loss)
+        accelerator.clip_grad_norm_(params, 1.0)
+        optimizer.step()
+        scheduler.step()
+        if advance is not None:
+            advance()
+        if (s + 1) % config.checkpoint_every == 0 and s + 1 < total_steps:
+            _checkpoint(accelerator, ckpt, config, s + 1)
+    accelerator.wait_for_everyone()
+    model = accelerator.unwrap_model(objective).head.eval()
+    agreement = holdout_agreement(model, hold, config, vocab_index.to(accelerator.device))
+    result = TrainResult(
+        path=str(out),
+        kind=config.kind,
+        seconds=time.perf_counter() - started,
+        steps=total_steps,
+        train_sequences=len(train),
+        holdout_sequences=len(hold),
+        draft_vocab=len(draft_vocab),
+        coverage=choice.coverage,
+        first_loss=_mean(loss_log[: max(1, len(loss_log) // 10)]),
+        last_loss=_mean(loss_log[-max(1, len(loss_log) // 10) :]),
+        holdout_agreement=agreement,
+    )
+    if accelerator.is_main_process:
+        header = {
+            **(info or {}),
+            "config": asdict(config),
+            "result": {k: v for k, v in asdict(result).items() if k != "path"},
+        }
+        heads.save(model, out, target, header)
+        if ckpt.exists():  # finished: nothing to resume
+            shutil.rmtree(ckpt)
+    accelerator.wait_for_everyone()
+    return result
+
+
+def holdout_agreement(
+    head: Head, hold: list[Sequence], config: TrainConfig, vocab_index: torch.Tensor
+) -> list[float]:
+    """Argmax agreement with the target's own next tokens on the held-out
+    greedy answers, by depth (EAGLE, teacher-forced rounds) or head (Medusa)."""
+    import torch
+
+    greedy = [s for s in hold if s.greedy]
+    if not greedy:
+        return []
+    totals: list[list[int]] = []
+    with torch.inference_mode():
+        for i in range(0, len(greedy), config.batch_size):
+            batch = collate(greedy[i : i + config.batch_size], config.max_len)
+            _, hits = losses(head, batch, config, vocab_index)
+            if not totals:
+                totals = [[0, 0] for _ in hits]
+            for t, (h, n) in zip(totals, hits, strict=True):
+                t[0] += h
+                t[1] += n
+    return [h / n if n else float("nan") for h, n in totals]
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else float("nan")
+
+
+def _lr_scale(step: int, total: int) -> float:
+    """Linear warm-up over 2% of the steps, then cosine decay to 10%."""
+    warm = max(1, total // 50)
+    if step < warm:
+        return (step + 1) / warm
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
+
+
+def _checkpoint(accelerator: Any, ckpt: Path, config: TrainConfig, step: int) -> None:
+    accelerator.save_state(str(ckpt))
+    if accelerator.is_main_process:
+        marker = {"step": step, "config": asdict(config), "processes": accelerator.num_processes}
+        (ckpt / "progress.json").write_text(json.dumps(marker))
+    accelerator.wait_for_everyone()
+
+
+def _resume(accelerator: Any, ckpt: Path, config: TrainConfig) -> int:
+    """The step to resume from (0 without a matching checkpoint)."""
+    marker = ckpt / "progress.json"
+    if not marker.exists():
+        return 0
+    saved = json.loads(marker.read_text())
+    same = saved.get("processes", 1) == accelerator.num_processes
+    if saved["config"] != json.loads(json.dumps(asdict(config))) or not same:
+        raise ValueError(f"checkpoint {ckpt} was made with other settings; delete it to start over")
+    accelerator.load_state(str(ckpt))
+    return int(saved["step"])

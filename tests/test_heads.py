@@ -1,0 +1,282 @@
+"""Trained heads (EAGLE-style, Medusa) and their drafters on tiny random
+models: decoding equals the unrolled training graph, greedy identity, files
+that refuse another target or a corrupt body, training that resumes.
+p = target, q = draft, k = γ."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import specdec_rs as sd
+from heads_fixtures import tiny_data, tiny_head
+from specdec_rs import drafters, heads
+from specdec_rs.measure import acceptance_matrix, drafter_step_time
+from specdec_rs.models import tiny_llama
+from specdec_rs.processors import SamplingConfig
+from specdec_rs.training.data import load_dataset
+from specdec_rs.training.train import TrainConfig, choose_draft_vocab, train_drafter
+
+torch = pytest.importorskip("torch")
+
+V = 48
+
+
+@pytest.fixture(scope="module")
+def target() -> Any:
+    return tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=5)
+
+
+@pytest.fixture(scope="module")
+def trained(target: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    folder = tmp_path_factory.mktemp("heads")
+    return {
+        "eagle": tiny_head(target, folder, "eagle", draft_vocab=40, depth=3),
+        "medusa": tiny_head(target, folder, "medusa", draft_vocab=40, medusa_heads=3),
+    }
+
+
+def prompt(seed: int, n: int = 7) -> Any:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[str, Path]) -> None:
+    """Depth d of `unroll` at position j is what the drafter computes for
+    its d-th draft of the round whose last true position is j - d + 1."""
+    head = heads.load(trained["eagle"], target, "eagle")
+    assert isinstance(head, heads.EagleHead)
+    seq = prompt(0, 20)
+    with torch.inference_mode():
+        feats = target.model(seq[None, :-1]).last_hidden_state
+        outs = head.unroll(feats, seq[None], 4)
+        for s in (1, 5, 12):
+            pos = torch.arange(s + 1)[None]
+            f, (k, v) = head.step(feats[:, : s + 1], seq[None, 1 : s + 2], pos, None)
+            f = f[:, -1:]
+            for d in range(1, 5):
+                torch.testing.assert_close(f[0, 0], outs[d - 1][0, s + d - 1], atol=1e-5, rtol=1e-5)
+                nxt = seq[None, s + d + 1 : s + d + 2]
+                f, (k2, v2) = head.step(f, nxt, torch.tensor([[s + d]]), (k, v))
+                k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
+
+
+@pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_greedy_output_equals_target_greedy(
+    target: Any, trained: dict[str, Path], spec: str, k: int
+) -> None:
+    path = trained["medusa" if spec == "medusa" else "eagle"]
+    for greedy_draft in (False, True):
+        drafter = drafters.from_spec(f"{spec}:{path}", target, greedy=greedy_draft)
+        for seed in range(3):
+            ids = prompt(seed)
+            plain = sd.generate(
+                target, None, ids, max_new_tokens=24, temperature=0, eos_token_id=[]
+            )
+            out = sd.generate(
+                target, drafter, ids, max_new_tokens=24, k=k, temperature=0, eos_token_id=[]
+            )
+            assert out.tokens == plain.tokens, (spec, k, seed)
+            assert out.drafted > 0
+
+
+def test_training_lowers_the_loss(trained: dict[str, Path]) -> None:
+    for kind, path in trained.items():
+        result = heads.files.read_header(path)["info"]["result"]
+        assert result["last_loss"] < result["first_loss"], (kind, result)
+        assert len(result["holdout_agreement"]) == 3  # depths 1..3, heads 1..3
+
+
+def test_teacher_forced_acceptance_has_the_drafters_shape(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    ids = prompt(3)
+    for spec, path in (("eagle", trained["eagle"]), ("medusa", trained["medusa"])):
+        drafter = drafters.from_spec(f"{spec}:{path}", target)
+        for config in (SamplingConfig(0.0), SamplingConfig(0.8, top_k=10)):
+            answer = torch.tensor(
+                sd.generate(target, None, ids, max_new_tokens=12, temperature=0).tokens
+            )
+            a = acceptance_matrix(target, drafter, ids, answer, config, k_max=4)
+            assert a.shape[1] == 4
+            finite = a[np.isfinite(a)]
+            assert finite.size and ((finite >= 0) & (finite <= 1 + 1e-9)).all()
+            if spec == "medusa":  # 3 heads: no fourth draft
+                assert np.isnan(a[:, 3]).all()
+
+
+def test_draft_cost_probe_runs_through_the_protocol(target: Any, trained: dict[str, Path]) -> None:
+    for spec in ("eagle", "medusa", "hybrid"):
+        path = trained["medusa" if spec == "medusa" else "eagle"]
+        drafter = drafters.from_spec(f"{spec}:{path}", target)
+        assert drafter_step_time(drafter, target, prompt(4), repeats=3) > 0
+
+
+def test_drafts_stay_in_the_draft_vocabulary(target: Any, trained: dict[str, Path]) -> None:
+    head = heads.load(trained["eagle"], target, "eagle")
+    allowed = set(head.draft_vocab.tolist())
+    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    out = sd.generate(
+        target, drafter, prompt(5), max_new_tokens=30, k=4, temperature=1.0, seed=2, eos_token_id=[]
+    )
+    assert out.drafted > 0
+    # q is zero outside the draft vocabulary, and every token stays reachable: over many
+    # sampled runs some emitted token lies outside it (through the residual or the bonus)
+    outside = set()
+    for seed in range(40):
+        outside |= (
+            set(
+                sd.generate(
+                    target,
+                    drafter,
+                    prompt(seed),
+                    max_new_tokens=8,
+                    k=3,
+                    temperature=1.0,
+                    seed=seed,
+                    eos_token_id=[],
+                ).tokens
+            )
+            - allowed
+        )
+    assert outside
+
+
+def test_a_head_refuses_another_target(trained: dict[str, Path]) -> None:
+    other = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=6)
+    for kind in ("eagle", "medusa"):
+        with pytest.raises(ValueError, match="another target"):
+            drafters.from_spec(f"{kind}:{trained[kind]}", other)
+
+
+def test_a_loaded_drafter_refuses_a_target_swapped_in_later(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    other = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=7)
+    with pytest.raises(ValueError, match="another target"):
+        sd.generate(other, drafter, prompt(0), max_new_tokens=4, k=2)
+
+
+def test_bad_head_files_are_refused(target: Any, trained: dict[str, Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="does not exist"):
+        drafters.from_spec(f"eagle:{tmp_path / 'missing.safetensors'}", target)
+    with pytest.raises(ValueError, match="holds a medusa head"):
+        drafters.from_spec(f"eagle:{trained['medusa']}", target)
+    truncated = tmp_path / "truncated.safetensors"
+    body = trained["eagle"].read_bytes()
+    truncated.write_bytes(body[: len(body) // 2])
+    with pytest.raises(ValueError, match="corrupt|not a readable"):
+        drafters.from_spec(f"eagle:{truncated}", target)
+    garbage = tmp_path / "garbage.safetensors"
+    garbage.write_bytes(b"\x00" * 64)
+    with pytest.raises(ValueError, match="not a readable"):
+        drafters.from_spec(f"medusa:{garbage}", target)
+
+
+def test_draft_vocabulary_out_of_range_is_refused(
+    target: Any, trained: dict[str, Path], tmp_path: Path
+) -> None:
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    with safe_open(str(trained["eagle"]), "pt") as f:
+        meta = f.metadata()
+    tensors = load_file(str(trained["eagle"]))
+    tensors["draft_vocab"] = tensors["draft_vocab"].clone()
+    tensors["draft_vocab"][0] = V + 3
+    bad = tmp_path / "bad-vocab.safetensors"
+    save_file(tensors, str(bad), metadata=meta)
+    with pytest.raises(ValueError, match="draft vocabulary ids span"):
+        drafters.from_spec(f"eagle:{bad}", target)
+    header = json.loads(meta["specdec"])
+    header["config"]["shape"]["hidden"] = 64
+    wrong = tmp_path / "wrong-shape.safetensors"
+    save_file(
+        load_file(str(trained["eagle"])), str(wrong), metadata={"specdec": json.dumps(header)}
+    )
+    with pytest.raises(ValueError, match="do not match"):
+        drafters.from_spec(f"eagle:{wrong}", target)
+
+
+def test_specs_with_optional_paths() -> None:
+    assert drafters.parse_spec("eagle")[1] is None
+    assert drafters.parse_spec("medusa:/x/y.safetensors")[1] == "/x/y.safetensors"
+    for bad in ("eagle:", "hybrid:", "medusa::"):
+        if bad == "medusa::":
+            assert drafters.parse_spec(bad)[1] == ":"
+            continue
+        with pytest.raises(ValueError, match="not understood"):
+            drafters.parse_spec(bad)
+
+
+def test_training_resumes_from_its_checkpoint(target: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_data(target, data)
+    config = TrainConfig(
+        kind="medusa", epochs=4, batch_size=4, draft_vocab=40, checkpoint_every=5, medusa_heads=2
+    )
+
+    def stop_after(n: int) -> Any:
+        def progress(description: str, total: int) -> Any:
+            done = [0]
+
+            def advance() -> None:
+                done[0] += 1
+                if done[0] == n:
+                    raise KeyboardInterrupt
+
+            return advance
+
+        return progress
+
+    with pytest.raises(
+        KeyboardInterrupt
+    ):  # interrupted at step 12: the checkpoint of step 10 stays
+        train_drafter(target, data, tmp_path / "a.safetensors", config, progress=stop_after(12))
+    marker = tmp_path / "a.ckpt" / "progress.json"
+    assert json.loads(marker.read_text())["step"] == 10
+    other = TrainConfig(kind="medusa", epochs=5, batch_size=4, draft_vocab=40, checkpoint_every=5)
+    with pytest.raises(ValueError, match="other settings"):
+        train_drafter(target, data, tmp_path / "a.safetensors", other)
+    resumed = train_drafter(target, data, tmp_path / "a.safetensors", config)
+    assert not marker.exists()  # a finished run leaves no checkpoint
+    fresh = train_drafter(target, data, tmp_path / "b.safetensors", config)
+    assert resumed.steps == fresh.steps
+    a = heads.load(tmp_path / "a.safetensors", target, "medusa").state_dict()
+    b = heads.load(tmp_path / "b.safetensors", target, "medusa").state_dict()
+    for name in a:  # same seed and data: the resumed run lands where the fresh one does
+        torch.testing.assert_close(a[name].float(), b[name].float(), atol=1e-2, rtol=1e-2)
+
+
+def test_draft_vocabulary_is_the_most_frequent_answer_tokens(target: Any, tmp_path: Path) -> None:
+    tiny_data(target, tmp_path)
+    seqs = load_dataset(tmp_path)
+    choice = choose_draft_vocab(
+        seqs, TrainConfig(vocab_sizes=(4, 8, 16), coverage=0.5), always=[V - 1]
+    )
+    counts = np.bincount(
+        np.concatenate([s.tokens[s.prompt_len :].numpy() for s in seqs]), minlength=V
+    )
+    assert V - 1 in choice.ids
+    assert list(choice.coverage) == [4, 8, 16]
+    assert all(
+        a <= b
+        for a, b in zip(
+            list(choice.coverage.values()), list(choice.coverage.values())[1:], strict=False
+        )
+    )
+    top = [i for i in choice.ids if i != V - 1]
+    assert counts[top].min() >= np.sort(counts)[-len(choice.ids) - 1] or len(top) < len(choice.ids)
+
+
+def test_features_from_generation_equal_a_teacher_forced_pass(target: Any, tmp_path: Path) -> None:
+    tiny_data(target, tmp_path)
+    for s in load_dataset(tmp_path):
+        with torch.inference_mode():
+            h = target.model(s.tokens[None, :-1]).last_hidden_state[0]
+        torch.testing.assert_close(s.features.float(), h, atol=2e-3, rtol=2e-3)  # stored as float16
