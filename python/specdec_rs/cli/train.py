@@ -64,6 +64,11 @@ def run_train(args: argparse.Namespace, console: Console) -> TrainReport:
         draft_vocab=args.draft_vocab,
         seed=args.seed,
     )
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.num_processes > 1 and args.device == "cuda":  # under `accelerate launch`: one GPU each
+        args.device = str(state.device)
     target, tokenizer = load_target(args)
     with progress_bars(console) as progress:
         return train_head(
