@@ -23,7 +23,7 @@ escapes (χ² below the 1e-6 critical value) with probability 4.3e-5 < 1e-4
 as its p-value falls below 1e-6: that saves time and changes nothing for
 the exact runs, whose false-alarm rate is computed at fixed N.
 
-These runs take about a minute; they are marked `law` and run as their own
+These runs take about 100 s on two cores; they are marked `law` and run as their own
 step in `.ci/run` (`pytest -m law`).
 """
 

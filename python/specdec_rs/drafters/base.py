@@ -77,6 +77,12 @@ class TeacherForced:
     def answer(self) -> torch.Tensor:
         return self.seq[self.start :]
 
+    def shifted(self, i: int) -> TeacherForced:
+        """The same answer starting i tokens later (p row t is then answer[t + i])."""
+        from dataclasses import replace
+
+        return replace(self, start=self.start + i, p=self.p[i:])
+
 
 class Drafter(Protocol):
     name: str

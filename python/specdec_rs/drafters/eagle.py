@@ -218,17 +218,10 @@ class Eagle:
                 if len(rows) == 0:
                     break
                 agree = teacher_forced_acceptance(
-                    self.head.logits(rows), _shifted(tf, i), self.head.draft_vocab, self.greedy
+                    self.head.logits(rows), tf.shifted(i), self.head.draft_vocab, self.greedy
                 )
                 a[: len(agree), i] = agree.cpu().numpy()
         return a
 
     def hf_kwargs(self) -> dict[str, Any] | None:
         return None
-
-
-def _shifted(tf: TeacherForced, i: int) -> TeacherForced:
-    """tf with its answer starting i tokens later (row t of p is then answer[t + i])."""
-    from dataclasses import replace
-
-    return replace(tf, start=tf.start + i, p=tf.p[i:])

@@ -18,7 +18,6 @@ import numpy as np
 from specdec_rs import _checks
 from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft
 from specdec_rs.drafters.eagle import (
-    _shifted,
     check_head_target,
     draft_rows,
     teacher_forced_acceptance,
@@ -108,7 +107,7 @@ class Medusa:
                     break
                 logits = self.heads.logits(feats, heads=i + 1)[:, i]
                 agree = teacher_forced_acceptance(
-                    logits, _shifted(tf, i), self.heads.draft_vocab, self.greedy
+                    logits, tf.shifted(i), self.heads.draft_vocab, self.greedy
                 )
                 a[: len(agree), i] = agree.cpu().numpy()
         return a
