@@ -39,11 +39,16 @@ class MedusaHeads(nn.Module):
     def num_heads(self) -> int:
         return len(self.blocks)
 
+    def block(self, f: torch.Tensor, i: int) -> torch.Tensor:
+        """(..., H) -> (..., H): head i + 1's residual block, f + SiLU(A_i f + b_i)."""
+        f = f.to(self.head_rows.dtype)
+        out: torch.Tensor = f + F.silu(self.blocks[i](f))
+        return out
+
     def features(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(..., H) -> (..., m', H): each head's residual block applied to f
         (the first `heads` heads, all by default)."""
-        f = f.to(self.head_rows.dtype)
-        return torch.stack([f + F.silu(b(f)) for b in self.blocks[: heads or self.num_heads]], -2)
+        return torch.stack([self.block(f, i) for i in range(heads or self.num_heads)], -2)
 
     def logits(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(..., H) -> (..., m', N) logits over the draft vocabulary."""
@@ -52,8 +57,7 @@ class MedusaHeads(nn.Module):
 
     def head_logits(self, f: torch.Tensor, i: int) -> torch.Tensor:
         """(..., H) -> (..., N): head i + 1 alone."""
-        f = f.to(self.head_rows.dtype)
-        return (f + F.silu(self.blocks[i](f))) @ self.head_rows.T
+        return self.block(f, i) @ self.head_rows.T
 
     def config(self) -> dict[str, Any]:
         return {

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from specdec_rs import models
-from specdec_rs.training.data import DataConfig, build_dataset, chat_ends, load_dataset
+from specdec_rs.training.data import DataConfig, build_dataset, chat_ends
 from specdec_rs.training.train import TrainConfig, TrainResult, train_drafter
 
 if TYPE_CHECKING:
@@ -19,14 +19,20 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class TrainReport:
-    """data_dir, its sequences and answer tokens, the seconds spent on data
-    (this run; 0 when every shard was already there) and the training result."""
+    """data_dir, the seconds spent on data (this run; near 0 when every
+    shard was already there) and the training result."""
 
     data_dir: str
-    sequences: int
-    answer_tokens: int
     data_seconds: float
     result: TrainResult
+
+    @property
+    def sequences(self) -> int:
+        return self.result.train_sequences + self.result.holdout_sequences
+
+    @property
+    def answer_tokens(self) -> int:
+        return self.result.answer_tokens
 
 
 def default_data_dir() -> Path:
@@ -53,19 +59,11 @@ def train_head(
     from accelerate import PartialState
 
     started = time.perf_counter()
-    with (
-        PartialState().main_process_first()
-    ):  # under `accelerate launch` one process writes the data
+    # under `accelerate launch` one process writes the data, then the others read it
+    with PartialState().main_process_first():
         build_dataset(data_dir, target, tokenizer, data, progress=progress)
     data_seconds = time.perf_counter() - started
-    seqs = load_dataset(data_dir)
     ends = sorted({int(tokenizer.eos_token_id), *chat_ends(tokenizer)})
     info = {"data": asdict(data), "data_seconds": data_seconds}
     result = train_drafter(target, data_dir, out, train, end_ids=ends, info=info, progress=progress)
-    return TrainReport(
-        str(data_dir),
-        len(seqs),
-        sum(len(s.tokens) - s.prompt_len for s in seqs),
-        data_seconds,
-        result,
-    )
+    return TrainReport(str(data_dir), data_seconds, result)

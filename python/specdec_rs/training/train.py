@@ -91,6 +91,7 @@ class TrainResult:
     steps: int
     train_sequences: int
     holdout_sequences: int
+    answer_tokens: int  # in all the data's answers (training and held out)
     draft_vocab: int
     coverage: dict[int, float]
     first_loss: float
@@ -320,6 +321,7 @@ def train_drafter(
         steps=total_steps,
         train_sequences=len(train),
         holdout_sequences=len(hold),
+        answer_tokens=sum(len(s.tokens) - s.prompt_len for s in seqs),
         draft_vocab=len(draft_vocab),
         coverage=choice.coverage,
         first_loss=_mean(loss_log[: max(1, len(loss_log) // 10)]),
