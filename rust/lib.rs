@@ -4,10 +4,12 @@
 //! Only `py.rs` (feature `python`) touches pyo3/numpy; everything else is
 //! plain Rust on ndarray views, tested with `cargo test`.
 
+pub mod block;
 pub mod error;
 pub mod prob;
 pub mod rng;
 pub mod sim;
+pub mod tree;
 pub mod verify;
 
 #[cfg(feature = "python")]
@@ -15,5 +17,6 @@ mod py;
 
 pub use error::{Loc, Result, SpecError};
 pub use rng::row_seed;
-pub use sim::{simulate, simulate_round_lengths, Chain, Sim, Variant};
-pub use verify::{verify, verify_batch, Batch, Checks};
+pub use sim::{simulate, simulate_round_lengths, Chain, Rounds, Sim, TreeSim, Variant};
+pub use tree::{verify_tree, Children, Topology, TreeRule, Walk};
+pub use verify::{verify, verify_batch, Batch, Checks, Method};

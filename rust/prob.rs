@@ -9,7 +9,7 @@
 use crate::error::{Loc, Result, SpecError};
 
 /// Chunk size of the two-level inverse CDF.
-const CHUNK: usize = 1024;
+pub(crate) const CHUNK: usize = 1024;
 /// Independent accumulators per sum, so the compiler can vectorize.
 const LANES: usize = 8;
 
@@ -158,7 +158,7 @@ pub fn check_entry(x: f64, loc: Loc, col: usize) -> Result<()> {
 ///
 /// `weight(j)` must be the same values the chunk sums were built from.
 /// Returns an index with weight > 0; the caller guarantees Σ chunk sums > 0.
-fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -> usize {
+pub(crate) fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -> usize {
     let mut before = 0.0;
     let mut chosen = None;
     let mut last_positive = 0;
@@ -241,24 +241,25 @@ pub fn pick_row<T: Prob>(row: &[T], w: &Weights, u: f64) -> usize {
     pick(&w.sums, row.len(), u * w.total, |j| row[j].to_f64())
 }
 
-/// Per-chunk sums of max(0, p − q), Σp, Σq and validity, in one pass.
-fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
+/// Per-chunk sums of max(0, a·p − b·q), Σp, Σq and validity, in one pass.
+/// With a = b = 1 the sums are bitwise those of max(0, p − q).
+fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f64, f64, bool) {
     #[cfg(target_arch = "x86_64")]
     if wide_simd() {
         // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { residual_chunk_avx2(p, q) };
+        return unsafe { residual_chunk_avx2(p, q, a, b) };
     }
-    residual_chunk_body(p, q)
+    residual_chunk_body(p, q, a, b)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
-unsafe fn residual_chunk_avx2<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
-    residual_chunk_body(p, q)
+unsafe fn residual_chunk_avx2<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f64, f64, bool) {
+    residual_chunk_body(p, q, a, b)
 }
 
 #[inline(always)]
-fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bool) {
+fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f64, f64, bool) {
     let mut w_acc = [0.0f64; LANES];
     let mut p_acc = [0.0f64; LANES];
     let mut q_acc = [0.0f64; LANES];
@@ -266,10 +267,10 @@ fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bo
     let pc = p.chunks_exact(LANES);
     let qc = q.chunks_exact(LANES);
     let (pt, qt) = (pc.remainder(), qc.remainder());
-    for (a, b) in pc.zip(qc) {
+    for (c, d) in pc.zip(qc) {
         for l in 0..LANES {
-            let (x, y) = (a[l].to_f64(), b[l].to_f64());
-            w_acc[l] += (x - y).max(0.0);
+            let (x, y) = (c[l].to_f64(), d[l].to_f64());
+            w_acc[l] += (a * x - b * y).max(0.0);
             p_acc[l] += x;
             q_acc[l] += y;
             low[l] = min(low[l], min(x, y));
@@ -281,7 +282,7 @@ fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bo
     let mut lowest = low.iter().fold(0.0, |a, &b| min(a, b));
     for (&x, &y) in pt.iter().zip(qt) {
         let (x, y) = (x.to_f64(), y.to_f64());
-        w += (x - y).max(0.0);
+        w += (a * x - b * y).max(0.0);
         ps += x;
         qs += y;
         lowest = min(lowest, min(x, y));
@@ -295,19 +296,38 @@ fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q]) -> (f64, f64, f64, bo
 /// drawing from p keeps P(emit x) = p(x) and never picks a zero-probability token).
 #[derive(Debug, Clone, PartialEq)]
 pub enum Residual {
-    Mass(Weights),
+    /// Weights max(0, a·p − b·q); a = b = 1 for the token-wise residual.
+    Mass {
+        w: Weights,
+        a: f64,
+        b: f64,
+    },
     FromP(Weights),
 }
 
 /// `Residual` of a p row and a q row in one pass over both, checking each
 /// against its own precision's tolerance.
 pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) -> Result<Residual> {
+    residual_weights_scaled(p_row, q_row, 1.0, 1.0)
+}
+
+/// The residual of scaled rows, w = max(0, a·p − b·q), in one pass that
+/// checks both rows: block verification's max(0, p_τ·p − q) (b = 1), the
+/// tree's max(0, p − q/(1 − drawn mass)) for children drawn without
+/// replacement (a = 1), the token-wise residual (a = b = 1). Without
+/// residual mass it falls back to p.
+pub fn residual_weights_scaled<P: Prob, Q: Prob>(
+    p_row: Row<'_, P>,
+    q_row: Row<'_, Q>,
+    a: f64,
+    b: f64,
+) -> Result<Residual> {
     let (p, q) = (p_row.data, q_row.data);
     let chunks = p.len().div_ceil(CHUNK);
     let (mut sums, mut p_sums) = (Vec::with_capacity(chunks), Vec::with_capacity(chunks));
     let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
     for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
-        let (w, ps, qs, ok) = residual_chunk(pc, qc);
+        let (w, ps, qs, ok) = residual_chunk(pc, qc, a, b);
         sums.push(w);
         p_sums.push(ps);
         total += w;
@@ -322,7 +342,11 @@ pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) 
     check_sum(p_sum, p_row.loc, p_row.tol)?;
     check_sum(q_sum, q_row.loc, q_row.tol)?;
     if total > 0.0 {
-        return Ok(Residual::Mass(Weights { sums, total }));
+        return Ok(Residual::Mass {
+            w: Weights { sums, total },
+            a,
+            b,
+        });
     }
     if p_sum <= 0.0 {
         return Err(SpecError::ZeroMass { loc: p_row.loc });
@@ -336,8 +360,8 @@ pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) 
 /// The token at mass u · Σw of the residual of p and q.
 pub fn pick_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], r: &Residual, u: f64) -> usize {
     match r {
-        Residual::Mass(w) => pick(&w.sums, p.len(), u * w.total, |j| {
-            (p[j].to_f64() - q[j].to_f64()).max(0.0)
+        Residual::Mass { w, a, b } => pick(&w.sums, p.len(), u * w.total, |j| {
+            (a * p[j].to_f64() - b * q[j].to_f64()).max(0.0)
         }),
         Residual::FromP(w) => pick_row(p, w, u),
     }

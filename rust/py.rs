@@ -15,8 +15,9 @@ use pyo3::prelude::*;
 
 use crate::error::SpecError;
 use crate::prob::Prob;
-use crate::sim::{Chain, Sim, Variant};
-use crate::verify::Checks;
+use crate::sim::{Chain, Sim, TreeSim, Variant};
+use crate::tree::{Children, Topology, TreeRule};
+use crate::verify::{Checks, Method};
 
 impl From<SpecError> for PyErr {
     fn from(e: SpecError) -> PyErr {
@@ -148,19 +149,20 @@ fn verify_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     full: bool,
     p_tol: Option<f64>,
     q_tol: Option<f64>,
+    method: Method,
 ) -> PyResult<Option<Py<PyArray1<i64>>>> {
     let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray2<P>>(), q.extract::<PyReadonlyArray2<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
     let checks = checks::<P, Q>(full, p_tol, q_tol);
-    let out = py.detach(|| crate::verify::verify(pv, qv, dv, seed, checks))?;
+    let out = py.detach(|| crate::verify::verify(pv, qv, dv, seed, checks, method))?;
     Ok(Some(out.into_pyarray(py).unbind()))
 }
 
 /// One speculative round; see `specdec_rs.verify`.
 #[pyfunction]
-#[pyo3(signature = (p_rows, q_rows, drafts, seed, full=true, p_tol=None, q_tol=None))]
+#[pyo3(signature = (p_rows, q_rows, drafts, seed, full=true, p_tol=None, q_tol=None, method="token"))]
 #[allow(clippy::too_many_arguments)]
 fn verify(
     py: Python<'_>,
@@ -171,9 +173,11 @@ fn verify(
     full: bool,
     p_tol: Option<f64>,
     q_tol: Option<f64>,
+    method: &str,
 ) -> PyResult<Py<PyArray1<i64>>> {
+    let method: Method = method.parse()?;
     dispatch_dtypes!(
-        verify_typed(py, p_rows, q_rows, &drafts, seed, full, p_tol, q_tol),
+        verify_typed(py, p_rows, q_rows, &drafts, seed, full, p_tol, q_tol, method),
         "p_rows and q_rows"
     )
 }
@@ -191,13 +195,18 @@ fn batch_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
     p_tol: Option<f64>,
     q_tol: Option<f64>,
     threads: Option<usize>,
+    method: Method,
 ) -> PyResult<Option<BatchOut>> {
     let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray3<P>>(), q.extract::<PyReadonlyArray3<Q>>()) else {
         return Ok(None);
     };
     let (pv, qv, dv) = (p.as_array(), q.as_array(), drafts.as_array());
     let checks = checks::<P, Q>(full, p_tol, q_tol);
-    let batch = py.detach(|| in_pool(threads, || crate::verify::verify_batch(pv, qv, dv, seed, checks)))?;
+    let batch = py.detach(|| {
+        in_pool(threads, || {
+            crate::verify::verify_batch(pv, qv, dv, seed, checks, method)
+        })
+    })?;
     let rows = batch.num_emitted.len();
     let tokens =
         Array2::from_shape_vec((rows, batch.width), batch.tokens).map_err(|e| PyValueError::new_err(e.to_string()))?;
@@ -209,7 +218,7 @@ fn batch_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
 
 /// B independent rounds; see `specdec_rs.verify_batch`.
 #[pyfunction]
-#[pyo3(signature = (p, q, drafts, seed, full=true, p_tol=None, q_tol=None, threads=None))]
+#[pyo3(signature = (p, q, drafts, seed, full=true, p_tol=None, q_tol=None, threads=None, method="token"))]
 #[allow(clippy::too_many_arguments)]
 fn verify_batch(
     py: Python<'_>,
@@ -221,10 +230,62 @@ fn verify_batch(
     p_tol: Option<f64>,
     q_tol: Option<f64>,
     threads: Option<usize>,
+    method: &str,
 ) -> PyResult<BatchOut> {
+    let method: Method = method.parse()?;
     dispatch_dtypes!(
-        batch_typed(py, p, q, &drafts, seed, full, p_tol, q_tol, threads),
+        batch_typed(py, p, q, &drafts, seed, full, p_tol, q_tol, threads, method),
         "p and q"
+    )
+}
+
+type TreeOut = (Py<PyArray1<i64>>, Py<PyArray1<i64>>);
+
+#[allow(clippy::too_many_arguments)]
+fn tree_typed<P: Prob + numpy::Element, Q: Prob + numpy::Element>(
+    py: Python<'_>,
+    p: &Bound<'_, PyAny>,
+    q: &Bound<'_, PyAny>,
+    tokens: &PyReadonlyArray1<'_, i64>,
+    parents: &PyReadonlyArray1<'_, i64>,
+    seed: u64,
+    children: Children,
+    checks_of: (bool, Option<f64>, Option<f64>),
+) -> PyResult<Option<TreeOut>> {
+    let (Ok(p), Ok(q)) = (p.extract::<PyReadonlyArray2<P>>(), q.extract::<PyReadonlyArray2<Q>>()) else {
+        return Ok(None);
+    };
+    let (pv, qv, tv, pa) = (p.as_array(), q.as_array(), tokens.as_array(), parents.as_array());
+    let checks = checks::<P, Q>(checks_of.0, checks_of.1, checks_of.2);
+    let walk = py.detach(|| crate::tree::verify_tree(pv, qv, tv, pa, seed, children, checks))?;
+    let nodes: Vec<i64> = walk.nodes.iter().map(|&i| i as i64).collect();
+    Ok(Some((
+        walk.tokens.into_pyarray(py).unbind(),
+        nodes.into_pyarray(py).unbind(),
+    )))
+}
+
+/// One draft tree's round; see `specdec_rs.verify_tree`.
+#[pyfunction]
+#[pyo3(signature = (p_rows, q_rows, tokens, parents, seed, children="iid", full=false, p_tol=None, q_tol=None))]
+#[allow(clippy::too_many_arguments)]
+fn verify_tree(
+    py: Python<'_>,
+    p_rows: &Bound<'_, PyAny>,
+    q_rows: &Bound<'_, PyAny>,
+    tokens: PyReadonlyArray1<'_, i64>,
+    parents: PyReadonlyArray1<'_, i64>,
+    seed: u64,
+    children: &str,
+    full: bool,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+) -> PyResult<TreeOut> {
+    let children: Children = children.parse()?;
+    let checks_of = (full, p_tol, q_tol);
+    dispatch_dtypes!(
+        tree_typed(py, p_rows, q_rows, &tokens, &parents, seed, children, checks_of),
+        "p_rows and q_rows"
     )
 }
 
@@ -272,7 +333,7 @@ fn simulate(
         seed,
     };
     let hist = interruptible(py, threads, |stop| {
-        crate::sim::simulate(&chain, sim, runs, num_tokens, stop)
+        crate::sim::simulate(&chain, &sim, runs, num_tokens, stop)
     })?;
     Ok(hist.into_pyarray(py).unbind())
 }
@@ -302,7 +363,77 @@ fn simulate_round_lengths(
         seed,
     };
     let counts = interruptible(py, threads, |stop| {
-        crate::sim::simulate_round_lengths(&chain, sim, rounds, stop)
+        crate::sim::simulate_round_lengths(&chain, &sim, rounds, stop)
+    })?;
+    Ok(counts.into_pyarray(py).unbind())
+}
+
+fn tree_sim(
+    parents: &PyReadonlyArray1<'_, i64>,
+    children: &str,
+    variant: &str,
+    start: usize,
+    seed: u64,
+) -> PyResult<TreeSim> {
+    let parents: Vec<i64> = parents.as_array().iter().copied().collect();
+    Ok(TreeSim {
+        topo: Topology::new(&parents)?,
+        kind: children.parse()?,
+        rule: variant.parse::<TreeRule>()?,
+        start,
+        seed,
+    })
+}
+
+/// Joint histogram (flat) of the first `num_tokens` tokens of tree rounds; see `specdec_rs.simulate_tree`.
+#[pyfunction]
+#[pyo3(signature = (p_table, q_table, *, parents, children, runs, num_tokens, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn simulate_tree(
+    py: Python<'_>,
+    p_table: PyReadonlyArray2<'_, f64>,
+    q_table: PyReadonlyArray2<'_, f64>,
+    parents: PyReadonlyArray1<'_, i64>,
+    children: &str,
+    runs: u64,
+    num_tokens: usize,
+    start: usize,
+    variant: &str,
+    seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+    threads: Option<usize>,
+) -> PyResult<Py<PyArray1<i64>>> {
+    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
+    let sim = tree_sim(&parents, children, variant, start, seed)?;
+    let hist = interruptible(py, threads, |stop| {
+        crate::sim::simulate(&chain, &sim, runs, num_tokens, stop)
+    })?;
+    Ok(hist.into_pyarray(py).unbind())
+}
+
+/// Counts of tree rounds by tokens emitted; see `specdec_rs.simulate_tree_round_lengths`.
+#[pyfunction]
+#[pyo3(signature = (p_table, q_table, *, parents, children, rounds, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
+#[allow(clippy::too_many_arguments)]
+fn simulate_tree_round_lengths(
+    py: Python<'_>,
+    p_table: PyReadonlyArray2<'_, f64>,
+    q_table: PyReadonlyArray2<'_, f64>,
+    parents: PyReadonlyArray1<'_, i64>,
+    children: &str,
+    rounds: u64,
+    start: usize,
+    variant: &str,
+    seed: u64,
+    p_tol: Option<f64>,
+    q_tol: Option<f64>,
+    threads: Option<usize>,
+) -> PyResult<Py<PyArray1<i64>>> {
+    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
+    let sim = tree_sim(&parents, children, variant, start, seed)?;
+    let counts = interruptible(py, threads, |stop| {
+        crate::sim::simulate_round_lengths(&chain, &sim, rounds, stop)
     })?;
     Ok(counts.into_pyarray(py).unbind())
 }
@@ -369,10 +500,16 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_batch, m)?)?;
     m.add_function(wrap_pyfunction!(simulate, m)?)?;
     m.add_function(wrap_pyfunction!(simulate_round_lengths, m)?)?;
+    m.add_function(wrap_pyfunction!(verify_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate_tree, m)?)?;
+    m.add_function(wrap_pyfunction!(simulate_tree_round_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
     m.add_function(wrap_pyfunction!(accept_gathered, m)?)?;
     m.add_function(wrap_pyfunction!(finish_round, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
+    m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;
+    m.add("CHILDREN", Children::names().collect::<Vec<_>>())?;
+    m.add("METHODS", Method::TABLE.iter().map(|(_, n)| *n).collect::<Vec<_>>())?;
     m.add("MAX_THREADS", MAX_THREADS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

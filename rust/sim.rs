@@ -16,9 +16,11 @@ use ndarray::ArrayView2;
 use rand::RngExt;
 use rayon::prelude::*;
 
+use crate::block::block_round;
 use crate::error::{Loc, Result, SpecError};
 use crate::prob::{check_row, Row};
 use crate::rng::{row_seed, stream, Stream};
+use crate::tree::{walk, Children, Topology, TreeRows, TreeRule, Update, Walk};
 
 /// Runs (or rounds) per independent random stream.
 const BLOCK: u64 = 4096;
@@ -44,11 +46,13 @@ pub enum Variant {
     NoVerification,
     /// Verify draft i against p conditioned on drafts[..=i] (one position late).
     OffByOne,
+    /// Block verification (exact; keeps at least as many drafts on average).
+    Block,
 }
 
 impl Variant {
     /// Every variant with its name: the one table both directions read.
-    pub const TABLE: [(Variant, &'static str); 8] = [
+    pub const TABLE: [(Variant, &'static str); 9] = [
         (Variant::Exact, "exact"),
         (Variant::NoBonus, "no_bonus"),
         (Variant::ResampleFromP, "resample_from_p"),
@@ -57,6 +61,7 @@ impl Variant {
         (Variant::GreedyCheck, "greedy_check"),
         (Variant::NoVerification, "no_verification"),
         (Variant::OffByOne, "off_by_one"),
+        (Variant::Block, "block"),
     ];
 
     pub fn name(self) -> &'static str {
@@ -94,6 +99,10 @@ pub struct Chain {
     cdf_q: Vec<f64>,
     cdf_residual: Vec<f64>,
     argmax_p: Vec<usize>,
+    /// Per state, the tokens by q descending (ties: lower id first).
+    order_q: Vec<usize>,
+    /// Per state, the number of tokens q gives positive probability.
+    support_q: Vec<usize>,
 }
 
 /// Normalized cumulative sums; from the last positive entry on, +inf, so a
@@ -150,6 +159,8 @@ impl Chain {
             cdf_q: vec![],
             cdf_residual: vec![],
             argmax_p: vec![],
+            order_q: vec![],
+            support_q: vec![],
         };
         for r in 0..s {
             let (pr, qr) = (chain.p_row(r).to_vec(), chain.q_row(r).to_vec());
@@ -157,6 +168,10 @@ impl Chain {
             chain.cdf_q.extend(cdf(&qr));
             chain.cdf_residual.extend(residual_cdf(&pr, &qr));
             chain.argmax_p.push(argmax(&pr));
+            let mut order: Vec<usize> = (0..v).collect();
+            order.sort_by(|&a, &b| qr[b].total_cmp(&qr[a]).then(a.cmp(&b)));
+            chain.order_q.extend(order);
+            chain.support_q.push(qr.iter().filter(|&&x| x > 0.0).count());
         }
         Ok(chain)
     }
@@ -186,6 +201,28 @@ impl Chain {
         &table[s * self.v..(s + 1) * self.v]
     }
 
+    /// Row `s` of p or q as the verifiers read it (rows were checked when
+    /// the chain was built, so the sum check is off).
+    fn table_row<'a>(&self, table: &'a [f64], array: &'static str, s: usize) -> Row<'a, f64> {
+        Row::new(self.row(table, s), Loc::new(array, None, s), f64::INFINITY)
+    }
+
+    /// Block verification of `drafts` after context `last` into `out`.
+    fn block_round(&self, last: usize, rng: &mut Stream, drafts: &[usize], out: &mut Vec<usize>) -> Result<()> {
+        let ctx = |i: usize| self.state(if i == 0 { last } else { drafts[i - 1] });
+        let (kept, y) = block_round(
+            drafts.len(),
+            |i| drafts[i],
+            |i| self.table_row(&self.p, "p_table", ctx(i)),
+            |i| self.table_row(&self.q, "q_table", ctx(i)),
+            rng,
+            None,
+        )?;
+        out.extend_from_slice(&drafts[..kept]);
+        out.push(y);
+        Ok(())
+    }
+
     /// One round after context token `last`; appends the emitted tokens to `out`
     /// (cleared first). `drafts` is scratch space.
     pub fn round(
@@ -196,7 +233,7 @@ impl Chain {
         rng: &mut Stream,
         drafts: &mut Vec<usize>,
         out: &mut Vec<usize>,
-    ) {
+    ) -> Result<()> {
         out.clear();
         drafts.clear();
         let mut cur = last;
@@ -204,6 +241,9 @@ impl Chain {
             let x = draw(self.row(&self.cdf_q, self.state(cur)), rng.random());
             drafts.push(x);
             cur = x;
+        }
+        if variant == Variant::Block {
+            return self.block_round(last, rng, drafts, out);
         }
         let mut ctx = last; // the token before draft i
         let mut all_accepted = true;
@@ -245,7 +285,85 @@ impl Chain {
                 _ => out.push(draw(self.row(&self.cdf_p, s), rng.random())),
             }
         }
+        Ok(())
     }
+
+    /// A token of state `s`'s q drawn without replacement: from q restricted to
+    /// the tokens not in `taken` (whose q mass is `taken_mass`), with uniform u.
+    fn draw_without(&self, s: usize, taken: &[usize], taken_mass: f64, u: f64) -> usize {
+        let q = self.q_row(s);
+        let total: f64 = q.iter().sum::<f64>() - taken_mass;
+        let target = u * total;
+        let (mut cum, mut last) = (0.0, 0);
+        for (x, &w) in q.iter().enumerate() {
+            if w <= 0.0 || taken.contains(&x) {
+                continue;
+            }
+            cum += w;
+            last = x;
+            if cum > target {
+                return x;
+            }
+        }
+        last
+    }
+
+    /// One tree round after context token `last`: the node tokens drawn as
+    /// `kind` says, then the walk; the emitted tokens go to `out`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn tree_round(
+        &self,
+        topo: &Topology,
+        kind: Children,
+        rule: TreeRule,
+        last: usize,
+        rng: &mut Stream,
+        scratch: &mut TreeScratch,
+        out: &mut Vec<usize>,
+    ) -> Result<()> {
+        let TreeScratch {
+            tokens,
+            taken,
+            updates,
+            walked,
+        } = scratch;
+        tokens.clear();
+        tokens.resize(topo.len(), 0);
+        for r in 0..=topo.len() {
+            let s = self.state(if r == 0 { last } else { tokens[r - 1] });
+            let (mut taken_mass, q) = (0.0, self.q_row(s));
+            taken.clear();
+            for (j, &c) in topo.children(r).iter().enumerate() {
+                let x = match kind {
+                    Children::Iid => draw(self.row(&self.cdf_q, s), rng.random()),
+                    Children::Fixed => self.order_q[s * self.v + j],
+                    Children::WithoutReplacement => self.draw_without(s, taken, taken_mass, rng.random()),
+                };
+                taken.push(x);
+                taken_mass += q[x];
+                tokens[c] = x;
+            }
+        }
+        let tokens = &*tokens;
+        let state = |r: usize| self.state(if r == 0 { last } else { tokens[r - 1] });
+        let rows = TreeRows {
+            p: |r: usize| self.table_row(&self.p, "p_table", state(r)),
+            q: |r: usize| self.table_row(&self.q, "q_table", state(r)),
+        };
+        walk(topo, tokens, kind, rule, &rows, rng, updates, walked)?;
+        out.clear();
+        out.extend(walked.tokens.iter().map(|&t| t as usize));
+        Ok(())
+    }
+}
+
+/// Scratch space of tree rounds, reused across rounds.
+#[derive(Debug, Default)]
+pub struct TreeScratch {
+    tokens: Vec<usize>,
+    taken: Vec<usize>,
+    updates: Vec<Update>,
+    walked: Walk,
 }
 
 fn residual_cdf(p: &[f64], q: &[f64]) -> Vec<f64> {
@@ -294,6 +412,108 @@ impl Sim {
     }
 }
 
+/// A tree simulation: the tree's shape, how children are drawn (iid from q,
+/// without replacement, or q's top tokens for `Fixed`), the rule (exact or a
+/// known tree bug), the start token and the seed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TreeSim {
+    pub topo: Topology,
+    pub kind: Children,
+    pub rule: TreeRule,
+    pub start: usize,
+    pub seed: u64,
+}
+
+/// A kind of round the engine repeats: a chain of k drafts or a tree.
+pub trait Rounds: Sync {
+    type Scratch: Default;
+    fn start(&self) -> usize;
+    fn seed(&self) -> u64;
+    /// The most tokens one round emits.
+    fn max_tokens(&self) -> usize;
+    fn check(&self, chain: &Chain) -> Result<()>;
+    /// One round after context `last` into `out` (cleared first).
+    fn round(
+        &self,
+        chain: &Chain,
+        last: usize,
+        rng: &mut Stream,
+        scratch: &mut Self::Scratch,
+        out: &mut Vec<usize>,
+    ) -> Result<()>;
+}
+
+impl Rounds for Sim {
+    type Scratch = Vec<usize>;
+    fn start(&self) -> usize {
+        self.start
+    }
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+    fn max_tokens(&self) -> usize {
+        self.k + 1
+    }
+    fn check(&self, chain: &Chain) -> Result<()> {
+        Sim::check(self, chain)
+    }
+    fn round(
+        &self,
+        chain: &Chain,
+        last: usize,
+        rng: &mut Stream,
+        drafts: &mut Vec<usize>,
+        out: &mut Vec<usize>,
+    ) -> Result<()> {
+        chain.round(self.variant, self.k, last, rng, drafts, out)
+    }
+}
+
+impl Rounds for TreeSim {
+    type Scratch = TreeScratch;
+    fn start(&self) -> usize {
+        self.start
+    }
+    fn seed(&self) -> u64 {
+        self.seed
+    }
+    fn max_tokens(&self) -> usize {
+        self.topo.depth() + 1
+    }
+    fn check(&self, chain: &Chain) -> Result<()> {
+        if self.start >= chain.v {
+            return Err(SpecError::Invalid(format!(
+                "start = {} is outside the vocabulary [0, {}); expected a token id",
+                self.start, chain.v
+            )));
+        }
+        let widest = self.topo.widest();
+        let room = match self.kind {
+            Children::Iid => usize::MAX,
+            Children::Fixed => chain.v,
+            Children::WithoutReplacement => chain.support_q.iter().copied().min().unwrap_or(0),
+        };
+        if widest > room {
+            return Err(SpecError::Invalid(format!(
+                "a node has {widest} children but only {room} distinct tokens can be drawn for \
+                 children={:?}; use fewer children per node",
+                self.kind
+            )));
+        }
+        Ok(())
+    }
+    fn round(
+        &self,
+        chain: &Chain,
+        last: usize,
+        rng: &mut Stream,
+        scratch: &mut TreeScratch,
+        out: &mut Vec<usize>,
+    ) -> Result<()> {
+        chain.tree_round(&self.topo, self.kind, self.rule, last, rng, scratch, out)
+    }
+}
+
 /// Split `total` items into blocks: (block index, items in it).
 fn blocks(total: u64) -> impl ParallelIterator<Item = (u64, u64)> {
     let n = total.div_ceil(BLOCK);
@@ -314,10 +534,16 @@ fn go_on(stop: &AtomicBool) -> Result<()> {
     Ok(())
 }
 
-/// Joint histogram of the first `num_tokens` tokens emitted after `sim.start`,
+/// Joint histogram of the first `num_tokens` tokens emitted after `sim.start()`,
 /// over `runs` independent runs; flat, index Σ_j tok_j · V^(m−1−j).
 /// Setting `stop` (from another thread) ends the work early with `Interrupted`.
-pub fn simulate(chain: &Chain, sim: Sim, runs: u64, num_tokens: usize, stop: &AtomicBool) -> Result<Vec<i64>> {
+pub fn simulate<R: Rounds>(
+    chain: &Chain,
+    sim: &R,
+    runs: u64,
+    num_tokens: usize,
+    stop: &AtomicBool,
+) -> Result<Vec<i64>> {
     sim.check(chain)?;
     let v = chain.v;
     let size = (0..num_tokens).try_fold(1usize, |acc, _| acc.checked_mul(v).filter(|&n| n <= MAX_HIST));
@@ -335,13 +561,13 @@ pub fn simulate(chain: &Chain, sim: Sim, runs: u64, num_tokens: usize, stop: &At
         .try_fold(
             || vec![0i64; size],
             |mut hist, (b, n)| {
-                let mut rng = stream(row_seed(sim.seed, b));
-                let (mut drafts, mut out) = (Vec::new(), Vec::new());
+                let mut rng = stream(row_seed(sim.seed(), b));
+                let (mut scratch, mut out) = (R::Scratch::default(), Vec::new());
                 for _ in 0..n {
-                    let (mut emitted, mut idx, mut last) = (0, 0usize, sim.start);
+                    let (mut emitted, mut idx, mut last) = (0, 0usize, sim.start());
                     while emitted < num_tokens {
                         go_on(stop)?;
-                        chain.round(sim.variant, sim.k, last, &mut rng, &mut drafts, &mut out);
+                        sim.round(chain, last, &mut rng, &mut scratch, &mut out)?;
                         for &t in out.iter().take(num_tokens - emitted) {
                             idx = idx * v + t;
                             emitted += 1;
@@ -356,34 +582,36 @@ pub fn simulate(chain: &Chain, sim: Sim, runs: u64, num_tokens: usize, stop: &At
         .try_reduce(|| vec![0i64; size], add)
 }
 
-/// Counts of rounds by tokens emitted (index 0..=k+1) over `rounds` rounds.
-/// Each block of rounds is one continuing generation from `sim.start`: the
-/// next round's context is the last token emitted. `stop` as in `simulate`.
-pub fn simulate_round_lengths(chain: &Chain, sim: Sim, rounds: u64, stop: &AtomicBool) -> Result<Vec<i64>> {
+/// Counts of rounds by tokens emitted (index 0..=max tokens per round) over
+/// `rounds` rounds. Each block of rounds is one continuing generation from
+/// `sim.start()`: the next round's context is the last token emitted.
+/// `stop` as in `simulate`.
+pub fn simulate_round_lengths<R: Rounds>(chain: &Chain, sim: &R, rounds: u64, stop: &AtomicBool) -> Result<Vec<i64>> {
     sim.check(chain)?;
-    let k = sim.k;
+    let width = sim.max_tokens() + 1;
     blocks(rounds)
         .try_fold(
-            || vec![0i64; k + 2],
+            || vec![0i64; width],
             |mut counts, (b, n)| {
-                let mut rng = stream(row_seed(sim.seed, b));
-                let (mut drafts, mut out) = (Vec::new(), Vec::new());
-                let mut last = sim.start;
+                let mut rng = stream(row_seed(sim.seed(), b));
+                let (mut scratch, mut out) = (R::Scratch::default(), Vec::new());
+                let mut last = sim.start();
                 for _ in 0..n {
                     go_on(stop)?;
-                    chain.round(sim.variant, k, last, &mut rng, &mut drafts, &mut out);
+                    sim.round(chain, last, &mut rng, &mut scratch, &mut out)?;
                     counts[out.len()] += 1;
                     last = *out.last().unwrap_or(&last);
                 }
                 Ok(counts)
             },
         )
-        .try_reduce(|| vec![0i64; k + 2], add)
+        .try_reduce(|| vec![0i64; width], add)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::tree::{Children, Topology, TreeRule};
     use ndarray::array;
 
     fn lab_chain() -> Chain {
@@ -417,7 +645,7 @@ mod tests {
         let chain = lab_chain();
         let p0 = chain.p_row(0).to_vec();
         let exact: Vec<f64> = (0..9).map(|i| p0[i / 3] * chain.p_row(i / 3)[i % 3]).collect();
-        let hist = simulate(&chain, sim(Variant::Exact, 2, 0, 0), 30_000, 2, &GO).unwrap();
+        let hist = simulate(&chain, &sim(Variant::Exact, 2, 0, 0), 30_000, 2, &GO).unwrap();
         assert!(tv(&hist, &exact) < 0.015);
         for v in [
             Variant::ResampleFromP,
@@ -427,7 +655,7 @@ mod tests {
             Variant::NoVerification,
             Variant::OffByOne,
         ] {
-            let hist = simulate(&chain, sim(v, 2, 0, 0), 30_000, 2, &GO).unwrap();
+            let hist = simulate(&chain, &sim(v, 2, 0, 0), 30_000, 2, &GO).unwrap();
             assert!(tv(&hist, &exact) > 0.015, "{v:?} passed");
         }
     }
@@ -437,8 +665,8 @@ mod tests {
         let chain = lab_chain();
         let one = rayon::ThreadPoolBuilder::new().num_threads(1).build().unwrap();
         let three = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-        let a = one.install(|| simulate_round_lengths(&chain, sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
-        let b = three.install(|| simulate_round_lengths(&chain, sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
+        let a = one.install(|| simulate_round_lengths(&chain, &sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
+        let b = three.install(|| simulate_round_lengths(&chain, &sim(Variant::Exact, 3, 0, 9), 50_000, &GO).unwrap());
         assert_eq!(a, b);
         assert_eq!(a.iter().sum::<i64>(), 50_000);
         assert_eq!(a[0], 0);
@@ -447,10 +675,10 @@ mod tests {
     #[test]
     fn no_bonus_never_emits_k_plus_one() {
         let chain = lab_chain();
-        let counts = simulate_round_lengths(&chain, sim(Variant::NoBonus, 2, 0, 1), 10_000, &GO).unwrap();
+        let counts = simulate_round_lengths(&chain, &sim(Variant::NoBonus, 2, 0, 1), 10_000, &GO).unwrap();
         assert_eq!(counts[3], 0);
         assert!(matches!(
-            simulate_round_lengths(&chain, sim(Variant::NoBonus, 0, 0, 1), 10, &GO),
+            simulate_round_lengths(&chain, &sim(Variant::NoBonus, 0, 0, 1), 10, &GO),
             Err(SpecError::Invalid(_))
         ));
     }
@@ -478,9 +706,71 @@ mod tests {
     fn a_set_stop_flag_ends_the_work() {
         let chain = lab_chain();
         let stop = AtomicBool::new(true);
-        let err = simulate(&chain, sim(Variant::Exact, 2, 0, 0), u64::MAX, 2, &stop).unwrap_err();
+        let err = simulate(&chain, &sim(Variant::Exact, 2, 0, 0), u64::MAX, 2, &stop).unwrap_err();
         assert_eq!(err, SpecError::Interrupted);
-        let err = simulate_round_lengths(&chain, sim(Variant::Exact, 2, 0, 0), u64::MAX, &stop).unwrap_err();
+        let err = simulate_round_lengths(&chain, &sim(Variant::Exact, 2, 0, 0), u64::MAX, &stop).unwrap_err();
         assert_eq!(err, SpecError::Interrupted);
+    }
+
+    fn tree_sim(parents: &[i64], kind: Children, rule: TreeRule, seed: u64) -> TreeSim {
+        TreeSim {
+            topo: Topology::new(parents).unwrap(),
+            kind,
+            rule,
+            start: 0,
+            seed,
+        }
+    }
+
+    fn exact_pairs(chain: &Chain) -> Vec<f64> {
+        let p0 = chain.p_row(0).to_vec();
+        (0..9).map(|i| p0[i / 3] * chain.p_row(i / 3)[i % 3]).collect()
+    }
+
+    #[test]
+    fn block_verification_is_exact_and_keeps_more() {
+        let chain = lab_chain();
+        let hist = simulate(&chain, &sim(Variant::Block, 3, 0, 0), 30_000, 2, &GO).unwrap();
+        let t = tv(&hist, &exact_pairs(&chain));
+        assert!(t < 0.015, "block TV {t}");
+        let mean = |v: Variant| {
+            let c = simulate_round_lengths(&chain, &sim(v, 4, 0, 5), 400_000, &GO).unwrap();
+            c.iter().enumerate().map(|(n, &k)| n as f64 * k as f64).sum::<f64>() / 400_000.0
+        };
+        let (token, block) = (mean(Variant::Exact), mean(Variant::Block));
+        println!("tokens per round: token-wise {token:.4}, block {block:.4}");
+        assert!(block > token);
+    }
+
+    const BINARY: [i64; 6] = [-1, -1, 0, 0, 1, 1];
+
+    #[test]
+    fn tree_rounds_are_exact_for_every_children_kind() {
+        let chain = lab_chain();
+        let exact = exact_pairs(&chain);
+        for (kind, _) in Children::TABLE {
+            let hist = simulate(&chain, &tree_sim(&BINARY, kind, TreeRule::Exact, 1), 30_000, 2, &GO).unwrap();
+            let t = tv(&hist, &exact);
+            println!("{kind:?}: TV {t:.4}");
+            assert!(t < 0.015, "{kind:?} TV {t}");
+        }
+    }
+
+    #[test]
+    fn tree_bugs_are_caught() {
+        let chain = lab_chain();
+        let exact = exact_pairs(&chain);
+        for (kind, rule) in [
+            (Children::Iid, TreeRule::NoUpdate),
+            (Children::Iid, TreeRule::OriginalP),
+            (Children::Iid, TreeRule::BonusAtRejected),
+            (Children::WithoutReplacement, TreeRule::NoUpdate),
+            (Children::Fixed, TreeRule::AsIid),
+        ] {
+            let hist = simulate(&chain, &tree_sim(&BINARY, kind, rule, 2), 30_000, 2, &GO).unwrap();
+            let t = tv(&hist, &exact);
+            println!("{kind:?} {rule:?}: TV {t:.4}");
+            assert!(t > 0.015, "{kind:?} {rule:?} passed with TV {t}");
+        }
     }
 }

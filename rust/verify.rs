@@ -18,6 +18,9 @@ use ndarray::{ArrayView1, ArrayView2, ArrayView3, Axis};
 use rand::RngExt;
 use rayon::prelude::*;
 
+use std::str::FromStr;
+
+use crate::block::block_round;
 use crate::error::{Loc, Result, SpecError};
 use crate::prob::{
     check_entry, check_row, pick_residual, pick_row, residual_weights, row_weights, Prob, Residual, Row, Weights,
@@ -61,6 +64,31 @@ fn row_slice<'a, T>(a: &'a ArrayView2<'_, T>, i: usize, name: &str) -> Result<&'
     a.index_axis(Axis(0), i)
         .to_slice()
         .ok_or_else(|| SpecError::Invalid(format!("{name} is not C-contiguous; pass np.ascontiguousarray({name})")))
+}
+
+/// The acceptance rule of a chain round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Method {
+    /// Token-wise: stop at the first rejected draft (Leviathan et al.).
+    Token,
+    /// Block verification (Sun et al., 2025; see `block`): the longest
+    /// prefix the joint ratios allow; never fewer tokens in expectation.
+    Block,
+}
+
+impl Method {
+    pub const TABLE: [(Method, &'static str); 2] = [(Method::Token, "token"), (Method::Block, "block")];
+}
+
+impl FromStr for Method {
+    type Err = SpecError;
+    fn from_str(s: &str) -> Result<Self> {
+        Method::TABLE
+            .iter()
+            .find(|(_, n)| *n == s)
+            .map(|(m, _)| *m)
+            .ok_or_else(|| SpecError::Invalid(format!("unknown method {s:?}; expected \"token\" or \"block\"")))
+    }
 }
 
 /// How much of the input a round checks, and each array's row-sum tolerance.
@@ -262,17 +290,22 @@ fn pick_last<P: Prob, Q: Prob>(
 /// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
 ///
 /// `batch` only labels error messages.
+#[allow(clippy::too_many_arguments)]
 pub fn verify_into<P: Prob, Q: Prob>(
     p: &ArrayView2<'_, P>,
     q: &ArrayView2<'_, Q>,
     drafts: &ArrayView1<'_, i64>,
     rng: &mut Stream,
     checks: Checks,
+    method: Method,
     batch: Option<usize>,
     out: &mut [i64],
 ) -> Result<usize> {
     let (k, v) = round_dims(p.dim(), q.dim(), drafts.len())?;
     check_drafts(drafts, v, batch)?;
+    if method == Method::Block {
+        return block_into(p, q, drafts, rng, checks, batch, out);
+    }
     let gathered = |i: usize| {
         let x = drafts[i] as usize;
         (p[[i, x]].to_f64(), q[[i, x]].to_f64())
@@ -285,6 +318,39 @@ pub fn verify_into<P: Prob, Q: Prob>(
     }
     out[m] = pick_last(p, q, m, &last, u, batch)?;
     Ok(m + 1)
+}
+
+/// A C-contiguous (rows, V) array's data.
+fn contiguous<'a, T>(a: &'a ArrayView2<'_, T>, name: &str) -> Result<&'a [T]> {
+    a.as_slice()
+        .ok_or_else(|| SpecError::Invalid(format!("{name} is not C-contiguous; pass np.ascontiguousarray({name})")))
+}
+
+/// `verify_into` with block verification (checked shapes and drafts).
+fn block_into<P: Prob, Q: Prob>(
+    p: &ArrayView2<'_, P>,
+    q: &ArrayView2<'_, Q>,
+    drafts: &ArrayView1<'_, i64>,
+    rng: &mut Stream,
+    checks: Checks,
+    batch: Option<usize>,
+    out: &mut [i64],
+) -> Result<usize> {
+    let (p_name, q_name) = names(batch);
+    if checks.full {
+        check_rows(p, p_name, batch, checks.p_tol)?;
+        check_rows(q, q_name, batch, checks.q_tol)?;
+    }
+    let (k, v) = (q.nrows(), p.ncols());
+    let (pd, qd) = (contiguous(p, p_name)?, contiguous(q, q_name)?);
+    let p_row = |i: usize| Row::new(&pd[i * v..(i + 1) * v], Loc::new(p_name, batch, i), checks.p_tol);
+    let q_row = |i: usize| Row::new(&qd[i * v..(i + 1) * v], Loc::new(q_name, batch, i), checks.q_tol);
+    let (kept, last) = block_round(k, |i| drafts[i] as usize, p_row, q_row, rng, batch)?;
+    for (o, &x) in out.iter_mut().zip(drafts.iter()).take(kept) {
+        *o = x;
+    }
+    out[kept] = last as i64;
+    Ok(kept + 1)
 }
 
 /// Phase 1 of a round whose rows live elsewhere (e.g. on a GPU): the number
@@ -351,9 +417,10 @@ pub fn verify<P: Prob, Q: Prob>(
     drafts: ArrayView1<'_, i64>,
     seed: u64,
     checks: Checks,
+    method: Method,
 ) -> Result<Vec<i64>> {
     let mut out = vec![-1i64; p.nrows().max(1)];
-    let n = verify_into(&p, &q, &drafts, &mut stream(seed), checks, None, &mut out)?;
+    let n = verify_into(&p, &q, &drafts, &mut stream(seed), checks, method, None, &mut out)?;
     out.truncate(n);
     Ok(out)
 }
@@ -376,6 +443,7 @@ pub fn verify_batch<P: Prob, Q: Prob>(
     drafts: ArrayView2<'_, i64>,
     seed: u64,
     checks: Checks,
+    method: Method,
 ) -> Result<Batch> {
     let (b, kp1, v) = p.dim();
     if q.dim().0 != b || drafts.dim().0 != b {
@@ -400,7 +468,7 @@ pub fn verify_batch<P: Prob, Q: Prob>(
                 q.index_axis(Axis(0), row),
                 drafts.index_axis(Axis(0), row),
             );
-            *n = verify_into(&pr, &qr, &dr, &mut rng, checks, Some(row), out)? as i64;
+            *n = verify_into(&pr, &qr, &dr, &mut rng, checks, method, Some(row), out)? as i64;
             Ok(())
         })
         .collect();
@@ -434,7 +502,7 @@ mod tests {
         let q = Array2::from_elem((3, 5), 0.2f64);
         let d = array![1i64, 4, 0];
         for seed in 0..200 {
-            let out = verify(p.view(), q.view(), d.view(), seed, FULL).unwrap();
+            let out = verify(p.view(), q.view(), d.view(), seed, FULL, Method::Token).unwrap();
             assert_eq!(out.len(), 4);
             assert_eq!(&out[..3], &[1, 4, 0]);
         }
@@ -447,7 +515,10 @@ mod tests {
         let q = array![[1.0f32, 0.0], [1.0, 0.0]];
         let d = array![0i64, 0];
         for seed in 0..100 {
-            assert_eq!(verify(p.view(), q.view(), d.view(), seed, FULL).unwrap(), vec![1]);
+            assert_eq!(
+                verify(p.view(), q.view(), d.view(), seed, FULL, Method::Token).unwrap(),
+                vec![1]
+            );
         }
     }
 
@@ -456,19 +527,22 @@ mod tests {
         let p = array![[0.0f64, 0.0, 1.0]];
         let q = Array2::<f64>::zeros((0, 3));
         let d = ndarray::Array1::<i64>::zeros(0);
-        assert_eq!(verify(p.view(), q.view(), d.view(), 3, FULL).unwrap(), vec![2]);
+        assert_eq!(
+            verify(p.view(), q.view(), d.view(), 3, FULL, Method::Token).unwrap(),
+            vec![2]
+        );
     }
 
     #[test]
     fn bad_inputs_are_errors_not_panics() {
         let p = array![[0.5f64, 0.5], [0.5, 0.5]];
         let q = array![[0.5f64, 0.5]];
-        let err = verify(p.view(), q.view(), array![2i64].view(), 0, FULL).unwrap_err();
+        let err = verify(p.view(), q.view(), array![2i64].view(), 0, FULL, Method::Token).unwrap_err();
         assert!(matches!(err, SpecError::DraftOutOfRange { token: 2, .. }));
         let q0 = array![[1.0f64, 0.0]];
-        let err = verify(p.view(), q0.view(), array![1i64].view(), 0, READ).unwrap_err();
+        let err = verify(p.view(), q0.view(), array![1i64].view(), 0, READ, Method::Token).unwrap_err();
         assert!(matches!(err, SpecError::ZeroDraftProb { index: 0, .. }));
-        let err = verify(p.view(), q.view(), array![0i64, 1].view(), 0, FULL).unwrap_err();
+        let err = verify(p.view(), q.view(), array![0i64, 1].view(), 0, FULL, Method::Token).unwrap_err();
         assert!(matches!(err, SpecError::Shape(_)));
     }
 
@@ -477,7 +551,7 @@ mod tests {
         let p = ndarray::Array3::from_shape_fn((6, 3, 4), |(b, i, j)| ((b + i + j) % 4 + 1) as f64 / 10.0);
         let q = ndarray::Array3::from_shape_fn((6, 2, 4), |(b, i, j)| ((b * 3 + i + 3 * j) % 4 + 1) as f64 / 10.0);
         let d = ndarray::Array2::from_shape_fn((6, 2), |(b, i)| ((b + i) % 4) as i64);
-        let batch = verify_batch(p.view(), q.view(), d.view(), 11, FULL).unwrap();
+        let batch = verify_batch(p.view(), q.view(), d.view(), 11, FULL, Method::Token).unwrap();
         for row in 0..6 {
             let single = verify(
                 p.index_axis(Axis(0), row),
@@ -485,6 +559,7 @@ mod tests {
                 d.index_axis(Axis(0), row),
                 row_seed(11, row as u64),
                 FULL,
+                Method::Token,
             )
             .unwrap();
             let n = batch.num_emitted[row] as usize;
@@ -499,7 +574,7 @@ mod tests {
         let q = ndarray::Array2::from_shape_fn((3, 5), |(i, j)| ((3 * i + j) % 5 + 1) as f64 / 15.0);
         let d = array![1i64, 3, 0];
         for seed in 0..300 {
-            let one = verify(p.view(), q.view(), d.view(), seed, FULL).unwrap();
+            let one = verify(p.view(), q.view(), d.view(), seed, FULL, Method::Token).unwrap();
             let px = ndarray::Array1::from_shape_fn(3, |i| p[[i, d[i] as usize]]);
             let qx = ndarray::Array1::from_shape_fn(3, |i| q[[i, d[i] as usize]]);
             let m = accept_gathered(px.view(), qx.view(), seed).unwrap();
@@ -516,13 +591,13 @@ mod tests {
         let p = array![[0.5f64, 0.5], [1.0, 0.0], [0.5, 0.5]];
         let q = array![[0.5f64, 0.5], [f64::NAN, 1.0]];
         let d = array![0i64, 1];
-        let read = verify(p.view(), q.view(), d.view(), 0, READ);
+        let read = verify(p.view(), q.view(), d.view(), 0, READ, Method::Token);
         // p_1(1) = 0 rejects draft 1 only after reading q_1(1) = 1; its row has a NaN
         assert!(matches!(read, Err(SpecError::NotFinite { .. })));
         let q = array![[0.5f64, 0.5], [0.0, 1.0]];
         let p_bad = array![[0.5f64, 0.5], [1.0, 0.0], [f64::NAN, 2.0]]; // draft 1 rejected: row 2 unread
-        assert!(verify(p_bad.view(), q.view(), d.view(), 0, READ).is_ok());
-        let full = verify(p_bad.view(), q.view(), d.view(), 0, FULL).unwrap_err();
+        assert!(verify(p_bad.view(), q.view(), d.view(), 0, READ, Method::Token).is_ok());
+        let full = verify(p_bad.view(), q.view(), d.view(), 0, FULL, Method::Token).unwrap_err();
         assert!(matches!(
             full,
             SpecError::NotFinite {

@@ -32,7 +32,7 @@ def pair_tv(variant: str, seed: int) -> float:
 
 
 def test_variants_are_the_known_list() -> None:
-    assert set(sd.VARIANTS) == {"exact", "no_bonus", *BUGS_CAUGHT_BY_TV}
+    assert set(sd.VARIANTS) == {"exact", "no_bonus", "block", *BUGS_CAUGHT_BY_TV}
 
 
 @pytest.mark.parametrize("variant", BUGS_CAUGHT_BY_TV)

@@ -193,7 +193,7 @@ def test_numpy_reference_passes_the_same_suite() -> None:
     assert numpy_suite_min_pvalue("exact", seed=8) > SIGNIFICANCE
 
 
-@pytest.mark.parametrize("variant", [v for v in sd.VARIANTS if v != "exact"])
+@pytest.mark.parametrize("variant", [v for v in sd.VARIANTS if v not in ("exact", "block")])
 def test_every_bug_fails_the_chi_square_suite(variant: str) -> None:
     assert numpy_suite_min_pvalue(variant, seed=9) < SIGNIFICANCE
 

@@ -12,13 +12,18 @@ p = target, q = draft, k = γ (drafts per round).
 3.3616
 """
 
-from specdec_rs._core import VARIANTS, __version__
+from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
 from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
 from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.lab import speculative_step
 from specdec_rs.policy import AdaptiveK, FixedK, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig, logits_to_probs
-from specdec_rs.sim import simulate, simulate_round_lengths
+from specdec_rs.sim import (
+    simulate,
+    simulate_round_lengths,
+    simulate_tree,
+    simulate_tree_round_lengths,
+)
 from specdec_rs.theory import (
     acceptance_rate,
     best_k,
@@ -27,7 +32,7 @@ from specdec_rs.theory import (
     expected_tokens,
     expected_tokens_per_position,
 )
-from specdec_rs.verify import row_seed, verify, verify_batch, verify_device
+from specdec_rs.verify import row_seed, verify, verify_batch, verify_device, verify_tree
 
 __all__ = [
     "AdaptiveK",
@@ -43,6 +48,7 @@ __all__ = [
     "SamplingConfig",
     "generate",
     "logits_to_probs",
+    "TREE_VARIANTS",
     "VARIANTS",
     "__version__",
     "acceptance_rate",
@@ -54,8 +60,11 @@ __all__ = [
     "row_seed",
     "simulate",
     "simulate_round_lengths",
+    "simulate_tree",
+    "simulate_tree_round_lengths",
     "speculative_step",
     "verify",
     "verify_batch",
     "verify_device",
+    "verify_tree",
 ]

@@ -6,6 +6,8 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "CHILDREN",
+    "METHODS",
     "MAX_THREADS",
     "accept_gathered",
     "finish_round",
@@ -14,11 +16,18 @@ __all__ = [
     "row_seed",
     "simulate",
     "simulate_round_lengths",
+    "simulate_tree",
+    "simulate_tree_round_lengths",
+    "TREE_VARIANTS",
     "verify",
     "verify_batch",
+    "verify_tree",
 ]
 
 VARIANTS: list[str]
+TREE_VARIANTS: list[str]
+CHILDREN: list[str]
+METHODS: list[str]
 MAX_THREADS: int
 __version__: str
 
@@ -30,6 +39,7 @@ def verify(
     full: bool = True,
     p_tol: float | None = None,
     q_tol: float | None = None,
+    method: str = "token",
 ) -> npt.NDArray[np.int64]: ...
 def verify_batch(
     p: npt.NDArray[np.float32] | npt.NDArray[np.float64],
@@ -40,7 +50,48 @@ def verify_batch(
     p_tol: float | None = None,
     q_tol: float | None = None,
     threads: int | None = None,
+    method: str = "token",
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def verify_tree(
+    p_rows: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    q_rows: npt.NDArray[np.float32] | npt.NDArray[np.float64],
+    tokens: npt.NDArray[np.int64],
+    parents: npt.NDArray[np.int64],
+    seed: int,
+    children: str = "iid",
+    full: bool = False,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
+def simulate_tree(
+    p_table: npt.NDArray[np.float64],
+    q_table: npt.NDArray[np.float64],
+    *,
+    parents: npt.NDArray[np.int64],
+    children: str,
+    runs: int,
+    num_tokens: int,
+    start: int,
+    variant: str,
+    seed: int,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]: ...
+def simulate_tree_round_lengths(
+    p_table: npt.NDArray[np.float64],
+    q_table: npt.NDArray[np.float64],
+    *,
+    parents: npt.NDArray[np.int64],
+    children: str,
+    rounds: int,
+    start: int,
+    variant: str,
+    seed: int,
+    p_tol: float | None = None,
+    q_tol: float | None = None,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]: ...
 def simulate(
     p_table: npt.NDArray[np.float64],
     q_table: npt.NDArray[np.float64],

@@ -39,6 +39,38 @@ def verify_numpy(
     return np.append(drafts[:i], j).astype(np.int64)
 
 
+def verify_block_numpy(
+    p_rows: np.ndarray, q_rows: np.ndarray, drafts: IntArray, rng: np.random.Generator
+) -> IntArray:
+    """One block-verified round (Sun et al., 2025), written from the paper's
+    algorithm: r_i = min(1, r_{i-1} p_{i-1}(x_i)/q_{i-1}(x_i)),
+    h_i = Z_i / (Z_i + 1 − r_i) with Z_i = Σ max(0, r_i p_i − q_i) (h_k = r_k),
+    τ = the last i with η_i < h_i; then norm(max(0, r_τ p_τ − q_τ)) or p_k."""
+    k = len(drafts)
+    ratio = np.ones(k + 1)
+    for i in range(k):
+        ratio[i + 1] = min(1.0, ratio[i] * p_rows[i, drafts[i]] / q_rows[i, drafts[i]])
+    eta = rng.random(k)
+    tau = 0
+    for i in range(1, k + 1):
+        if i == k:
+            h = ratio[k]
+        else:
+            z = np.maximum(ratio[i] * p_rows[i] - q_rows[i], 0).sum()
+            h = z / (z + 1 - ratio[i]) if z + 1 - ratio[i] > 0 else 1.0
+        if eta[i - 1] < h:
+            tau = i
+    if tau == k:
+        weights = p_rows[k]
+    else:
+        weights = np.maximum(ratio[tau] * p_rows[tau] - q_rows[tau], 0)
+        if weights.sum() <= 0:
+            weights = p_rows[tau]
+    cdf = np.cumsum(weights, dtype=np.float64)
+    last = np.searchsorted(cdf, rng.random() * cdf[-1], side="right")
+    return np.append(drafts[:tau], last).astype(np.int64)
+
+
 def verify_batch_numpy(
     p: np.ndarray,
     q: np.ndarray,

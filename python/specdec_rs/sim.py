@@ -2,7 +2,12 @@
 
 A table has shape (S, V): S = V is a Markov chain on the last token (row r
 is the distribution after token r), S = 1 a prefix-independent model.
-`variant` selects the exact rule or one of the known bugs (see `VARIANTS`).
+`variant` selects the exact rule (or "block", block verification) or one of
+the known bugs (see `VARIANTS`). `simulate_tree` and
+`simulate_tree_round_lengths` run tree rounds: a fixed tree shape whose node
+tokens are drawn each round from q (iid, without replacement, or q's top
+tokens for "fixed" children), verified by the tree walk of `verify_tree` or
+one of the known tree bugs (`TREE_VARIANTS`).
 Results are identical for a given seed whatever the thread count. Rows are
 checked with the tolerance of the tables' own precision (1e-6 for float64,
 1e-3 for float32); sampling normalizes each row by its sum. Ctrl-C stops a
@@ -85,3 +90,60 @@ def simulate_round_lengths(
     args = _common(p_table, q_table, k, start, variant, seed, threads)
     rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
     return _core.simulate_round_lengths(rounds=rounds, **args)
+
+
+def _tree_args(parents: Any, children: Any, variant: Any) -> dict[str, Any]:
+    from specdec_rs.verify import CHILDREN
+
+    return {
+        "parents": _checks.token_array(parents, "parents", 1),
+        "children": _checks.choice(children, "children", CHILDREN),
+        "variant": _checks.choice(variant, "variant", _core.TREE_VARIANTS),
+    }
+
+
+def simulate_tree(
+    p_table: Any,
+    q_table: Any,
+    *,
+    parents: Any,
+    children: str = "iid",
+    runs: int,
+    num_tokens: int,
+    start: int,
+    variant: str = "exact",
+    seed: int = 0,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]:
+    """`simulate` with tree rounds: each round draws a tree of the shape
+    `parents` (as in `verify_tree`) from q, as `children` says, and walks it.
+    Returns the joint histogram of the first `num_tokens` tokens, shape (V,) * num_tokens.
+    """
+    args = _common(p_table, q_table, 0, start, "exact", seed, threads)
+    del args["k"]
+    args.update(_tree_args(parents, children, variant))
+    m = _checks.integer(num_tokens, "num_tokens", minimum=1, maximum=MAX_NUM_TOKENS)
+    runs = _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX)
+    flat = _core.simulate_tree(runs=runs, num_tokens=m, **args)
+    return flat.reshape((args["p_table"].shape[1],) * m)
+
+
+def simulate_tree_round_lengths(
+    p_table: Any,
+    q_table: Any,
+    *,
+    parents: Any,
+    children: str = "iid",
+    rounds: int,
+    start: int = 0,
+    variant: str = "exact",
+    seed: int = 0,
+    threads: int | None = None,
+) -> npt.NDArray[np.int64]:
+    """Counts of tree rounds by tokens emitted: shape (depth + 2,), index =
+    tokens emitted; continuing generations as in `simulate_round_lengths`."""
+    args = _common(p_table, q_table, 0, start, "exact", seed, threads)
+    del args["k"]
+    args.update(_tree_args(parents, children, variant))
+    rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
+    return _core.simulate_tree_round_lengths(rounds=rounds, **args)

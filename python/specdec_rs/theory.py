@@ -164,3 +164,100 @@ def table(alphas: Sequence[float], cost_ratio: float, k_max: int = 10) -> Theory
     best = [best_k(x, c, k_max) for x in a]
     even = [break_even_cost(x, max(b, 1)) for x, b in zip(a, best, strict=True)]
     return TheoryTable(a, c, rows, best, even)
+
+
+# ------------------------------------------------------------------ trees
+
+
+def _parents(parents: Any) -> list[int]:
+    out = _checks.integers(parents, "parents", minimum=-1)
+    for i, par in enumerate(out):
+        if par >= i:
+            raise ValueError(
+                f"parents[{i}] = {par} is not an earlier node; expected -1 (the root) or an "
+                f"index below {i} (nodes in topological order)"
+            )
+    return out
+
+
+def expected_tokens_tree(parents: Any, sibling_accept: Sequence[float]) -> float:
+    """E[tokens per target pass] of a draft tree (the shape of `verify_tree`)
+    when the j-th child of any reached node is accepted with probability
+    a_j given that its j earlier siblings were rejected (a prefix-independent
+    pair, so a_j does not depend on the node; see `sibling_acceptance`):
+
+        E = 1 + Σ_nodes P(node accepted),
+        P(node) = P(parent) · Π_{i<j} (1 − a_i) · a_j   (P(root) = 1).
+
+    A chain of k nodes with a_0 = α gives `expected_tokens(α, k)`.
+    """
+    par = _parents(parents)
+    a = _checks.reals(sibling_accept, "sibling_accept", minimum=0.0, maximum=1.0)
+    reach = [1.0] * (len(par) + 1)  # by row: 0 the root, i + 1 node i
+    tried: dict[int, int] = {}
+    rejected_before: dict[int, float] = {}
+    total = 1.0
+    for i, p_row in enumerate(r + 1 for r in par):
+        j = tried.get(p_row, 0)
+        if j >= len(a):
+            raise ValueError(
+                f"node {i} is child number {j + 1} of its parent but sibling_accept has "
+                f"{len(a)} entries; give one per sibling rank"
+            )
+        before = rejected_before.get(p_row, 1.0)
+        reach[i + 1] = reach[p_row] * before * a[j]
+        rejected_before[p_row] = before * (1.0 - a[j])
+        tried[p_row] = j + 1
+        total += reach[i + 1]
+    return total
+
+
+def sibling_acceptance(p: Any, q: Any, width: int, *, children: str = "iid") -> list[float]:
+    """a_j, j < width: the probability that the j-th child of a node is
+    accepted given its earlier siblings were rejected, for target p and
+    draft q of shape (V,) under the rule of `verify_tree`:
+
+    - "iid": a_j = Σ min(p_j, q), p_0 = p, p_{j+1} = norm(max(0, p_j − q)).
+    - "without_replacement": exact expectation over the siblings drawn before
+      (enumerated: V^width paths, for small V), with q renormalized over the
+      tokens not yet drawn.
+    - "fixed" (children = q's top `width` tokens): a_j = p(c_j) / (1 − Σ_{i<j} p(c_i)).
+    """
+    pa = _checks.distribution(p, "p").astype(np.float64)
+    qa = _checks.distribution(q, "q").astype(np.float64)
+    w = _checks.integer(width, "width", minimum=1, maximum=64)
+    kind = _checks.choice(children, "children", ("iid", "without_replacement", "fixed"))
+    if kind == "fixed":
+        top = np.argsort(-qa, kind="stable")[:w]
+        out, left = [], 1.0
+        for c in top:
+            out.append(float(pa[c] / left) if left > 0 else 0.0)
+            left -= pa[c]
+        return out
+    if kind == "iid":
+        out, cur = [], pa
+        for _ in range(w):
+            out.append(float(np.minimum(cur, qa).sum()))
+            res = np.maximum(cur - qa, 0.0)
+            cur = res / res.sum() if res.sum() > 0 else cur
+        return out
+    reach, accept = np.zeros(w), np.zeros(w)
+
+    def visit(j: int, cur: np.ndarray, drawn: list[int], prob: float) -> None:
+        if j == w or prob == 0.0:
+            return
+        qj = qa.copy()
+        qj[drawn] = 0.0
+        if qj.sum() <= 0:
+            return
+        qj /= qj.sum()
+        reach[j] += prob
+        for x in np.flatnonzero(qj > 0):
+            accept[j] += prob * qj[x] * min(1.0, cur[x] / qj[x])
+            reject = prob * qj[x] * max(0.0, 1.0 - cur[x] / qj[x])
+            if reject > 0:
+                res = np.maximum(cur - qj, 0.0)
+                visit(j + 1, res / res.sum(), [*drawn, int(x)], reject)
+
+    visit(0, pa, [], 1.0)
+    return [float(accept[j] / reach[j]) if reach[j] > 0 else 0.0 for j in range(w)]

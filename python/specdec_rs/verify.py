@@ -4,6 +4,10 @@ One round: accept draft i with probability min(1, p_i(x)/q_i(x)); at the
 first rejection emit a sample of norm(max(0, p_i − q_i)) and stop; if all k
 drafts pass, emit a bonus token from p_k. The output is distributed exactly as
 sampling from p would be. The work runs in Rust with the GIL released.
+
+`method="block"` verifies the chain as a block (Sun et al., ICLR 2025):
+exact too, and never fewer tokens per round on average. `verify_tree`
+verifies a tree of drafts (several candidates per position).
 """
 
 from __future__ import annotations
@@ -31,6 +35,10 @@ def _rows(p_rows: Any, q_rows: Any, ndim: int) -> tuple[np.ndarray, np.ndarray, 
 
 CHECKS = ("read", "full")
 Check = Literal["read", "full"]
+METHODS = tuple(_core.METHODS)
+Method = Literal["token", "block"]
+CHILDREN = tuple(_core.CHILDREN)
+ChildrenKind = Literal["iid", "without_replacement", "fixed"]
 
 
 def _full(check: Any) -> bool:
@@ -38,7 +46,13 @@ def _full(check: Any) -> bool:
 
 
 def verify(
-    p_rows: Any, q_rows: Any, drafts: Any, seed: int, *, check: Check = "read"
+    p_rows: Any,
+    q_rows: Any,
+    drafts: Any,
+    seed: int,
+    *,
+    check: Check = "read",
+    method: Method = "token",
 ) -> npt.NDArray[np.int64]:
     """One speculative round; returns the 1..k+1 emitted token ids (int64).
 
@@ -52,6 +66,13 @@ def verify(
         an invalid value. "full" also checks every other row, in the same pass
         (row sums within 1e-6 for float64, 1e-3 for float32, 4e-3 for
         bfloat16, 1e-3 + V·2^-25 for float16).
+    method: "token" (default) stops at the first rejected draft. "block" is
+        block verification: with r_0 = 1, r_i = min(1, r_{i-1} p_{i-1}(x_i) / q_{i-1}(x_i))
+        and h_i = Z_i / (Z_i + 1 − r_i), Z_i = Σ_x max(0, r_i p_i(x) − q_i(x)) (h_k = r_k),
+        it keeps τ = max{i : η_i < h_i} drafts (η_i uniform), then draws from
+        norm(max(0, r_τ p_τ − q_τ)), or from p_k when τ = k. Exact, and
+        E[tokens] is never below "token"'s; the same for one-hot q (greedy
+        or lookup drafts). It reads up to k − τ rows in full (one pass each).
 
     float32 and float64 NumPy arrays and CPU torch tensors are read without a
     copy (p and q may differ in precision; each row is checked with its own
@@ -66,7 +87,72 @@ def verify(
     """
     p, q, p_tol, q_tol = _rows(p_rows, q_rows, 2)
     d = _checks.token_array(drafts, "drafts", 1)
-    return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol)
+    method = _checks.choice(method, "method", METHODS)
+    return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol, method)
+
+
+def verify_tree(
+    p_rows: Any,
+    q_rows: Any,
+    tokens: Any,
+    parents: Any,
+    seed: int,
+    *,
+    children: ChildrenKind = "iid",
+    check: Check = "read",
+) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Verify a tree of drafts in one round; returns (emitted tokens, accepted nodes).
+
+    tokens, parents: (n,) the draft nodes in topological order; node i carries
+        tokens[i] and hangs below parents[i] (-1 = the root, the position
+        after the committed text; otherwise an earlier node).
+    p_rows: (n+1, V) row 0 the target at the root, row i+1 the target after
+        the path ending at node i.
+    q_rows: (n+1, V) row 0 the distribution the root's children were drawn
+        from, row i+1 the one node i's children were drawn from (rows of
+        nodes without children are not read). None for children="fixed".
+    children: how each node's children were chosen, which fixes the rule:
+      - "iid": drawn independently from the node's q row (duplicates allowed).
+        Multi-step speculative sampling (SpecInfer): try the children in
+        order, accept x with min(1, p'(x)/q(x)); on a rejection
+        p' ← norm(max(0, p' − q)); if all are rejected, emit a sample of p'.
+      - "without_replacement": drawn from q without replacement (distinct
+        siblings). Recursive rejection sampling (Jeon et al., 2024): child j
+        is tested against q_j = q / (1 − q-mass of the siblings before it),
+        and p' is updated with q_j.
+      - "fixed": deterministic candidates (top-k, lookup matches): draw y from
+        the node's p; follow the child whose token is y, otherwise emit y.
+        q is not read.
+      At a node without children the walk emits a bonus token from its p row.
+    check: as in `verify` ("full" checks every p row and the q rows of nodes
+        with children).
+
+    Returns the emitted tokens (the accepted path, then one more: 1..depth+1
+    tokens, int64) and the indices of the accepted nodes (one fewer), so the
+    caller can keep their cache entries. The output law is the target's. Each
+    rejection costs one pass over the node's p and q rows; an accepted child
+    costs two gathers. Same inputs + same seed = same output.
+
+    >>> import numpy as np
+    >>> p = np.array([[0.0, 1.0], [0.5, 0.5], [0.5, 0.5]]); q = np.full((3, 2), 0.5)
+    >>> tokens, nodes = verify_tree(p, q, [0, 1], [-1, -1], seed=3)  # two candidates, one position
+    >>> int(tokens[0]), nodes.tolist()  # p(0) = 0 rejects node 0; then p' = [0, 1] accepts node 1
+    (1, [1])
+    """
+    kind = _checks.choice(children, "children", CHILDREN)
+    p, p_tol = _checks.prob_array(p_rows, "p_rows", 2)
+    if q_rows is None:
+        if kind != "fixed":
+            raise ValueError(
+                f"q_rows is None but children = {kind!r} reads q; pass the (n+1, V) rows the "
+                'children were drawn from, or children="fixed" for deterministic candidates'
+            )
+        q, q_tol = np.zeros((0, p.shape[1]), dtype=p.dtype), p_tol
+    else:
+        q, q_tol = _checks.prob_array(q_rows, "q_rows", 2)
+    t = _checks.token_array(tokens, "tokens", 1)
+    par = _checks.token_array(parents, "parents", 1)
+    return _core.verify_tree(p, q, t, par, _checks.seed(seed), kind, _full(check), p_tol, q_tol)
 
 
 def verify_batch(
@@ -77,18 +163,29 @@ def verify_batch(
     *,
     check: Check = "read",
     threads: int | None = None,
+    method: Method = "token",
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
     """B independent rounds, spread over threads with the GIL released.
 
     p: (B, k+1, V), q: (B, k, V), drafts: (B, k). Returns tokens (B, k+1)
     int64 padded with -1 and num_emitted (B,). Row b equals
-    ``verify(p[b], q[b], drafts[b], seed=row_seed(seed, b))`` whatever the
-    thread count (threads=None uses one per core). `check` as in `verify`.
+    ``verify(p[b], q[b], drafts[b], seed=row_seed(seed, b), method=method)``
+    whatever the thread count (threads=None uses one per core). `check` and
+    `method` as in `verify`.
     """
     pa, qa, p_tol, q_tol = _rows(p, q, 3)
     d = _checks.token_array(drafts, "drafts", 2)
+    method = _checks.choice(method, "method", METHODS)
     return _core.verify_batch(
-        pa, qa, d, _checks.seed(seed), _full(check), p_tol, q_tol, _checks.threads(threads)
+        pa,
+        qa,
+        d,
+        _checks.seed(seed),
+        _full(check),
+        p_tol,
+        q_tol,
+        _checks.threads(threads),
+        method,
     )
 
 
