@@ -87,8 +87,8 @@ def verify(
     """
     p, q, p_tol, q_tol = _rows(p_rows, q_rows, 2)
     d = _checks.token_array(drafts, "drafts", 1)
-    method = _checks.choice(method, "method", METHODS)
-    return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol, method)
+    rule = _checks.choice(method, "method", METHODS)
+    return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol, rule)
 
 
 def verify_tree(
@@ -175,7 +175,7 @@ def verify_batch(
     """
     pa, qa, p_tol, q_tol = _rows(p, q, 3)
     d = _checks.token_array(drafts, "drafts", 2)
-    method = _checks.choice(method, "method", METHODS)
+    rule = _checks.choice(method, "method", METHODS)
     return _core.verify_batch(
         pa,
         qa,
@@ -185,7 +185,7 @@ def verify_batch(
         p_tol,
         q_tol,
         _checks.threads(threads),
-        method,
+        rule,
     )
 
 
