@@ -40,6 +40,9 @@ def main() -> None:
         "--ks", nargs="*", type=int, default=None, help="fixed γ values (default: by cost)"
     )
     parser.add_argument("--policies", nargs="*", default=["adaptive", "heuristic"])
+    parser.add_argument(
+        "--trees", nargs="*", type=int, default=[], help="tree sizes (nodes per round) to run"
+    )
     parser.add_argument("--out", default=None, help="folder for report.md, results.json, plot")
     args = parser.parse_args()
     from transformers.utils import logging
@@ -61,6 +64,7 @@ def main() -> None:
             transformers_ks=args.transformers_ks,
             ks=args.ks,
             policies=args.policies,
+            trees=args.trees,
             progress=progress,
         )
     print(f"SmolLM2-135M-Instruct, {args.dtype}\n")

@@ -83,6 +83,46 @@ def test_greedy_output_equals_target_greedy(
             assert out.drafted > 0
 
 
+@pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
+def test_tree_decoding_keeps_the_greedy_output(
+    target: Any, trained: dict[str, Path], spec: str
+) -> None:
+    path = trained["medusa" if spec == "medusa" else "eagle"]
+    drafter = drafters.from_spec(f"{spec}:{path}", target, greedy=True)
+    for seed in range(2):
+        ids = prompt(seed)
+        plain = sd.generate(target, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
+        for budget in (1, 4, 8):
+            out = sd.generate(
+                target, drafter, ids, max_new_tokens=20, temperature=0, eos_token_id=[], tree=budget
+            )
+            assert out.tokens == plain.tokens, (spec, budget, seed)
+            assert out.policy == f"tree:{budget}"
+
+
+def test_sampled_eagle_trees_are_drawn_without_replacement(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    from specdec_rs.processors import Sampler, SamplingConfig
+
+    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    ids = prompt(3)
+    sampler = Sampler(SamplingConfig(0.8), V, torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        _, hidden = sd.models.forward_with_hidden(
+            target, ids[:-1], sd.models.new_cache(target), keep=1
+        )
+    drafter.start(ids, None, hidden)
+    tree = drafter.propose_tree(ids, 6, sampler)
+    assert tree.children == "without_replacement" and tree.parents == [-1, -1, 0, 0, 2, 2]
+    assert tree.q is not None and tree.q.shape == (7, V)
+    for r, kids in ((0, [0, 1]), (1, [2, 3]), (3, [4, 5])):
+        assert len({int(tree.tokens[c]) for c in kids}) == 2  # distinct siblings
+        assert all(float(tree.q[r, tree.tokens[c]]) > 0 for c in kids)
+    out = sd.generate(target, drafter, ids, max_new_tokens=16, temperature=0.8, seed=1, tree=6)
+    assert out.new_tokens == 16 and out.drafted > 0
+
+
 def test_training_lowers_the_loss(trained: dict[str, Path]) -> None:
     for kind, path in trained.items():
         result = heads.files.read_header(path)["info"]["result"]

@@ -51,7 +51,8 @@ def test_tree_rounds_pass_the_tv_test(children: str, shape: str) -> None:
     assert tree_tv(SHAPES[shape], children, "exact", seed=11) < TV_THRESHOLD
 
 
-# The issue's four bugs, and where each shows: TV over 20 seeds, all above 0.015.
+# The known tree bugs, and where each shows: TV over 5 seeds, all above 0.015
+# (means 0.09 to 0.42).
 TREE_BUGS = [
     ("iid", "no_update"),  # accepting children without updating p'
     ("iid", "original_p"),  # reusing the original p for later children
@@ -63,7 +64,7 @@ TREE_BUGS = [
 
 @pytest.mark.parametrize(("children", "variant"), TREE_BUGS)
 def test_each_tree_bug_fails_the_tv_test(children: str, variant: str) -> None:
-    tvs = [tree_tv(SHAPES["binary"], children, variant, seed) for seed in range(20)]
+    tvs = [tree_tv(SHAPES["binary"], children, variant, seed) for seed in range(5)]
     print(f"{children} {variant}: TV {np.mean(tvs):.3f} (min {min(tvs):.3f})")
     assert min(tvs) > TV_THRESHOLD
 

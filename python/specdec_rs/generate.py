@@ -32,7 +32,7 @@ from specdec_rs._core import row_seed
 from specdec_rs.policy import FixedK, KPolicy, as_policy
 from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.timing import Throughput
-from specdec_rs.verify import verify, verify_gathered
+from specdec_rs.verify import CHILDREN, verify, verify_gathered, verify_tree
 
 if TYPE_CHECKING:
     import torch
@@ -267,6 +267,7 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     allow_past_context: bool = False,
     transfer: str = "auto",
+    tree: int | None = None,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -284,6 +285,10 @@ def generate(
     probabilities reach the Rust verifier in place on the CPU, and elsewhere
     by one small copy per round plus the one or two rows sampled from
     (transfer="gathered" takes that path on the CPU too).
+    tree: draft a tree of at most `tree` nodes per round instead of a chain
+    (the drafter's `propose_tree`; k is then unused): one target forward over
+    all nodes with a tree attention mask, `verify_tree`, and the target cache
+    compacted to the accepted path.
     """
     import torch
 
@@ -300,13 +305,17 @@ def generate(
     allow = _checks.boolean(allow_past_context, "allow_past_context")
     prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
     check_context(target, len(prompt), max_new, allow)
+    budget = None if tree is None else check_tree_drafter(drafter, tree)
     with torch.inference_mode():
         decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
         stop = "length"
         while decoder.generated < max_new:
-            want = policy.next_k() if drafter is not None else 0
-            new = decoder.step(round_k(want, max_new - decoder.generated))
-            if drafter is not None:
+            if budget is not None:
+                new = decoder.step_tree(budget)[: max_new - decoder.generated]
+            else:
+                want = policy.next_k() if drafter is not None else 0
+                new = decoder.step(round_k(want, max_new - decoder.generated))
+            if drafter is not None and budget is None:
                 policy.observe(*decoder.last_round)
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:
@@ -319,7 +328,56 @@ def generate(
                 break
     if drafter is None:
         return decoder.result(stop, "none", 0)
+    if budget is not None:
+        return decoder.result(stop, f"tree:{budget}", budget)
     return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
+
+
+def check_tree_drafter(drafter: Any, tree: Any) -> int:
+    """The tree budget (nodes per round), checked with the drafter."""
+    budget = _checks.integer(tree, "tree", minimum=1, maximum=4096)
+    if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
+        name = getattr(drafter, "name", None)
+        raise ValueError(
+            f"tree = {budget} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
+            f"eagle, medusa or hybrid; got {name or drafter!r}"
+        )
+    return budget
+
+
+def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
+    """A drafter's TreeDraft, checked before the target runs: at most `budget`
+    integer ids in [0, V), parents in topological order, a known children
+    kind, and q of shape (n + 1, V) unless children="fixed"."""
+    import torch
+
+    from specdec_rs.models import tree_depths
+
+    tokens, parents = getattr(draft, "tokens", None), getattr(draft, "parents", None)
+    children, q = getattr(draft, "children", None), getattr(draft, "q", "missing")
+    if not isinstance(tokens, torch.Tensor) or parents is None or isinstance(q, str):
+        raise ValueError(
+            f"drafter {name} returned {type(draft).__name__} from propose_tree; expected a "
+            "TreeDraft(tokens, parents, q, children)"
+        )
+    n = len(tokens)
+    if tokens.ndim != 1 or tokens.dtype.is_floating_point or n > budget or len(parents) != n:
+        raise ValueError(
+            f"drafter {name} proposed a tree of {n} tokens (shape {tuple(tokens.shape)}) with "
+            f"{len(parents)} parents; expected at most {budget} integer ids and one parent each"
+        )
+    tree_depths([int(x) for x in parents])
+    _checks.choice(children, f"drafter {name}'s children", CHILDREN)
+    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"drafter {name} proposed ids outside the vocabulary [0, {vocab})")
+    if children == "fixed" and q is not None:
+        raise ValueError(f'drafter {name}: children="fixed" trees carry q=None')
+    if children != "fixed" and (not isinstance(q, torch.Tensor) or q.shape != (n + 1, vocab)):
+        raise ValueError(
+            f"drafter {name} returned q of shape {getattr(q, 'shape', None)}; expected "
+            f"({n + 1}, {vocab}): the rows each node's children were drawn from"
+        )
+    return draft
 
 
 Flag = tuple["torch.Tensor", str]  # a 0-d bool tensor on the device, and what it means
@@ -489,6 +547,50 @@ class Decoder:
         t3 = time.perf_counter()
         self.stats.add(k, len(drafts), num_accepted, t1 - t0, t2 - t1, t3 - t2)
         self.last_round = (k, len(drafts), num_accepted)
+        return out
+
+    def step_tree(self, budget: int) -> list[int]:
+        """One round with a draft tree of at most `budget` nodes: one target
+        forward over the last token and every node (tree attention mask),
+        `verify_tree`, the cache compacted to the committed text plus the
+        accepted path. Returns the emitted tokens (1..depth + 1)."""
+        import torch
+
+        assert self.drafter is not None
+        seq, sampler, name = self.seq, self.sampler, self.drafter.name
+        t0 = time.perf_counter()
+        propose_tree = getattr(self.drafter, "propose_tree")  # noqa: B009 (optional member)
+        draft = checked_tree(propose_tree(seq, budget, sampler), budget, self.vocab, name)
+        parents = [int(x) for x in draft.parents]
+        t1 = time.perf_counter()
+        logits, hidden = models.forward_tree(
+            self.target, seq[-1:], draft.tokens, parents, self.cache, hidden=self.wants_hidden
+        )
+        t2 = time.perf_counter()
+        p = sampler.probs(logits, name="the target's logits")
+        for flag, what in sampler.take_flags():
+            if bool(flag):
+                raise ValueError(what)
+        q = None if draft.q is None else draft.q.cpu()
+        emitted, nodes = verify_tree(
+            p.cpu(),
+            q,
+            draft.tokens.cpu(),
+            parents,
+            row_seed(self.seed, self.stats.rounds),
+            children=draft.children,
+        )
+        out = [int(t) for t in emitted]
+        kept = [int(i) for i in nodes]
+        n = len(seq)  # the cache held n - 1 entries; the forward added n + len(tree)
+        models.keep_positions(self.cache, torch.tensor([*range(n), *(n + i for i in kept)]))
+        rows = [0, *(i + 1 for i in kept)]
+        self.drafter.update(seq, len(kept), hidden[rows] if hidden is not None else None)
+        t3 = time.perf_counter()
+        depth = draft.depth
+        self.stats.add(depth, depth, len(kept), t1 - t0, t2 - t1, t3 - t2)
+        self.stats.drafted += len(parents) - depth
+        self.last_round = (budget, len(parents), len(kept))
         return out
 
     def append(self, tokens: list[int]) -> None:

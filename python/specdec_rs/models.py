@@ -15,6 +15,7 @@ import importlib.metadata
 import inspect
 import os
 import shutil
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -368,3 +369,83 @@ def crop(cache: Cache, length: int, layers: range | None = None) -> None:
 def vocab_of(model: PreTrainedModel) -> int:
     """Rows of the LM head (the padded vocabulary)."""
     return int(model.get_output_embeddings().weight.shape[0])
+
+
+def tree_depths(parents: Sequence[int]) -> list[int]:
+    """Depth of each node of a tree given by `parents` (-1 = the root); the
+    root's children have depth 1."""
+    depth: list[int] = []
+    for i, par in enumerate(parents):
+        if not -1 <= par < i:
+            raise ValueError(
+                f"parents[{i}] = {par} is not an earlier node; expected -1 (the root) or an "
+                f"index below {i}"
+            )
+        depth.append(1 if par < 0 else depth[par] + 1)
+    return depth
+
+
+def tree_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
+    """The additive attention mask (1, 1, n + 1, past + n + 1) of a tree
+    forward: query 0 is the last committed token, query i + 1 node i; each
+    attends to the `past` cached positions, the last token, and the nodes on
+    its own path (its ancestors and itself); -inf (dtype min) elsewhere."""
+    import torch
+
+    n = len(parents)
+    allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
+    allowed[:, 0] = True
+    for i, par in enumerate(parents):
+        if par >= 0:
+            allowed[i + 1] = allowed[par + 1]
+        allowed[i + 1, i + 1] = True
+    allowed[0, 0] = True
+    full = torch.ones(n + 1, past + n + 1, dtype=torch.bool)
+    full[:, past:] = allowed
+    mask = torch.zeros(full.shape, dtype=dtype)
+    mask[~full] = torch.finfo(dtype).min
+    return mask[None, None].to(device)
+
+
+def forward_tree(
+    model: PreTrainedModel,
+    last: torch.Tensor,
+    tokens: torch.Tensor,
+    parents: Sequence[int],
+    cache: Cache,
+    *,
+    hidden: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """One forward over the last committed token (1,) and a draft tree
+    (tokens (n,), parents (n,)) after what `cache` holds: the tree attention
+    mask and position ids past + depth. Returns logits (n + 1, V) float32
+    (row 0 at the last token, row i + 1 at node i) and, when `hidden`, the
+    last hidden states (n + 1, H). The cache grows by n + 1 entries in node
+    order; `keep_positions` compacts it to the accepted path."""
+    import torch
+
+    device = device_of(model)
+    past = cache.get_seq_length()
+    depth = torch.tensor([0, *tree_depths(parents)], device=device)
+    ids = torch.cat([last.to(device), tokens.to(device)])[None]
+    out = model(
+        input_ids=ids,
+        attention_mask=tree_mask(parents, past, dtype_of(model), device),
+        position_ids=(past + depth)[None],
+        use_cache=True,
+        output_hidden_states=hidden,
+        **{cache_keyword(model.__class__): cache},
+    )
+    logits: torch.Tensor = out.logits[0].float()
+    return logits, (out.hidden_states[-1][0] if hidden else None)
+
+
+def keep_positions(cache: Cache, keep: torch.Tensor) -> None:
+    """Keep only the cache entries at positions `keep` (ascending), in every layer."""
+    for layer in cache.layers:
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if keys is None or values is None or keys.numel() == 0:
+            continue
+        idx = keep.to(keys.device)
+        layer.keys = keys.index_select(-2, idx)
+        layer.values = values.index_select(-2, idx)

@@ -189,6 +189,19 @@ class Sampler:
         flags, self._flags = self._flags, []
         return flags
 
+    def draw_distinct(self, probs: torch.Tensor, m: int) -> torch.Tensor:
+        """Up to m distinct ids drawn from one row `probs` (V',) without
+        replacement, in draw order (Gumbel top-k: the order of the keys
+        log p + Gumbel is that of sequential draws, each from the row
+        renormalized over the ids not drawn yet); fewer when the row has
+        fewer than m positive entries."""
+        import torch
+
+        u = torch.rand(probs.shape, generator=self.generator, device=probs.device)
+        keys = probs.log() - (-u.log()).log()
+        m = min(m, int((probs > 0).sum()))
+        return keys.topk(m).indices
+
     def draw(
         self, probs: torch.Tensor, *, greedy: bool = False
     ) -> tuple[torch.Tensor, torch.Tensor]:

@@ -183,3 +183,66 @@ def simulate_round_lengths_numpy(
         last[:c] = out_last
         done += c
     return counts
+
+
+TREE_BUGS = ("no_update", "original_p", "bonus_at_rejected", "as_iid")
+
+
+def verify_tree_numpy(
+    p_rows: np.ndarray,
+    q_rows: np.ndarray,
+    tokens: IntArray,
+    parents: IntArray,
+    rng: np.random.Generator,
+    *,
+    children: str = "iid",
+    variant: str = "exact",
+) -> IntArray:
+    """One tree round in plain NumPy (an independent implementation of
+    `specdec_rs.verify_tree`, materializing p' at each rejection), exact or
+    with one of the known tree bugs (`TREE_BUGS`, as in `TREE_VARIANTS`)."""
+    n = len(tokens)
+    kids = [[i for i in range(n) if parents[i] + 1 == r] for r in range(n + 1)]
+    kind = "iid" if variant == "as_iid" else children
+    out: list[int] = []
+    r = 0
+
+    def draw(w: np.ndarray) -> int:
+        cdf = np.cumsum(w, dtype=np.float64)
+        return int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"))
+
+    while True:
+        if not kids[r]:
+            return np.array([*out, draw(p_rows[r])], dtype=np.int64)
+        if kind == "fixed":
+            y = draw(p_rows[r])
+            out.append(y)
+            match = [c for c in kids[r] if tokens[c] == y]
+            if not match:
+                return np.array(out, dtype=np.int64)
+            r = match[0] + 1
+            continue
+        cur, q, drawn = p_rows[r].astype(np.float64), q_rows[r].astype(np.float64), 0.0
+        nxt = None
+        for j, c in enumerate(kids[r]):
+            x = int(tokens[c])
+            qj = q / (1.0 - drawn) if kind == "without_replacement" else q
+            target = p_rows[r][x] if variant in ("no_update", "original_p") else cur[x]
+            if rng.random() * qj[x] < target:
+                nxt = c
+                break
+            drawn += q[x]
+            if variant != "no_update":
+                res = np.maximum(cur - qj, 0.0)
+                cur = res / res.sum() if res.sum() > 0 else cur
+            if j + 1 == len(kids[r]):
+                if variant == "bonus_at_rejected":
+                    y = draw(p_rows[c + 1])
+                elif variant == "no_update":
+                    y = draw(np.maximum(p_rows[r] - qj, 0.0))
+                else:
+                    y = draw(cur)
+                return np.array([*out, y], dtype=np.int64)
+        assert nxt is not None
+        out.append(int(tokens[nxt]))
+        r = nxt + 1

@@ -56,7 +56,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(measure.to_json(result))
         else:
             args.show(result, console)
-        return 0
+        return 0 if getattr(result, "passed", True) else 1
     except ValueError as e:
         print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
         return 2

@@ -3,6 +3,7 @@
 specdec simulate [--k 2] [--runs 1000000] [--variant exact] [--seed 0] [--threads N] [--json]
 specdec theory --alpha 0.6 0.8 --cost 0.05 [--k-max 10] [--plot speedup.png] [--json]
 specdec experiments [--out experiments] [--seed 0]
+specdec audit [chain block tree transformers] [--runs 20000] [--seed 0] [--json]
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 
 from rich.console import Console
 
-from specdec_rs import _checks, theory
+from specdec_rs import _checks, testing, theory
 from specdec_rs._core import VARIANTS
 from specdec_rs.cli.show import table
 from specdec_rs.measure.toychain import EngineCheck, engine_check
@@ -39,6 +40,53 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     e.add_argument("--out", default="experiments")
     e.set_defaults(run=run_experiments, show=show_experiments)
+    a = sub.add_parser(
+        "audit",
+        parents=parents,
+        help="statistical exactness audit of speculative verifiers (exit 1 if one fails)",
+    )
+    a.add_argument(
+        "verifiers",
+        nargs="*",
+        default=list(testing.AUDITS),
+        choices=testing.AUDITS,
+        help="which verifiers (default: all)",
+    )
+    a.add_argument("--runs", type=int, default=testing.RUNS, help="generations per case")
+    a.set_defaults(run=run_audit, show=show_audit)
+
+
+def run_audit(args: argparse.Namespace, console: Console) -> testing.AuditReport:
+    if not args.json:
+        print("auditing (about 15 s per verifier)", file=sys.stderr, flush=True)
+    return testing.run_audits(args.verifiers, runs=args.runs, seed=args.seed)
+
+
+def show_audit(r: testing.AuditReport, console: Console) -> None:
+    rows = []
+    for a in r.audits:
+        for c in a.results:
+            rows.append(
+                [
+                    a.verifier,
+                    c.case,
+                    f"{c.chi2_pvalue:.3g}",
+                    f"{c.tv:.4f}",
+                    f"{c.tv_threshold:.4f}",
+                    c.note or ("ok" if c.passed else "FAIL"),
+                ]
+            )
+        for name in a.skipped:
+            rows.append([a.verifier, name, "", "", "", "skipped (cannot draw these children)"])
+    header = ["verifier", "case", "chi² p", "TV", "threshold", "verdict"]
+    console.print(table("Exactness audit", header, rows))
+    for a in r.audits:
+        console.print(f"{a.verifier}: [bold]{'PASS' if a.passed else 'FAIL'}[/bold]")
+    fa = max((a.false_alarm for a in r.audits), default=0.0)
+    console.print(
+        f"{r.runs:,} generations per case; an exact verifier fails an audit with "
+        f"probability <= {fa:.0e} (each test at significance {testing.SIGNIFICANCE:.0e})"
+    )
 
 
 LONG_RUN = 10**8  # runs that take seconds: say so before starting

@@ -1,7 +1,7 @@
 """specdec generate | demo: speculative generation on real models.
 
 specdec generate "PROMPT" [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
-                 [--k 4] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
+                 [--k 4 | --tree NODES] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
                  [--max-new-tokens 128] [--greedy-draft] [--raw] [--allow-past-context]
                  [--model PATH] [--dtype float32] [--device cpu] [--seed S] [--json]
 specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
@@ -37,6 +37,12 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     g.add_argument("prompt")
     g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
     g.add_argument("--k", type=int, default=4)
+    g.add_argument(
+        "--tree",
+        type=int,
+        default=None,
+        help="draft trees of at most NODES nodes per round (prompt-lookup, eagle, medusa, hybrid)",
+    )
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--greedy-draft", action="store_true", help="drafts are the drafter's argmax")
     g.add_argument("--raw", action="store_true", help="no chat template around the prompt")
@@ -89,6 +95,8 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     check_model_flags(args)
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
     _checks.integer(args.k, "--k", minimum=1)
+    if args.tree is not None:
+        _checks.integer(args.tree, "--tree", minimum=1, maximum=4096)
     drafters.parse_spec(args.drafter)
     target, tokenizer = load_target(args)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
@@ -112,6 +120,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         vocab_size=len(tokenizer) if drafter is not None else None,
         on_tokens=stream,
         allow_past_context=args.allow_past_context,
+        tree=args.tree,
     )
     return {"text": tokenizer.decode(result.tokens, skip_special_tokens=True), **result.summary()}
 
@@ -155,7 +164,12 @@ def show_generate(r: dict[str, Any], console: Console) -> None:
         fmt(r["time_target"], ".2f"),
         fmt(r["time_verify"], ".3f"),
     ]
-    title = f"drafter {r['drafter']}, k = {r['k']}, temperature {r['temperature']:g}"
+    shape = (
+        r["policy"].replace("tree:", "tree of ")
+        if r["policy"].startswith("tree")
+        else f"k = {r['k']}"
+    )
+    title = f"drafter {r['drafter']}, {shape}, temperature {r['temperature']:g}"
     console.print(table(title, header, [row]))
     if r["position_alpha"]:
         alphas = ", ".join(fmt(a, ".2f") for a in r["position_alpha"])

@@ -14,7 +14,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from specdec_rs import _checks, models
-from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft
+from specdec_rs.drafters.base import (
+    Draft,
+    TeacherForced,
+    TreeDraft,
+    confident_tree,
+    empty_draft,
+    fixed_tree,
+)
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
 
@@ -199,6 +206,86 @@ class Eagle:
                     assert kv is not None
                     kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
         return Draft(torch.cat(tokens), torch.cat(rows))
+
+    tree_width = 4  # candidates per depth in propose_tree
+    tree_depth = 6  # head steps at most per tree
+
+    def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """An EAGLE-2 style tree: the head drafts its greedy chain, keeping at
+        each depth its tree_width best tokens and their probabilities (its
+        confidence, softmax over the draft vocabulary); the `budget` most
+        confident candidates (a candidate's confidence: the product along the
+        chain above it times its own) form the tree. The chain stops once no
+        deeper candidate could make the cut. Deterministic candidates: fixed
+        children, exact at any temperature. When sampling (not greedy) the
+        tree is drawn instead (see `_sampled_tree`)."""
+        import torch
+
+        if budget == 0 or len(seq) < 2:
+            return fixed_tree([], [], sampler)
+        if not (self.greedy or sampler.config.greedy):
+            return self._sampled_tree(seq, budget, sampler)
+        ranked: list[tuple[list[int], list[float]]] = []
+        cut: list[float] = []  # confidences so far
+        above = 1.0
+        with torch.inference_mode():
+            f = self._advance(seq)
+            kv = self._kv
+            for i in range(min(budget, self.tree_depth)):
+                probs = self.head.logits(f[0])[0].float().softmax(-1)
+                top = probs.topk(min(self.tree_width, len(probs)))
+                tokens = self.head.draft_vocab[top.indices]
+                ranked.append(([int(t) for t in tokens], [float(x) for x in top.values]))
+                cut = sorted(cut + [above * x for x in ranked[-1][1]], reverse=True)[:budget]
+                above *= ranked[-1][1][0]
+                if len(cut) == budget and above <= cut[-1]:
+                    break  # nothing deeper can make the cut
+                position = torch.tensor([[self._cached + i]], device=f.device)
+                f, (k_new, v_new) = self.head.step(f, tokens[:1][None], position, kv)
+                assert kv is not None
+                kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+        return fixed_tree(*confident_tree(ranked, budget), sampler)
+
+    sample_width = 2  # children per chain node in a sampled tree
+
+    def _sampled_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """A drawn tree for sampling: at each of budget // sample_width depths,
+        sample_width children drawn without replacement from the head's
+        processed distribution q at the chain node (recursive rejection
+        sampling verifies them: children="without_replacement"); the first
+        child continues the chain. q row r is the distribution the children
+        of row r came from (zero rows for leaves, which have none)."""
+        import torch
+
+        width = min(self.sample_width, budget)
+        depth = budget // width
+        tokens: list[torch.Tensor] = []
+        parents: list[int] = []
+        rows: dict[int, torch.Tensor] = {}
+        parent = -1
+        with torch.inference_mode():
+            f = self._advance(seq)
+            kv = self._kv
+            for i in range(depth):
+                small = sampler.probs(self.head.logits(f[0]), self.name)[0]
+                picked = self.head.draft_vocab[sampler.draw_distinct(small, width)]
+                row = torch.zeros(sampler.vocab_size, device=small.device)
+                row[self.head.draft_vocab] = small
+                rows[parent + 1] = row
+                first = len(tokens)
+                tokens += list(picked)
+                parents += [parent] * len(picked)
+                parent = first
+                if i + 1 < depth:
+                    position = torch.tensor([[self._cached + i]], device=f.device)
+                    f, (k_new, v_new) = self.head.step(f, picked[:1][None], position, kv)
+                    assert kv is not None
+                    kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+        q = torch.zeros(len(tokens) + 1, sampler.vocab_size, device=sampler.device)
+        for r, row in rows.items():
+            q[r] = row
+        ids = torch.stack(tokens) if tokens else torch.zeros(0, dtype=torch.long)
+        return TreeDraft(ids.to(sampler.device), parents, q, "without_replacement")
 
     def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
         """Teacher forcing with the head's own unrolled drafts: a[t, i] scores

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import Draft, TeacherForced, one_hot_draft
+from specdec_rs.drafters.base import Draft, TeacherForced, TreeDraft, one_hot_draft
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.lookup import PromptLookup
 from specdec_rs.drafters.registry import register
@@ -75,6 +75,15 @@ class Hybrid:
             return one_hot_draft(torch.from_numpy(found), sampler)
         self.source = "eagle"
         return self.eagle.propose(seq, k, sampler)
+
+    def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """Lookup's tree of matches when the text repeats, else the head's tree."""
+        tree = self.lookup.propose_tree(seq, budget, sampler)
+        if len(tree.tokens):
+            self.source = "lookup"
+            return tree
+        self.source = "eagle"
+        return self.eagle.propose_tree(seq, budget, sampler)
 
     def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
         """Lookup's row where it finds a match before answer position t, the head's elsewhere."""

@@ -9,7 +9,15 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft, one_hot_draft
+from specdec_rs.drafters.base import (
+    Draft,
+    TeacherForced,
+    TreeDraft,
+    empty_draft,
+    fixed_tree,
+    one_hot_draft,
+    trie,
+)
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
 
@@ -68,6 +76,17 @@ class PromptLookup:
             return empty_draft(sampler)
         return one_hot_draft(torch.from_numpy(found), sampler)
 
+    def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """Several matches at once: the distinct continuations of every earlier
+        occurrence of the text's end (longest matches first, down to
+        `min_ngram` tokens; within a length, in `occurrence` order), merged
+        into a prefix tree of at most `budget` nodes; fixed children."""
+        found = lookup_all(
+            seq.cpu().numpy(), budget, self.min_ngram, self.max_ngram, self.occurrence == "first"
+        )
+        tokens, parents = trie([c.tolist() for c in found], budget)
+        return fixed_tree(tokens, parents, sampler)
+
     def update(
         self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None
     ) -> None:
@@ -114,3 +133,41 @@ def lookup(
         return seq[:0]
     start = int(ends[0] if first else ends[-1]) + 1
     return seq[start : start + k]
+
+
+def lookup_all(
+    seq: npt.NDArray[np.int64], depth: int, min_ngram: int, max_ngram: int, first: bool = True
+) -> list[npt.NDArray[np.int64]]:
+    """The continuations (up to `depth` tokens) of every earlier match of the
+    end of `seq` of min_ngram .. max_ngram tokens: longest matches first;
+    within one length, earliest (`first`) or latest first. Each occurrence
+    once (a shorter match at the same place is not repeated).
+
+    >>> import numpy as np
+    >>> [c.tolist() for c in lookup_all(np.array([1, 2, 3, 9, 2, 4, 1, 2]), 2, 1, 4)]
+    [[3, 9], [4, 1]]
+    """
+    n = len(seq)
+    out: list[npt.NDArray[np.int64]] = []
+    seen: set[int] = set()
+    ends = np.flatnonzero(seq[:-1] == seq[-1])
+    by_length: list[npt.NDArray[np.int64]] = [ends]
+    length = 1
+    while length < max_ngram and len(ends):
+        longer = ends[ends >= length]
+        longer = longer[seq[longer - length] == seq[n - 1 - length]]
+        if len(longer) == 0:
+            break
+        ends = longer
+        length += 1
+        by_length.append(ends)
+    for size in range(len(by_length), min_ngram - 1, -1):
+        if size < 1:
+            break
+        matches = by_length[size - 1]
+        for e in matches if first else matches[::-1]:
+            if int(e) in seen:
+                continue
+            seen.add(int(e))
+            out.append(seq[e + 1 : min(e + 1 + depth, n)])
+    return out

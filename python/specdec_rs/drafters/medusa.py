@@ -16,7 +16,14 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import Draft, TeacherForced, empty_draft
+from specdec_rs.drafters.base import (
+    Draft,
+    TeacherForced,
+    TreeDraft,
+    chain_with_alternatives,
+    empty_draft,
+    fixed_tree,
+)
 from specdec_rs.drafters.eagle import (
     check_head_target,
     draft_rows,
@@ -90,6 +97,24 @@ class Medusa:
             logits = self.heads.logits(self._feature, heads=k)  # (k, N)
             tokens, q = draft_rows(logits, self.heads.draft_vocab, sampler, self.greedy, self.name)
         return Draft(tokens, q)
+
+    tree_width = 2  # candidates per head in propose_tree
+
+    def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """Top-k per head: head j's best token continues the chain and its next
+        tree_width - 1 tokens sit beside it as leaves (budget // tree_width
+        heads, at most all of them); fixed children."""
+        import torch
+
+        depth = min(budget // self.tree_width, self.num_heads)
+        if depth == 0 or self._feature is None:
+            return fixed_tree([], [], sampler)
+        with torch.inference_mode():
+            logits = self.heads.logits(self._feature, heads=depth)  # (depth, N)
+            top = self.heads.draft_vocab[logits.topk(self.tree_width, dim=-1).indices]
+        chain = [int(t) for t in top[:, 0]]
+        alternatives = [[int(t) for t in row[1:]] for row in top]
+        return fixed_tree(*chain_with_alternatives(chain, alternatives), sampler)
 
     def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
         """a[t, i]: head i + 1 on the true feature at position start + t - 2

@@ -43,7 +43,8 @@ class Method:
     """How a run drafts. engine: "specdec" (this loop) or "transformers"
     (its generate()). policy: "none" (target only), "fixed" (k drafts a round),
     "adaptive" (AdaptiveK from the measured costs), "heuristic" (HeuristicK),
-    or "default" (transformers' own schedule)."""
+    "tree" (draft trees of k nodes a round), or "default" (transformers' own
+    schedule)."""
 
     engine: str
     policy: str
@@ -51,7 +52,9 @@ class Method:
 
     @property
     def label(self) -> str:
-        name = {"none": "target-only", "fixed": f"k={self.k}"}.get(self.policy, self.policy)
+        name = {"none": "target-only", "fixed": f"k={self.k}", "tree": f"tree={self.k}"}.get(
+            self.policy, self.policy
+        )
         return name if self.engine == "specdec" else f"transformers {name}".replace(" default", "")
 
 
@@ -284,14 +287,16 @@ def run_once(
             "", config.temperature, spec, method, 0, r.new_tokens, r.time_total, None, passes, 0, 0
         )
         return run, r.tokens
+    tree = method.k if method.policy == "tree" else None
     out = generate(
         target,
         drafter,
         ids,
         max_new_tokens=max_new_tokens,
-        k=_policy(method, costs, spec, k_max),
+        k=1 if tree else _policy(method, costs, spec, k_max),
         temperature=config.temperature,
         seed=seed,
+        tree=tree,
     )
     return Run.of(out, "", spec, method, 0), out.tokens
 
@@ -307,9 +312,11 @@ def bench_methods(
     transformers_ks: Sequence[int],
     ks: Sequence[int] | None = None,
     policies: Sequence[str] = POLICIES,
+    trees: Sequence[int] = (),
 ) -> list[tuple[str, Method]]:
     """(drafter spec, method) pairs of a job, target-only first. Fixed γ:
-    `ks`, or `ks_for` the drafter's cost; then each of `policies`."""
+    `ks`, or `ks_for` the drafter's cost; then each of `policies`; then a
+    tree of each size in `trees` for drafters that draft trees."""
     jobs = [("none", TARGET_ONLY)]
     if transformers:
         jobs.append(("none", Method("transformers", "none")))
@@ -318,6 +325,8 @@ def bench_methods(
         fixed = ks_for(c, k_max) if ks is None else [k for k in ks if k <= k_max]
         jobs += [(spec, Method("specdec", "fixed", k)) for k in fixed]
         jobs += [(spec, Method("specdec", p)) for p in policies]
+        if callable(getattr(drafter, "propose_tree", None)):
+            jobs += [(spec, Method("specdec", "tree", n)) for n in trees]
         if transformers and strategy(drafter) is not None:
             jobs.append((spec, Method("transformers", "default")))
             jobs += [(spec, Method("transformers", "fixed", k)) for k in transformers_ks]
@@ -340,12 +349,14 @@ def run_bench(
     transformers_ks: Sequence[int] = (),
     ks: Sequence[int] | None = None,
     policies: Sequence[str] = POLICIES,
+    trees: Sequence[int] = (),
     progress: Progress = no_progress,
 ) -> BenchReport:
     """Real generation per drafter and method, with the forecast for the same
     prompts (teacher forcing over the target-only runs' own answers). Fixed γ
     values: `ks` (default: chosen by each drafter's cost); γ policies:
-    `policies` (a subset of "adaptive", "heuristic")."""
+    `policies` (a subset of "adaptive", "heuristic"); tree sizes: `trees`
+    (nodes per round, for drafters that draft trees)."""
     specs = check_drafter_specs(drafter_specs)
     configs = [SamplingConfig(t) for t in temperatures]
     workloads = workloads_mod.check_names(workloads)
@@ -355,10 +366,11 @@ def run_bench(
     ks_hf = [_checks.integer(k, "transformers_ks", minimum=1) for k in transformers_ks]
     fixed = None if ks is None else [_checks.integer(k, "ks", minimum=1) for k in ks]
     policies = [_checks.choice(p, "policies", POLICIES) for p in policies]
+    trees = [_checks.integer(n, "trees", minimum=1, maximum=256) for n in trees]
     seed = _checks.seed(seed)
     built = {spec: drafters.from_spec(spec, target, tokenizer) for spec in specs}
     costs = measure_job_costs(target, tokenizer, built, k_max, repeats, workloads[0])
-    jobs = bench_methods(built, costs, k_max, transformers, ks_hf, fixed, policies)
+    jobs = bench_methods(built, costs, k_max, transformers, ks_hf, fixed, policies, trees)
     built["none"] = None
     eos = sorted(eos_set(None, target))
     runs: list[Run] = []
