@@ -43,6 +43,7 @@ def main() -> None:
     parser.add_argument(
         "--trees", nargs="*", type=int, default=[], help="tree sizes (nodes per round) to run"
     )
+    parser.add_argument("--no-transformers", action="store_true", help="skip transformers' runs")
     parser.add_argument("--out", default=None, help="folder for report.md, results.json, plot")
     args = parser.parse_args()
     from transformers.utils import logging
@@ -65,6 +66,7 @@ def main() -> None:
             ks=args.ks,
             policies=args.policies,
             trees=args.trees,
+            transformers=not args.no_transformers,
             progress=progress,
         )
     print(f"SmolLM2-135M-Instruct, {args.dtype}\n")

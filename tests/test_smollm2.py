@@ -1,5 +1,6 @@
 """The embedded default, SmolLM2-135M-Instruct: speculative greedy output equals
-target-only greedy on a code prompt and a chat prompt, for each drafter kind."""
+target-only greedy on a code prompt and a chat prompt, for each drafter kind,
+and with every tree drafter (the shipped heads' trees, lookup's trees)."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def test_greedy_speculative_equals_target_greedy(smollm2: tuple[Any, Any], workl
         assert out.stop_reason == plain.stop_reason
         if workload == "code" and drafter.name == "prompt-lookup":
             assert out.tokens_per_pass > 1.5, out.summary()  # the answer copies the function
+
+
+@pytest.mark.slow
+def test_tree_drafters_keep_the_greedy_output(smollm2: tuple[Any, Any]) -> None:
+    model, tokenizer = smollm2
+    ids = workloads.encode(tokenizer, workloads.prompts("chat")[0])
+    plain = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
+    for spec in ("prompt-lookup", "eagle", "medusa", "hybrid"):
+        drafter = sd.drafters.from_spec(spec, model, tokenizer, greedy=True)
+        out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, tree=8)
+        assert out.tokens == plain.tokens, spec
+        assert out.policy == "tree:8"
 
 
 def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:
