@@ -10,7 +10,8 @@ q_rows (k, V) float64 (row i the distribution draft i was drawn from),
 drafts (k,) int64 and rng a NumPy Generator (the verifier's only source of
 randomness); it returns the 1..k+1 emitted token ids: the accepted drafts,
 then one more. A tree verifier (`audit_tree`) takes (p_rows, q_rows,
-tokens, parents, rng) as `specdec_rs.verify_tree` does.
+tokens, parents, rng) as `specdec_rs.verify_tree` does. Needs scipy (in the
+`hf` and `test` extras); auditing transformers needs torch and transformers.
 
 What is tested. The verifier drives a whole generation: a target and a
 drafter that are Markov chains on the last token (state = token mod S),
