@@ -147,3 +147,43 @@ def test_tree_decoding_needs_a_tree_drafter(target: Any) -> None:
         sd.generate(target, None, PROMPT, max_new_tokens=4, tree=4)
     with pytest.raises(ValueError, match="tree = 0"):
         sd.generate(target, sd.PromptLookup(), PROMPT, max_new_tokens=4, tree=0)
+
+
+def test_the_adaptive_tree_follows_the_cost_model() -> None:
+    free = sd.AdaptiveTree(0.0, [1.0] * 9, budgets=(2, 4, 8), probe=1000)
+    steep = sd.AdaptiveTree(0.0, [1.0 + n for n in range(9)], budgets=(2, 4, 8), probe=1000)
+    for policy in (free, steep):
+        tried = []
+        for _ in range(3):  # each size once first, smallest first
+            tried.append(policy.next_budget())
+            policy.observe(tried[-1], depth=tried[-1] // 2, emitted=1 + tried[-1] // 4)
+        assert tried == [2, 4, 8]
+    # free verification: the biggest tree yields most; steep v(n): the smallest pays best
+    free.tokens = {2: 1.5, 4: 2.0, 8: 3.0}
+    free.rounds = {2: 1.0, 4: 1.0, 8: 1.0}
+    steep.tokens, steep.rounds = dict(free.tokens), dict(free.rounds)
+    assert free.next_budget() == 8
+    assert steep.next_budget() == 2  # 1.5/3 = 0.5 against 2/5 and 3/9
+    probing = sd.AdaptiveTree(0.0, [1.0] * 9, budgets=(2, 8), probe=2)
+    probing.tokens, probing.rounds = {2: 1.0, 8: 5.0}, {2: 1.0, 8: 1.0}
+    probing.last_tried = {2: 0, 8: 1}
+    assert [probing.next_budget() for _ in range(2)] == [8, 2]  # round 2 probes the stale one
+    with pytest.raises(ValueError, match="needs v\\(1..9\\)"):
+        sd.AdaptiveTree(0.1, [1.0] * 4, budgets=(8,))
+
+
+def test_adaptive_trees_keep_the_greedy_output(target: Any) -> None:
+    plain = sd.generate(target, None, PROMPT, max_new_tokens=30, temperature=0, eos_token_id=[])
+    policy = sd.AdaptiveTree(0.0, [1.0 + 0.1 * n for n in range(9)], budgets=(1, 4, 8), probe=4)
+    out = sd.generate(
+        target,
+        sd.PromptLookup(),
+        PROMPT,
+        max_new_tokens=30,
+        temperature=0,
+        eos_token_id=[],
+        tree=policy,
+    )
+    assert out.tokens == plain.tokens
+    assert out.policy == "adaptive-tree" and out.k == 8
+    assert sum(policy.rounds.values()) > 0

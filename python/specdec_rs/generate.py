@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
-from specdec_rs.policy import FixedK, KPolicy, as_policy
+from specdec_rs.policy import FixedK, KPolicy, as_policy, as_tree_policy
 from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.timing import Throughput
 from specdec_rs.verify import CHILDREN, verify, verify_gathered, verify_tree
@@ -267,7 +267,7 @@ def generate(
     on_tokens: Callable[[list[int]], None] | None = None,
     allow_past_context: bool = False,
     transfer: str = "auto",
-    tree: int | None = None,
+    tree: Any = None,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -288,7 +288,9 @@ def generate(
     tree: draft a tree of at most `tree` nodes per round instead of a chain
     (the drafter's `propose_tree`; k is then unused): one target forward over
     all nodes with a tree attention mask, `verify_tree`, and the target cache
-    compacted to the accepted path.
+    compacted to the accepted path. A tree policy (e.g. `AdaptiveTree`, with
+    next_budget(), observe(budget, depth, emitted) and reset()) chooses the
+    size each round instead.
     """
     import torch
 
@@ -306,12 +308,18 @@ def generate(
     prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
     check_context(target, len(prompt), max_new, allow)
     budget = None if tree is None else check_tree_drafter(drafter, tree)
+    if budget is not None and not isinstance(budget, int):
+        budget.reset()
     with torch.inference_mode():
         decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
         stop = "length"
         while decoder.generated < max_new:
             if budget is not None:
-                new = decoder.step_tree(budget)[: max_new - decoder.generated]
+                size = budget if isinstance(budget, int) else budget.next_budget()
+                new = decoder.step_tree(size)
+                if not isinstance(budget, int):
+                    budget.observe(size, decoder.last_depth, len(new))
+                new = new[: max_new - decoder.generated]
             else:
                 want = policy.next_k() if drafter is not None else 0
                 new = decoder.step(round_k(want, max_new - decoder.generated))
@@ -328,18 +336,20 @@ def generate(
                 break
     if drafter is None:
         return decoder.result(stop, "none", 0)
-    if budget is not None:
+    if isinstance(budget, int):
         return decoder.result(stop, f"tree:{budget}", budget)
+    if budget is not None:
+        return decoder.result(stop, budget.name, getattr(budget, "k", None))
     return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
 
 
-def check_tree_drafter(drafter: Any, tree: Any) -> int:
-    """The tree budget (nodes per round), checked with the drafter."""
-    budget = _checks.integer(tree, "tree", minimum=1, maximum=4096)
+def check_tree_drafter(drafter: Any, tree: Any) -> Any:
+    """The tree budget (nodes per round) or tree policy, checked with the drafter."""
+    budget = as_tree_policy(tree)
     if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
         name = getattr(drafter, "name", None)
         raise ValueError(
-            f"tree = {budget} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
+            f"tree = {tree!r} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
             f"eagle, medusa or hybrid; got {name or drafter!r}"
         )
     return budget
@@ -588,6 +598,7 @@ class Decoder:
         self.drafter.update(seq, len(kept), hidden[rows] if hidden is not None else None)
         t3 = time.perf_counter()
         depth = draft.depth
+        self.last_depth = depth
         self.stats.add(depth, depth, len(kept), t1 - t0, t2 - t1, t3 - t2)
         self.stats.drafted += len(parents) - depth
         self.last_round = (budget, len(parents), len(kept))

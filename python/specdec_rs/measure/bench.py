@@ -31,7 +31,7 @@ from specdec_rs.measure.predict import (
     no_progress,
     predict,
 )
-from specdec_rs.policy import AdaptiveK, HeuristicK, KPolicy
+from specdec_rs.policy import AdaptiveK, AdaptiveTree, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -43,8 +43,9 @@ class Method:
     """How a run drafts. engine: "specdec" (this loop) or "transformers"
     (its generate()). policy: "none" (target only), "fixed" (k drafts a round),
     "adaptive" (AdaptiveK from the measured costs), "heuristic" (HeuristicK),
-    "tree" (draft trees of k nodes a round), or "default" (transformers' own
-    schedule)."""
+    "tree" (draft trees of k nodes a round), "adaptive-tree" (AdaptiveTree
+    over tree sizes up to k, from the measured v(n) and c), or "default"
+    (transformers' own schedule)."""
 
     engine: str
     policy: str
@@ -55,6 +56,8 @@ class Method:
         name = {"none": "target-only", "fixed": f"k={self.k}", "tree": f"tree={self.k}"}.get(
             self.policy, self.policy
         )
+        if self.policy == "adaptive-tree":
+            name = f"adaptive tree (<= {self.k} nodes)"
         return name if self.engine == "specdec" else f"transformers {name}".replace(" default", "")
 
 
@@ -287,7 +290,11 @@ def run_once(
             "", config.temperature, spec, method, 0, r.new_tokens, r.time_total, None, passes, 0, 0
         )
         return run, r.tokens
-    tree = method.k if method.policy == "tree" else None
+    tree: int | AdaptiveTree | None = method.k if method.policy == "tree" else None
+    if method.policy == "adaptive-tree":
+        sizes = [b for b in (2, 4, 6, 8, 12, 16) if b <= (method.k or 8)]
+        usable = [b for b in sizes if b + 1 <= len(costs.verify_cost)] or [1]
+        tree = AdaptiveTree(costs.cost_ratio[spec], costs.verify_cost, budgets=usable)
     out = generate(
         target,
         drafter,
@@ -325,8 +332,9 @@ def bench_methods(
         fixed = ks_for(c, k_max) if ks is None else [k for k in ks if k <= k_max]
         jobs += [(spec, Method("specdec", "fixed", k)) for k in fixed]
         jobs += [(spec, Method("specdec", p)) for p in policies]
-        if callable(getattr(drafter, "propose_tree", None)):
+        if callable(getattr(drafter, "propose_tree", None)) and trees:
             jobs += [(spec, Method("specdec", "tree", n)) for n in trees]
+            jobs.append((spec, Method("specdec", "adaptive-tree", max(trees))))
         if transformers and strategy(drafter) is not None:
             jobs.append((spec, Method("transformers", "default")))
             jobs += [(spec, Method("transformers", "fixed", k)) for k in transformers_ks]
