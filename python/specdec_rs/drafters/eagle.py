@@ -185,6 +185,22 @@ class Eagle:
             )
         return self._last
 
+    def _draft_step(
+        self,
+        f: torch.Tensor,
+        token: torch.Tensor,
+        i: int,
+        kv: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One head step on the round's i-th draft `token` (1,) after f̂ `f`:
+        (the next f̂, the round's KV with this step's entries appended)."""
+        import torch
+
+        position = torch.tensor([[self._cached + i]], device=f.device)
+        f, (k_new, v_new) = self.head.step(f, token[None], position, kv)
+        assert kv is not None
+        return f, (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         import torch
 
@@ -201,10 +217,7 @@ class Eagle:
                 tokens.append(token)
                 rows.append(q)
                 if i + 1 < k:
-                    position = torch.tensor([[self._cached + i]], device=f.device)
-                    f, (k_new, v_new) = self.head.step(f, token[None], position, kv)
-                    assert kv is not None
-                    kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+                    f, kv = self._draft_step(f, token, i, kv)
         return Draft(torch.cat(tokens), torch.cat(rows))
 
     tree_width = 4  # candidates per depth in propose_tree
@@ -240,10 +253,7 @@ class Eagle:
                 above *= ranked[-1][1][0]
                 if len(cut) == budget and above <= cut[-1]:
                     break  # nothing deeper can make the cut
-                position = torch.tensor([[self._cached + i]], device=f.device)
-                f, (k_new, v_new) = self.head.step(f, tokens[:1][None], position, kv)
-                assert kv is not None
-                kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+                f, kv = self._draft_step(f, tokens[:1], i, kv)
         return fixed_tree(*confident_tree(ranked, budget), sampler)
 
     sample_width = 2  # children per chain node in a sampled tree
@@ -277,10 +287,7 @@ class Eagle:
                 parents += [parent] * len(picked)
                 parent = first
                 if i + 1 < depth:
-                    position = torch.tensor([[self._cached + i]], device=f.device)
-                    f, (k_new, v_new) = self.head.step(f, picked[:1][None], position, kv)
-                    assert kv is not None
-                    kv = (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+                    f, kv = self._draft_step(f, picked[:1], i, kv)
         q = torch.zeros(len(tokens) + 1, sampler.vocab_size, device=sampler.device)
         for r, row in rows.items():
             q[r] = row

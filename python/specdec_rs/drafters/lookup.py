@@ -120,19 +120,30 @@ def lookup(
     >>> lookup(np.array([7, 1, 2, 3, 9, 1, 2]), 2, 1, 4).tolist()   # "1 2" matched: copy "3 9"
     [3, 9]
     """
-    n = len(seq)
-    ends = np.flatnonzero(seq[:-1] == seq[-1])  # candidate match ends; each has a continuation
-    length = 1
-    while length < max_ngram and len(ends):
-        longer = ends[ends >= length]
-        longer = longer[seq[longer - length] == seq[n - 1 - length]]
-        if len(longer) == 0:
-            break
-        ends, length = longer, length + 1
+    by_length = match_ends(seq, max_ngram)
+    ends, length = by_length[-1], len(by_length)
     if len(ends) == 0 or length < min_ngram:
         return seq[:0]
     start = int(ends[0] if first else ends[-1]) + 1
     return seq[start : start + k]
+
+
+def match_ends(seq: npt.NDArray[np.int64], max_ngram: int) -> list[npt.NDArray[np.int64]]:
+    """by_length[m - 1]: the ends (ascending) of the earlier occurrences of the
+    last m tokens of `seq`, for m = 1 up to the longest match (at most
+    `max_ngram`); each end has a continuation. by_length[0] may be empty."""
+    n = len(seq)
+    ends = np.flatnonzero(seq[:-1] == seq[-1])
+    by_length = [ends]
+    while len(by_length) < max_ngram and len(ends):
+        length = len(by_length)
+        longer = ends[ends >= length]
+        longer = longer[seq[longer - length] == seq[n - 1 - length]]
+        if len(longer) == 0:
+            break
+        ends = longer
+        by_length.append(ends)
+    return by_length
 
 
 def lookup_all(
@@ -150,17 +161,7 @@ def lookup_all(
     n = len(seq)
     out: list[npt.NDArray[np.int64]] = []
     seen: set[int] = set()
-    ends = np.flatnonzero(seq[:-1] == seq[-1])
-    by_length: list[npt.NDArray[np.int64]] = [ends]
-    length = 1
-    while length < max_ngram and len(ends):
-        longer = ends[ends >= length]
-        longer = longer[seq[longer - length] == seq[n - 1 - length]]
-        if len(longer) == 0:
-            break
-        ends = longer
-        length += 1
-        by_length.append(ends)
+    by_length = match_ends(seq, max_ngram)
     for size in range(len(by_length), min_ngram - 1, -1):
         if size < 1:
             break
