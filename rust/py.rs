@@ -3,6 +3,7 @@
 //! honoured during long simulations.
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -65,7 +66,8 @@ fn in_pool<T: Send>(threads: Option<usize>, f: impl FnOnce() -> crate::Result<T>
 /// Run `work` with the GIL released on a helper thread while the calling
 /// thread checks for signals every 50 ms. On Ctrl-C (or any signal handler
 /// that raises) `stop` is set, the work ends at its next check, and the
-/// handler's exception (KeyboardInterrupt) is raised.
+/// handler's exception (KeyboardInterrupt) is raised. The result comes back
+/// through a channel, so the caller wakes the moment it is ready.
 fn interruptible<T: Send>(
     py: Python<'_>,
     threads: Option<usize>,
@@ -73,33 +75,38 @@ fn interruptible<T: Send>(
 ) -> PyResult<T> {
     let stop = AtomicBool::new(false);
     let mut raised: Option<PyErr> = None;
-    let joined = py.detach(|| {
+    let received = py.detach(|| {
         std::thread::scope(|scope| {
-            let caller = std::thread::current();
             let stop = &stop;
+            let (done, result) = mpsc::channel();
             let worker = scope.spawn(move || {
-                let out = in_pool(threads, || work(stop));
-                caller.unpark();
-                out
+                // a send fails only if the receiver is gone, which it never is here
+                let _ = done.send(in_pool(threads, || work(stop)));
             });
-            while !worker.is_finished() {
-                std::thread::park_timeout(Duration::from_millis(50));
-                if raised.is_none() && !worker.is_finished() {
-                    if let Err(e) = Python::attach(|py| py.check_signals()) {
-                        raised = Some(e);
-                        stop.store(true, Ordering::Relaxed);
+            let out = loop {
+                match result.recv_timeout(Duration::from_millis(50)) {
+                    Ok(out) => break Some(out),
+                    Err(RecvTimeoutError::Disconnected) => break None, // the worker panicked
+                    Err(RecvTimeoutError::Timeout) => {
+                        if raised.is_none() {
+                            if let Err(e) = Python::attach(|py| py.check_signals()) {
+                                raised = Some(e);
+                                stop.store(true, Ordering::Relaxed);
+                            }
+                        }
                     }
                 }
-            }
-            worker.join()
+            };
+            let _ = worker.join(); // a panic is reported below, not re-raised by the scope
+            out
         })
     });
     if let Some(e) = raised {
         return Err(e);
     }
-    match joined {
-        Ok(out) => Ok(out?),
-        Err(_) => Err(PyRuntimeError::new_err("internal error: a worker thread panicked")),
+    match received {
+        Some(out) => Ok(out?),
+        None => Err(PyRuntimeError::new_err("internal error: a worker thread panicked")),
     }
 }
 

@@ -44,3 +44,20 @@ settings.load_profile("deep" if os.environ.get("SPECDEC_FUZZ_EXAMPLES") else "ci
 @pytest.fixture
 def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
+
+
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """`-n auto` (the default, pyproject.toml): one worker per core, at most 4:
+    each worker imports torch and loads its own models."""
+    return max(1, min(os.cpu_count() or 1, 4))
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Each pytest-xdist worker gets one torch thread: two workers with two
+    threads each on two cores stall each other."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        try:
+            import torch
+        except ImportError:
+            return
+        torch.set_num_threads(1)

@@ -43,6 +43,20 @@ def prompt(seed: int, n: int = 7) -> Any:
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
 
 
+NEW = 24
+
+
+@pytest.fixture(scope="module")
+def greedy_baselines(target: Any) -> list[tuple[Any, list[int]]]:
+    """(prompt, target-only greedy tokens) for prompts 0..2, computed once."""
+    out = []
+    for seed in range(3):
+        ids = prompt(seed)
+        plain = sd.generate(target, None, ids, max_new_tokens=NEW, temperature=0, eos_token_id=[])
+        out.append((ids, plain.tokens))
+    return out
+
+
 def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[str, Path]) -> None:
     """Depth d of `unroll` at position j is what the drafter computes for
     its d-th draft of the round whose last true position is j - d + 1."""
@@ -66,37 +80,44 @@ def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_output_equals_target_greedy(
-    target: Any, trained: dict[str, Path], spec: str, k: int
+    target: Any,
+    trained: dict[str, Path],
+    greedy_baselines: list[tuple[Any, list[int]]],
+    spec: str,
+    k: int,
 ) -> None:
     path = trained["medusa" if spec == "medusa" else "eagle"]
     for greedy_draft in (False, True):
         drafter = drafters.from_spec(f"{spec}:{path}", target, greedy=greedy_draft)
-        for seed in range(3):
-            ids = prompt(seed)
-            plain = sd.generate(
-                target, None, ids, max_new_tokens=24, temperature=0, eos_token_id=[]
-            )
+        for seed, (ids, plain) in enumerate(greedy_baselines):
             out = sd.generate(
-                target, drafter, ids, max_new_tokens=24, k=k, temperature=0, eos_token_id=[]
+                target, drafter, ids, max_new_tokens=NEW, k=k, temperature=0, eos_token_id=[]
             )
-            assert out.tokens == plain.tokens, (spec, k, seed)
+            assert out.tokens == plain, (spec, k, seed)
             assert out.drafted > 0
 
 
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
 def test_tree_decoding_keeps_the_greedy_output(
-    target: Any, trained: dict[str, Path], spec: str
+    target: Any,
+    trained: dict[str, Path],
+    greedy_baselines: list[tuple[Any, list[int]]],
+    spec: str,
 ) -> None:
     path = trained["medusa" if spec == "medusa" else "eagle"]
     drafter = drafters.from_spec(f"{spec}:{path}", target, greedy=True)
-    for seed in range(2):
-        ids = prompt(seed)
-        plain = sd.generate(target, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
+    for seed, (ids, plain) in enumerate(greedy_baselines[:2]):
         for budget in (1, 4, 8):
             out = sd.generate(
-                target, drafter, ids, max_new_tokens=20, temperature=0, eos_token_id=[], tree=budget
+                target,
+                drafter,
+                ids,
+                max_new_tokens=NEW,
+                temperature=0,
+                eos_token_id=[],
+                tree=budget,
             )
-            assert out.tokens == plain.tokens, (spec, budget, seed)
+            assert out.tokens == plain, (spec, budget, seed)
             assert out.policy == f"tree:{budget}"
 
 

@@ -1,6 +1,7 @@
 """The embedded default, SmolLM2-135M-Instruct: speculative greedy output equals
-target-only greedy on a code prompt and a chat prompt, for each drafter kind,
-and with every tree drafter (the shipped heads' trees, lookup's trees)."""
+target-only greedy on a code prompt and a chat prompt, for each drafter kind
+(the shipped EAGLE, Medusa and hybrid heads included),
+and with the tree drafters (the shipped heads' trees, lookup's trees)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,12 @@ from specdec_rs.measure import workloads
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
+
 NEW = 16
+# A short code prompt whose answer copies the function (prompt lookup gets
+# long matches), and the first chat prompt.
+PROMPTS = {"code": ("code", 10), "chat": ("chat", 0)}
+HEADS = ("eagle", "medusa", "hybrid")
 
 
 @pytest.fixture(scope="module")
@@ -26,33 +32,50 @@ def smollm2() -> tuple[Any, Any]:
     return models.load_smollm2()
 
 
+@pytest.fixture(scope="module")
+def plain(smollm2: tuple[Any, Any]) -> dict[str, tuple[Any, sd.GenerationResult]]:
+    """workload -> (prompt ids, target-only greedy result), computed once."""
+    model, tokenizer = smollm2
+    out = {}
+    for name, (workload, index) in PROMPTS.items():
+        ids = workloads.encode(tokenizer, workloads.prompts(workload)[index])
+        out[name] = (ids, sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0))
+    return out
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("workload", ["code", "chat"])
-def test_greedy_speculative_equals_target_greedy(smollm2: tuple[Any, Any], workload: str) -> None:
+def test_greedy_speculative_equals_target_greedy(
+    smollm2: tuple[Any, Any], plain: dict[str, tuple[Any, sd.GenerationResult]], workload: str
+) -> None:
     model, tokenizer = smollm2
-    ids = workloads.encode(tokenizer, workloads.prompts(workload)[0])
-    plain = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
-    assert plain.new_tokens > 8
+    ids, baseline = plain[workload]
+    assert baseline.new_tokens > 8
     drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8)]
     if workload == "code":  # one prompt for the model drafter: its rounds cost the most
         drafters.append((sd.EarlyExit(model, 24), 2))
+    else:  # the shipped heads, sampling their drafts (q their distribution)
+        drafters += [(sd.drafters.from_spec(s, model, tokenizer), 3) for s in HEADS]
     for drafter, k in drafters:
         out = sd.generate(model, drafter, ids, max_new_tokens=NEW, k=k, temperature=0)
-        assert out.tokens == plain.tokens, drafter.name
-        assert out.stop_reason == plain.stop_reason
+        assert out.tokens == baseline.tokens, drafter.name
+        assert out.stop_reason == baseline.stop_reason
         if workload == "code" and drafter.name == "prompt-lookup":
             assert out.tokens_per_pass > 1.5, out.summary()  # the answer copies the function
+        if drafter.name in HEADS:
+            assert out.tokens_per_pass > 1.0, out.summary()  # the trained head's drafts are kept
 
 
 @pytest.mark.slow
-def test_tree_drafters_keep_the_greedy_output(smollm2: tuple[Any, Any]) -> None:
+def test_tree_drafters_keep_the_greedy_output(
+    smollm2: tuple[Any, Any], plain: dict[str, tuple[Any, sd.GenerationResult]]
+) -> None:
     model, tokenizer = smollm2
-    ids = workloads.encode(tokenizer, workloads.prompts("chat")[0])
-    plain = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
-    for spec in ("prompt-lookup", "eagle", "medusa", "hybrid"):
+    ids, baseline = plain["chat"]
+    for spec in ("prompt-lookup", "eagle", "medusa"):  # hybrid's switching: test_heads.py
         drafter = sd.drafters.from_spec(spec, model, tokenizer, greedy=True)
         out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, tree=8)
-        assert out.tokens == plain.tokens, spec
+        assert out.tokens == baseline.tokens, spec
         assert out.policy == "tree:8"
 
 

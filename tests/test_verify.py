@@ -321,7 +321,7 @@ def test_the_gil_is_released_during_rust_work() -> None:
     done = threading.Event()
 
     def work() -> None:
-        sd.simulate_round_lengths(P_TABLE, Q_TABLE, k=2, rounds=30_000_000, threads=1)
+        sd.simulate_round_lengths(P_TABLE, Q_TABLE, k=2, rounds=8_000_000, threads=1)
         done.set()
 
     worker = threading.Thread(target=work)

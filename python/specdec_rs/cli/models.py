@@ -57,7 +57,7 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "demo", parents=parents, help="built-in prompts through target-only and each drafter"
     )
     d.add_argument("--max-new-tokens", type=int, default=64)
-    d.add_argument("--prompts", type=int, default=4, help="how many built-in prompts (code, chat)")
+    d.add_argument("--prompts", type=int, default=4, help="built-in prompts, chat and code in turn")
     add_sampling_arguments(d, temperature=0.0)
     d.set_defaults(run=run_demo, show=show_demo)
 

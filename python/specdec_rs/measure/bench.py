@@ -447,7 +447,7 @@ DEMO_DRAFTERS = (
 
 @dataclass(frozen=True)
 class DemoReport:
-    """Each drafter over the same interleaved code and chat prompts."""
+    """Each drafter over the same interleaved chat and code prompts."""
 
     temperature: float
     prompts: int
@@ -470,13 +470,13 @@ def demo(
     progress: Progress = no_progress,
 ) -> DemoReport:
     """Target-only and each (drafter, k) on `prompts` built-in prompts
-    (alternately code editing and chat); speedups against target-only. With
+    (alternately chat and code editing); speedups against target-only. With
     the default list, drafters that cannot serve this target (e.g. heads
     trained for another model) are left out and listed in `skipped`."""
     if all(spec != "none" for spec, _ in drafter_ks):
         drafter_ks = [("none", 1), *drafter_ks]  # the baseline every speedup is against
     code, chat = workloads_mod.prompts("code"), workloads_mod.prompts("chat")
-    interleaved = [m for pair in zip(code, chat, strict=False) for m in pair]
+    interleaved = [m for pair in zip(chat, code, strict=False) for m in pair]
     count = _checks.integer(prompts, "prompts", minimum=1, maximum=len(interleaved))
     config = SamplingConfig(temperature)
     max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
