@@ -1,8 +1,10 @@
 """Monte Carlo rounds per second: the Rust engine against vectorized NumPy and
-pure-Python `speculative_step`, same chain, same run.
+pure-Python `speculative_step`, same chain, same run; then the time of one
+small engine call (the statistical tests make thousands of them), against
+the same runs done in one call.
 
 The handout's 3-token chain, k = 2, exact rule, continuing generations.
-Prints a Markdown table. Run: python benchmarks/bench_sim.py [--rounds N]
+Prints two Markdown tables. Run: python benchmarks/bench_sim.py [--rounds N]
 """
 
 from __future__ import annotations
@@ -80,6 +82,37 @@ def main() -> None:
     print("|---|---|---|")
     for name, rate in rows:
         print(f"| {name} | {rate:,.0f} | {rate / numpy_rate:.2f}x |")
+    small_calls()
+
+
+def small_calls(repeats: int = 10) -> None:
+    """Many small `simulate` calls, as the statistical tests and `specdec
+    experiments` make them: two-token runs, 1,000 to 100,000 runs a call (9
+    sizes x `repeats` seeds), each threads setting. Reported: total time,
+    the slowest call, and the total against the same runs in one call (the
+    fixed cost of a call)."""
+    sizes = np.unique(np.logspace(3, 5, 9).astype(int)).tolist()
+    total_runs = sum(sizes) * repeats
+    print()
+    print(
+        f"| {len(sizes) * repeats} calls of 1,000-100,000 runs | total s | slowest call ms "
+        "| vs the same runs in one call |"
+    )
+    print("|---|---|---|---|")
+    for threads in (1, None):
+        t = time.perf_counter()
+        sd.simulate(P, Q, k=K, runs=total_runs, num_tokens=2, start=0, threads=threads)
+        one_call = time.perf_counter() - t
+        times = []
+        for n in sizes:
+            for seed in range(repeats):
+                t = time.perf_counter()
+                sd.simulate(P, Q, k=K, runs=n, num_tokens=2, start=0, seed=seed, threads=threads)
+                times.append(time.perf_counter() - t)
+        name = "1 thread" if threads == 1 else f"{os.cpu_count() or 1} threads"
+        print(
+            f"| {name} | {sum(times):.3f} | {max(times) * 1e3:.1f} | {sum(times) / one_call:.2f}x |"
+        )
 
 
 if __name__ == "__main__":

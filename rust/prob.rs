@@ -19,13 +19,32 @@ pub trait Prob: Copy + Send + Sync + 'static {
     /// another, e.g. for float16 rows widened to f32).
     const SUM_TOL: f64;
     fn to_f64(self) -> f64;
+    /// Entries 0..8 of `chunk` (8 long) widened to f64, as two 4-lane vectors.
+    ///
+    /// # Safety
+    /// Only from a function compiled with AVX2 enabled, on a CPU that has it.
+    #[cfg(target_arch = "x86_64")]
+    unsafe fn load8(chunk: &[Self]) -> (x86::__m256d, x86::__m256d);
 }
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64 as x86;
 
 impl Prob for f32 {
     const SUM_TOL: f64 = 1e-3;
     #[inline(always)]
     fn to_f64(self) -> f64 {
         self as f64
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(chunk: &[f32]) -> (x86::__m256d, x86::__m256d) {
+        debug_assert!(chunk.len() >= 8);
+        let v = x86::_mm256_loadu_ps(chunk.as_ptr());
+        (
+            x86::_mm256_cvtps_pd(x86::_mm256_castps256_ps128(v)),
+            x86::_mm256_cvtps_pd(x86::_mm256_extractf128_ps::<1>(v)),
+        )
     }
 }
 
@@ -34,6 +53,15 @@ impl Prob for f64 {
     #[inline(always)]
     fn to_f64(self) -> f64 {
         self
+    }
+    #[cfg(target_arch = "x86_64")]
+    #[inline(always)]
+    unsafe fn load8(chunk: &[f64]) -> (x86::__m256d, x86::__m256d) {
+        debug_assert!(chunk.len() >= 8);
+        (
+            x86::_mm256_loadu_pd(chunk.as_ptr()),
+            x86::_mm256_loadu_pd(chunk.as_ptr().add(4)),
+        )
     }
 }
 
@@ -68,10 +96,29 @@ fn sum_and_ok<T: Prob>(row: &[T]) -> (f64, bool) {
     sum_and_ok_body(row)
 }
 
+/// `sum_and_ok_body` with explicit 256-bit vectors, lane for lane the same
+/// additions in the same order (bitwise the same sum).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn sum_and_ok_avx2<T: Prob>(row: &[T]) -> (f64, bool) {
-    sum_and_ok_body(row)
+    use x86::*;
+    let zero = _mm256_setzero_pd();
+    let (mut a0, mut a1, mut l0, mut l1) = (zero, zero, zero, zero);
+    let chunks = row.chunks_exact(LANES);
+    let tail = chunks.remainder();
+    for c in chunks {
+        let (x0, x1) = T::load8(c);
+        a0 = _mm256_add_pd(a0, x0);
+        a1 = _mm256_add_pd(a1, x1);
+        l0 = _mm256_min_pd(x0, l0); // x < low ? x : low, as `min(low, x)`
+        l1 = _mm256_min_pd(x1, l1);
+    }
+    let (mut acc, mut low) = ([0.0f64; LANES], [0.0f64; LANES]);
+    _mm256_storeu_pd(acc.as_mut_ptr(), a0);
+    _mm256_storeu_pd(acc.as_mut_ptr().add(4), a1);
+    _mm256_storeu_pd(low.as_mut_ptr(), l0);
+    _mm256_storeu_pd(low.as_mut_ptr().add(4), l1);
+    sum_tail(tail, &acc, &low)
 }
 
 #[inline(always)]
@@ -87,6 +134,12 @@ fn sum_and_ok_body<T: Prob>(row: &[T]) -> (f64, bool) {
             low[l] = min(low[l], x);
         }
     }
+    sum_tail(tail, &acc, &low)
+}
+
+/// The lanes folded, then the tail entries (fewer than `LANES`) added.
+#[inline(always)]
+fn sum_tail<T: Prob>(tail: &[T], acc: &[f64; LANES], low: &[f64; LANES]) -> (f64, bool) {
     let mut sum: f64 = acc.iter().sum();
     let mut lowest = low.iter().fold(0.0, |a, &b| min(a, b));
     for &x in tail {
@@ -252,10 +305,47 @@ fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f
     residual_chunk_body(p, q, a, b)
 }
 
+/// `residual_chunk_body` with explicit 256-bit vectors: lanes 0..4 and 4..8
+/// of each accumulator are one vector each, and every lane adds the same
+/// entries in the same order as the portable body, so the sums are bitwise
+/// the same (max(0, NaN) is 0 on both paths; a NaN shows in Σp or Σq).
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2")]
 unsafe fn residual_chunk_avx2<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f64, f64, bool) {
-    residual_chunk_body(p, q, a, b)
+    use x86::*;
+    let (va, vb, zero) = (_mm256_set1_pd(a), _mm256_set1_pd(b), _mm256_setzero_pd());
+    let (mut w0, mut w1, mut p0, mut p1) = (zero, zero, zero, zero);
+    let (mut q0, mut q1, mut l0, mut l1) = (zero, zero, zero, zero);
+    let pc = p.chunks_exact(LANES);
+    let qc = q.chunks_exact(LANES);
+    let (pt, qt) = (pc.remainder(), qc.remainder());
+    for (c, d) in pc.zip(qc) {
+        let (x0, x1) = P::load8(c);
+        let (y0, y1) = Q::load8(d);
+        // max(d, 0) returns 0 when d is NaN, as f64::max(d, 0) does
+        w0 = _mm256_add_pd(
+            w0,
+            _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(va, x0), _mm256_mul_pd(vb, y0)), zero),
+        );
+        w1 = _mm256_add_pd(
+            w1,
+            _mm256_max_pd(_mm256_sub_pd(_mm256_mul_pd(va, x1), _mm256_mul_pd(vb, y1)), zero),
+        );
+        p0 = _mm256_add_pd(p0, x0);
+        p1 = _mm256_add_pd(p1, x1);
+        q0 = _mm256_add_pd(q0, y0);
+        q1 = _mm256_add_pd(q1, y1);
+        l0 = _mm256_min_pd(_mm256_min_pd(x0, y0), l0);
+        l1 = _mm256_min_pd(_mm256_min_pd(x1, y1), l1);
+    }
+    let lanes = |v0: __m256d, v1: __m256d| {
+        let mut out = [0.0f64; LANES];
+        _mm256_storeu_pd(out.as_mut_ptr(), v0);
+        _mm256_storeu_pd(out.as_mut_ptr().add(4), v1);
+        out
+    };
+    let (w_acc, p_acc, q_acc, low) = (lanes(w0, w1), lanes(p0, p1), lanes(q0, q1), lanes(l0, l1));
+    residual_tail(pt, qt, a, b, &w_acc, &p_acc, &q_acc, &low)
 }
 
 #[inline(always)]
@@ -273,9 +363,25 @@ fn residual_chunk_body<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f
             w_acc[l] += (a * x - b * y).max(0.0);
             p_acc[l] += x;
             q_acc[l] += y;
-            low[l] = min(low[l], min(x, y));
+            low[l] = min(min(x, y), low[l]);
         }
     }
+    residual_tail(pt, qt, a, b, &w_acc, &p_acc, &q_acc, &low)
+}
+
+/// The lanes folded, then the tail entries (fewer than `LANES`) added.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn residual_tail<P: Prob, Q: Prob>(
+    pt: &[P],
+    qt: &[Q],
+    a: f64,
+    b: f64,
+    w_acc: &[f64; LANES],
+    p_acc: &[f64; LANES],
+    q_acc: &[f64; LANES],
+    low: &[f64; LANES],
+) -> (f64, f64, f64, bool) {
     let mut w: f64 = w_acc.iter().sum();
     let mut ps: f64 = p_acc.iter().sum();
     let mut qs: f64 = q_acc.iter().sum();
@@ -374,11 +480,81 @@ pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
     fn at<T: Prob>(data: &[T]) -> Row<'_, T> {
         Row::new(data, Loc::new("p_rows", None, 0), T::SUM_TOL)
+    }
+
+    /// Rows of `n` entries from a fixed recurrence: zeros, ties between p
+    /// and q, and (when `bad`) a negative entry and a NaN.
+    pub(crate) fn test_rows(n: usize, bad: bool) -> (Vec<f64>, Vec<f64>) {
+        let mut state = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 11) as f64 / (1u64 << 53) as f64
+        };
+        let mut p: Vec<f64> = (0..n).map(|_| next()).collect();
+        let mut q: Vec<f64> = (0..n).map(|_| next()).collect();
+        for i in (0..n).step_by(5) {
+            q[i] = p[i]; // ties: p − q = 0
+        }
+        for i in (0..n).step_by(11) {
+            p[i] = 0.0;
+        }
+        if bad && n > 3 {
+            p[3] = -0.25;
+            q[n - 1] = f64::NAN;
+        }
+        (p, q)
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_scans_equal_the_portable_ones_bitwise() {
+        if !wide_simd() {
+            return; // nothing to compare on this CPU
+        }
+        let same = |x: (f64, f64, f64, bool), y: (f64, f64, f64, bool)| {
+            x.0.to_bits() == y.0.to_bits()
+                && x.1.to_bits() == y.1.to_bits()
+                && x.2.to_bits() == y.2.to_bits()
+                && x.3 == y.3
+        };
+        for n in [0, 1, 7, 8, 9, 1023, 1024] {
+            for bad in [false, true] {
+                let (p, q) = test_rows(n, bad);
+                let (p32, q32): (Vec<f32>, Vec<f32>) = (
+                    p.iter().map(|&x| x as f32).collect(),
+                    q.iter().map(|&x| x as f32).collect(),
+                );
+                for (a, b) in [(1.0, 1.0), (0.7, 1.0), (1.0, 1.3)] {
+                    // SAFETY: AVX2 checked above.
+                    unsafe {
+                        assert!(same(
+                            residual_chunk_avx2(&p, &q, a, b),
+                            residual_chunk_body(&p, &q, a, b)
+                        ));
+                        assert!(same(
+                            residual_chunk_avx2(&p32, &q, a, b),
+                            residual_chunk_body(&p32, &q, a, b)
+                        ));
+                        assert!(same(
+                            residual_chunk_avx2(&p32, &q32, a, b),
+                            residual_chunk_body(&p32, &q32, a, b)
+                        ));
+                    }
+                }
+                // SAFETY: AVX2 checked above.
+                let (x, y) = unsafe { (sum_and_ok_avx2(&p32), sum_and_ok_avx2(&q)) };
+                let (u, v) = (sum_and_ok_body(&p32), sum_and_ok_body(&q));
+                assert!(x.0.to_bits() == u.0.to_bits() && x.1 == u.1, "n = {n}");
+                assert!(y.0.to_bits() == v.0.to_bits() && y.1 == v.1, "n = {n}");
+            }
+        }
     }
 
     #[test]

@@ -273,6 +273,19 @@ fn later_chunk_body<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(
             s[l] += xp;
         }
     }
+    later_tail(pt, qt, ups, b, &w, &s)
+}
+
+/// The lanes folded, then the tail entries (fewer than 8) added.
+#[inline(always)]
+fn later_tail<const N: usize, P: Prob, Q: Prob>(
+    pt: &[P],
+    qt: &[Q],
+    ups: &[(f64, f64); N],
+    b: f64,
+    w: &[f64; 8],
+    s: &[f64; 8],
+) -> (f64, f64) {
     let (mut w, mut s): (f64, f64) = (w.iter().sum(), s.iter().sum());
     for (&x, &y) in pt.iter().zip(qt) {
         let xp = updated_n(x.to_f64(), y.to_f64(), ups);
@@ -290,7 +303,35 @@ unsafe fn later_chunk_avx2<const N: usize, P: Prob, Q: Prob>(
     ups: &[(f64, f64); N],
     b: f64,
 ) -> (f64, f64) {
-    later_chunk_body(p, q, ups, b)
+    use std::arch::x86_64::*;
+    const LANES: usize = 8;
+    let (zero, vb) = (_mm256_setzero_pd(), _mm256_set1_pd(b));
+    let factors = ups.map(|(ub, inv_z)| (_mm256_set1_pd(ub), _mm256_set1_pd(inv_z)));
+    let updated = |x: __m256d, y: __m256d| {
+        let mut v = x;
+        for &(ub, inv_z) in &factors {
+            v = _mm256_mul_pd(_mm256_max_pd(_mm256_sub_pd(v, _mm256_mul_pd(ub, y)), zero), inv_z);
+        }
+        v
+    };
+    let (mut w0, mut w1, mut s0, mut s1) = (zero, zero, zero, zero);
+    let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
+    let (pt, qt) = (pc.remainder(), qc.remainder());
+    for (c, d) in pc.zip(qc) {
+        let (x0, x1) = P::load8(c);
+        let (y0, y1) = Q::load8(d);
+        let (u0, u1) = (updated(x0, y0), updated(x1, y1));
+        w0 = _mm256_add_pd(w0, _mm256_max_pd(_mm256_sub_pd(u0, _mm256_mul_pd(vb, y0)), zero));
+        w1 = _mm256_add_pd(w1, _mm256_max_pd(_mm256_sub_pd(u1, _mm256_mul_pd(vb, y1)), zero));
+        s0 = _mm256_add_pd(s0, u0);
+        s1 = _mm256_add_pd(s1, u1);
+    }
+    let (mut w, mut s) = ([0.0f64; LANES], [0.0f64; LANES]);
+    _mm256_storeu_pd(w.as_mut_ptr(), w0);
+    _mm256_storeu_pd(w.as_mut_ptr().add(4), w1);
+    _mm256_storeu_pd(s.as_mut_ptr(), s0);
+    _mm256_storeu_pd(s.as_mut_ptr().add(4), s1);
+    later_tail(pt, qt, ups, b, &w, &s)
 }
 
 fn later_chunk<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
@@ -596,6 +637,32 @@ pub fn verify_tree<P: Prob, Q: Prob>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_later_pass_equals_the_portable_one_bitwise() {
+        if !std::is_x86_feature_detected!("avx2") {
+            return; // nothing to compare on this CPU
+        }
+        for n in [0, 1, 7, 8, 9, 1023, 1024] {
+            let (p, q) = crate::prob::tests::test_rows(n, false);
+            let p32: Vec<f32> = p.iter().map(|&x| x as f32).collect();
+            let ups = [(1.0, 1.0 / 0.6), (0.8, 1.0 / 0.7), (1.0, 1.0 / 0.9)];
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                let same =
+                    |x: (f64, f64), y: (f64, f64)| x.0.to_bits() == y.0.to_bits() && x.1.to_bits() == y.1.to_bits();
+                assert!(same(
+                    later_chunk_avx2(&p, &q, &[ups[0]], 1.0),
+                    later_chunk_body(&p, &q, &[ups[0]], 1.0)
+                ));
+                assert!(same(
+                    later_chunk_avx2(&p32, &q, &ups, 0.5),
+                    later_chunk_body(&p32, &q, &ups, 0.5)
+                ));
+            }
+        }
+    }
 
     fn walk_once(
         parents: &[i64],
