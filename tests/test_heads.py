@@ -341,3 +341,11 @@ def test_features_from_generation_equal_a_teacher_forced_pass(target: Any, tmp_p
         with torch.inference_mode():
             h = target.model(s.tokens[None, :-1]).last_hidden_state[0]
         torch.testing.assert_close(s.features.float(), h, atol=2e-3, rtol=2e-3)  # stored as float16
+
+
+def test_one_process_keeps_the_requested_device() -> None:
+    """`process_device` changes "cuda" only under `accelerate launch` with
+    several processes (each then takes its own GPU)."""
+    from specdec_rs.training import process_device
+
+    assert process_device("cuda") == "cuda" and process_device("cpu") == "cpu"

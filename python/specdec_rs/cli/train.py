@@ -15,7 +15,13 @@ from rich.console import Console
 
 from specdec_rs.cli.models import check_model_flags, load_target
 from specdec_rs.cli.show import fmt, progress_bars, table
-from specdec_rs.training import DataConfig, TrainConfig, TrainReport, train_head
+from specdec_rs.training import (
+    DataConfig,
+    TrainConfig,
+    TrainReport,
+    process_device,
+    train_head,
+)
 
 
 def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -64,11 +70,7 @@ def run_train(args: argparse.Namespace, console: Console) -> TrainReport:
         draft_vocab=args.draft_vocab,
         seed=args.seed,
     )
-    from accelerate import PartialState
-
-    state = PartialState()
-    if state.num_processes > 1 and args.device == "cuda":  # under `accelerate launch`: one GPU each
-        args.device = str(state.device)
+    args.device = process_device(args.device)  # under `accelerate launch`: one GPU each
     target, tokenizer = load_target(args)
     with progress_bars(console) as progress:
         return train_head(

@@ -43,6 +43,18 @@ def default_out(kind: str) -> Path:
     return models.cache_dir() / "heads" / f"{kind}.safetensors"
 
 
+def process_device(device: str) -> str:
+    """The device this process loads the target on: under `accelerate launch`
+    with several processes, a plain "cuda" becomes this process's own GPU
+    ("cuda:RANK"); anything else is kept."""
+    from accelerate import PartialState
+
+    state = PartialState()
+    if state.num_processes > 1 and device == "cuda":
+        return str(state.device)
+    return device
+
+
 def train_head(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
