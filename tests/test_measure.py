@@ -102,6 +102,8 @@ def test_replay_prices_each_round() -> None:
     half = np.full((3, 1), 0.5)
     rounds, _ = replay_expected(half, 1, 0.0, [1.0, 1.0])  # t=0: 1 or 2 tokens; t=1: 1 or 2; t=2: 1
     assert rounds == pytest.approx(1 + 0.5 * (1 + 0.5 * 1) + 0.5 * 1)
+    with pytest.raises(ValueError, match="a has no rows"):  # an empty answer: nothing to price
+        replay_expected(np.zeros((0, 3)), 2, 0.1, [1.0, 1.1, 1.2])
 
 
 def test_constant_acceptance_reduces_to_the_handout_formula() -> None:

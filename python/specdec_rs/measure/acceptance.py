@@ -139,6 +139,8 @@ def replay(
     costs n. At greedy (a in {0, 1}) this is the run itself.
     """
     a = _matrix(a, "a")
+    if len(a) == 0:
+        raise ValueError("a has no rows; replay needs a(t, i) for an answer of at least one token")
     k = _checks.integer(k, "k", maximum=a.shape[1])
     cost_ratio = _checks.real(cost_ratio, "cost_ratio", minimum=0.0)
     v = _verify_costs(verify_cost, k + 1)
