@@ -49,15 +49,21 @@ class LayerShape:
         return asdict(self)
 
 
-def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
-    """Rotary position embedding (the half-split convention of Llama).
-    x: (B, heads, L, d); positions: (B, L) absolute positions."""
-    d = x.shape[-1]
-    inv = theta ** (-torch.arange(0, d, 2, device=x.device, dtype=torch.float32) / d)
+def rope_tables(
+    positions: torch.Tensor, d: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (B, 1, L, d) of the rotary embedding at `positions` (B, L),
+    computed in float32, then cast to `dtype`; shared by queries and keys."""
+    inv = theta ** (-torch.arange(0, d, 2, device=positions.device, dtype=torch.float32) / d)
     angles = positions.to(torch.float32)[:, None, :, None] * inv  # (B, 1, L, d/2)
-    cos = torch.cat([angles.cos(), angles.cos()], -1).to(x.dtype)
-    sin = torch.cat([angles.sin(), angles.sin()], -1).to(x.dtype)
-    half = d // 2
+    angles = torch.cat([angles, angles], -1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotary position embedding (the half-split convention of Llama).
+    x: (B, heads, L, d); cos, sin: `rope_tables` at x's positions."""
+    half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
 
@@ -90,7 +96,8 @@ class DecoderLayer(nn.Module):
         q = self.q_proj(h).view(b, n, s.heads, s.head_dim).transpose(1, 2)
         k = self.k_proj(h).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
         v = self.v_proj(h).view(b, n, s.kv_heads, s.head_dim).transpose(1, 2)
-        return rope(q, positions, s.rope_theta), rope(k, positions, s.rope_theta), v
+        cos, sin = rope_tables(positions, s.head_dim, s.rope_theta, q.dtype)
+        return rope(q, cos, sin), rope(k, cos, sin), v
 
     def finish(
         self, x: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any
