@@ -46,6 +46,30 @@ def rng() -> np.random.Generator:
     return np.random.default_rng(12345)
 
 
+# The modules that take longest, longest first: under pytest-xdist
+# (--dist loadfile) each worker starts on a long module, the short ones fill
+# the end, and a module's fixtures (trained heads, SmolLM2 baselines, 2,000
+# engine runs) are computed in one worker only.
+LONGEST_FIRST = (
+    "test_cli_models.py",
+    "test_smollm2.py",
+    "test_generate.py",
+    "test_lab.py",
+    "test_heads.py",
+    "test_power.py",
+    "test_cli.py",
+    "test_fuzz.py",
+    "test_verify.py",
+    "test_tree.py",
+    "test_measure.py",
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order kept within
+
+
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
     """`-n auto` (the default, pyproject.toml): one worker per core, at most 4:
     each worker imports torch and loads its own models."""

@@ -67,7 +67,7 @@ def test_demo_human_output(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "160")
-    assert main(["demo", "--prompts", "1", "--max-new-tokens", "4", "--temperature", "0.7"]) == 0
+    assert main(["demo", "--prompts", "1", "--max-new-tokens", "2", "--temperature", "0.7"]) == 0
     out = capsys.readouterr().out
     rows = {
         cells[0]: cells

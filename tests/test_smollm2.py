@@ -16,7 +16,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("gguf")
 
 
-NEW = 16
+NEW = 12
 # A short code prompt whose answer copies the function (prompt lookup gets
 # long matches), and the first chat prompt.
 PROMPTS = {"code": ("code", 10), "chat": ("chat", 0)}
