@@ -47,9 +47,8 @@ def rng() -> np.random.Generator:
 
 
 # The modules that take longest, longest first: under pytest-xdist
-# (--dist loadfile) each worker starts on a long module, the short ones fill
-# the end, and a module's fixtures (trained heads, SmolLM2 baselines, 2,000
-# engine runs) are computed in one worker only.
+# (--dist worksteal) each worker starts on a long module and the short ones
+# fill the end, where an idle worker steals them.
 LONGEST_FIRST = (
     "test_cli_models.py",
     "test_smollm2.py",
