@@ -10,8 +10,8 @@ use crate::error::{Loc, Result, SpecError};
 
 /// Chunk size of the two-level inverse CDF.
 pub(crate) const CHUNK: usize = 1024;
-/// Independent accumulators per sum, so the compiler can vectorize.
-const LANES: usize = 8;
+/// Independent accumulators per sum: two 4-lane vectors of f64.
+pub(crate) const LANES: usize = 8;
 
 /// A probability element type. All arithmetic is done in f64.
 pub trait Prob: Copy + Send + Sync + 'static {
@@ -70,8 +70,18 @@ impl Prob for f64 {
 /// sums, and the tokens sampled, are bitwise the same with or without it.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn wide_simd() -> bool {
+pub(crate) fn wide_simd() -> bool {
     std::is_x86_feature_detected!("avx2")
+}
+
+/// Lanes 0..4 and 4..8 of an accumulator, as the portable code keeps them.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+pub(crate) unsafe fn lanes(v0: x86::__m256d, v1: x86::__m256d) -> [f64; LANES] {
+    let mut out = [0.0f64; LANES];
+    x86::_mm256_storeu_pd(out.as_mut_ptr(), v0);
+    x86::_mm256_storeu_pd(out.as_mut_ptr().add(4), v1);
+    out
 }
 
 #[inline(always)]
@@ -113,12 +123,7 @@ unsafe fn sum_and_ok_avx2<T: Prob>(row: &[T]) -> (f64, bool) {
         l0 = _mm256_min_pd(x0, l0); // x < low ? x : low, as `min(low, x)`
         l1 = _mm256_min_pd(x1, l1);
     }
-    let (mut acc, mut low) = ([0.0f64; LANES], [0.0f64; LANES]);
-    _mm256_storeu_pd(acc.as_mut_ptr(), a0);
-    _mm256_storeu_pd(acc.as_mut_ptr().add(4), a1);
-    _mm256_storeu_pd(low.as_mut_ptr(), l0);
-    _mm256_storeu_pd(low.as_mut_ptr().add(4), l1);
-    sum_tail(tail, &acc, &low)
+    sum_tail(tail, &lanes(a0, a1), &lanes(l0, l1))
 }
 
 #[inline(always)]
@@ -338,12 +343,6 @@ unsafe fn residual_chunk_avx2<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64
         l0 = _mm256_min_pd(_mm256_min_pd(x0, y0), l0);
         l1 = _mm256_min_pd(_mm256_min_pd(x1, y1), l1);
     }
-    let lanes = |v0: __m256d, v1: __m256d| {
-        let mut out = [0.0f64; LANES];
-        _mm256_storeu_pd(out.as_mut_ptr(), v0);
-        _mm256_storeu_pd(out.as_mut_ptr().add(4), v1);
-        out
-    };
     let (w_acc, p_acc, q_acc, low) = (lanes(w0, w1), lanes(p0, p1), lanes(q0, q1), lanes(l0, l1));
     residual_tail(pt, qt, a, b, &w_acc, &p_acc, &q_acc, &low)
 }

@@ -32,8 +32,10 @@ use rand::RngExt;
 use crate::error::{Loc, Result, SpecError};
 use crate::prob::{
     check_entry, check_row, pick, pick_residual, residual_weights_scaled, sample_row, Prob, Residual, Row, Weights,
-    CHUNK,
+    CHUNK, LANES,
 };
+#[cfg(target_arch = "x86_64")]
+use crate::prob::{lanes, wide_simd};
 use crate::rng::{stream, Stream};
 use crate::verify::Checks;
 
@@ -261,7 +263,6 @@ fn updated_n<const N: usize>(px: f64, qx: f64, ups: &[(f64, f64); N]) -> f64 {
 /// Sums over one chunk of max(0, p' − b·q) and of p', with `LANES` accumulators.
 #[inline(always)]
 fn later_chunk_body<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
-    const LANES: usize = 8;
     let (mut w, mut s) = ([0.0f64; LANES], [0.0f64; LANES]);
     let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
     let (pt, qt) = (pc.remainder(), qc.remainder());
@@ -276,15 +277,15 @@ fn later_chunk_body<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(
     later_tail(pt, qt, ups, b, &w, &s)
 }
 
-/// The lanes folded, then the tail entries (fewer than 8) added.
+/// The lanes folded, then the tail entries (fewer than `LANES`) added.
 #[inline(always)]
 fn later_tail<const N: usize, P: Prob, Q: Prob>(
     pt: &[P],
     qt: &[Q],
     ups: &[(f64, f64); N],
     b: f64,
-    w: &[f64; 8],
-    s: &[f64; 8],
+    w: &[f64; LANES],
+    s: &[f64; LANES],
 ) -> (f64, f64) {
     let (mut w, mut s): (f64, f64) = (w.iter().sum(), s.iter().sum());
     for (&x, &y) in pt.iter().zip(qt) {
@@ -304,7 +305,6 @@ unsafe fn later_chunk_avx2<const N: usize, P: Prob, Q: Prob>(
     b: f64,
 ) -> (f64, f64) {
     use std::arch::x86_64::*;
-    const LANES: usize = 8;
     let (zero, vb) = (_mm256_setzero_pd(), _mm256_set1_pd(b));
     let factors = ups.map(|(ub, inv_z)| (_mm256_set1_pd(ub), _mm256_set1_pd(inv_z)));
     let updated = |x: __m256d, y: __m256d| {
@@ -326,17 +326,12 @@ unsafe fn later_chunk_avx2<const N: usize, P: Prob, Q: Prob>(
         s0 = _mm256_add_pd(s0, u0);
         s1 = _mm256_add_pd(s1, u1);
     }
-    let (mut w, mut s) = ([0.0f64; LANES], [0.0f64; LANES]);
-    _mm256_storeu_pd(w.as_mut_ptr(), w0);
-    _mm256_storeu_pd(w.as_mut_ptr().add(4), w1);
-    _mm256_storeu_pd(s.as_mut_ptr(), s0);
-    _mm256_storeu_pd(s.as_mut_ptr().add(4), s1);
-    later_tail(pt, qt, ups, b, &w, &s)
+    later_tail(pt, qt, ups, b, &lanes(w0, w1), &lanes(s0, s1))
 }
 
 fn later_chunk<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx2") {
+    if wide_simd() {
         // SAFETY: the CPU supports AVX2 (checked at run time just above).
         return unsafe { later_chunk_avx2(p, q, ups, b) };
     }
@@ -641,7 +636,7 @@ mod tests {
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn vector_later_pass_equals_the_portable_one_bitwise() {
-        if !std::is_x86_feature_detected!("avx2") {
+        if !crate::prob::wide_simd() {
             return; // nothing to compare on this CPU
         }
         for n in [0, 1, 7, 8, 9, 1023, 1024] {
