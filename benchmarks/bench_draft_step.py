@@ -11,6 +11,7 @@ Run: python benchmarks/bench_draft_step.py [--repeats 200] [--rounds 5]
 from __future__ import annotations
 
 import argparse
+import statistics
 from typing import Any
 
 import torch
@@ -58,15 +59,15 @@ def main() -> None:
             head.logits = logits
             results[name].append(drafter_step_time(drafter, target, context, args.repeats))
     head.logits = transposed_logits
-    step = sorted(steps)[len(steps) // 2]
+    step = statistics.median(steps)
     print()
     print(f"target decode step (median of {args.rounds} medians): {step * 1e3:.1f} ms")
     print()
     print("| EAGLE draft step, LM head layout | ms (median of medians) | c | / transposed |")
     print("|---|---|---|---|")
-    best = sorted(results["transposed"])[args.rounds // 2]
+    best = statistics.median(results["transposed"])
     for name, times in results.items():
-        t = sorted(times)[args.rounds // 2]
+        t = statistics.median(times)
         print(f"| {name} | {t * 1e3:.2f} | {t / step:.4f} | {t / best:.2f}x |")
 
 

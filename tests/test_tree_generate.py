@@ -71,8 +71,8 @@ def test_the_tree_mask_lets_each_node_see_only_its_path() -> None:
         models.tree_depths([-1, 1])
 
 
-@pytest.mark.parametrize("budget", [1, 3, 8, 16])
-def test_lookup_trees_keep_the_greedy_output(target: Any, budget: int) -> None:
+def greedy_with_lookup_tree(target: Any, tree: Any) -> tuple[Any, Any]:
+    """(target-only, prompt lookup with `tree`) greedy results, 30 tokens after PROMPT."""
     plain = sd.generate(target, None, PROMPT, max_new_tokens=30, temperature=0, eos_token_id=[])
     out = sd.generate(
         target,
@@ -81,8 +81,14 @@ def test_lookup_trees_keep_the_greedy_output(target: Any, budget: int) -> None:
         max_new_tokens=30,
         temperature=0,
         eos_token_id=[],
-        tree=budget,
+        tree=tree,
     )
+    return plain, out
+
+
+@pytest.mark.parametrize("budget", [1, 3, 8, 16])
+def test_lookup_trees_keep_the_greedy_output(target: Any, budget: int) -> None:
+    plain, out = greedy_with_lookup_tree(target, budget)
     assert out.tokens == plain.tokens
     assert out.new_tokens == 30 and out.drafted > 0
 
@@ -173,17 +179,8 @@ def test_the_adaptive_tree_follows_the_cost_model() -> None:
 
 
 def test_adaptive_trees_keep_the_greedy_output(target: Any) -> None:
-    plain = sd.generate(target, None, PROMPT, max_new_tokens=30, temperature=0, eos_token_id=[])
     policy = sd.AdaptiveTree(0.0, [1.0 + 0.1 * n for n in range(9)], budgets=(1, 4, 8), probe=4)
-    out = sd.generate(
-        target,
-        sd.PromptLookup(),
-        PROMPT,
-        max_new_tokens=30,
-        temperature=0,
-        eos_token_id=[],
-        tree=policy,
-    )
+    plain, out = greedy_with_lookup_tree(target, policy)
     assert out.tokens == plain.tokens
     assert out.policy == "adaptive-tree" and out.k == 8
     assert sum(policy.rounds.values()) > 0
