@@ -6,6 +6,7 @@
 
 pub mod block;
 pub mod error;
+pub mod linear;
 pub mod prob;
 pub mod rng;
 pub mod sim;

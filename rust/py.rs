@@ -9,7 +9,8 @@ use std::time::Duration;
 
 use ndarray::Array2;
 use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyUntypedArrayMethods,
+    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2,
+    PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -495,6 +496,47 @@ fn finish_round(
     )
 }
 
+/// `out = x · wᵀ` in f32 for C-contiguous `x` (n, k), `w` (m, k) and a
+/// writable `out` (n, m), on the calling thread with the GIL released. See
+/// `linear.rs`: built for a few rows against a large weight.
+#[pyfunction]
+fn linear_f32(
+    py: Python<'_>,
+    x: PyReadonlyArray2<'_, f32>,
+    w: PyReadonlyArray2<'_, f32>,
+    mut out: PyReadwriteArray2<'_, f32>,
+) -> PyResult<()> {
+    let (n, k) = (x.shape()[0], x.shape()[1]);
+    let m = w.shape()[0];
+    if w.shape()[1] != k || out.shape() != [n, m] {
+        return Err(PyValueError::new_err(format!(
+            "linear_f32: x is {:?}, w {:?} and out {:?}; expected x (n, k), w (m, k) and out (n, m)",
+            x.shape(),
+            w.shape(),
+            out.shape()
+        )));
+    }
+    // `as_slice` takes Fortran order too, which would be read as the transpose
+    let contiguous =
+        || PyValueError::new_err("linear_f32: x, w and out must be C-contiguous (pass np.ascontiguousarray(...))");
+    if !(x.is_c_contiguous() && w.is_c_contiguous() && out.is_c_contiguous()) {
+        return Err(contiguous());
+    }
+    let (xs, ws) = (
+        x.as_slice().map_err(|_| contiguous())?,
+        w.as_slice().map_err(|_| contiguous())?,
+    );
+    let os = out.as_slice_mut().map_err(|_| contiguous())?;
+    py.detach(|| crate::linear::linear(xs, ws, os, n, k, m))?;
+    Ok(())
+}
+
+/// Whether `linear_f32` runs on this CPU's AVX2 + FMA path (else a slow portable one).
+#[pyfunction]
+fn linear_vectorized() -> bool {
+    crate::linear::vector_fma()
+}
+
 /// The seed that row `index` of a batch call with `seed` uses.
 #[pyfunction]
 fn row_seed(seed: u64, index: u64) -> u64 {
@@ -513,6 +555,8 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
     m.add_function(wrap_pyfunction!(accept_gathered, m)?)?;
     m.add_function(wrap_pyfunction!(finish_round, m)?)?;
+    m.add_function(wrap_pyfunction!(linear_f32, m)?)?;
+    m.add_function(wrap_pyfunction!(linear_vectorized, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;
     m.add("CHILDREN", Children::names().collect::<Vec<_>>())?;

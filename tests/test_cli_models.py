@@ -30,6 +30,11 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     plain = json.loads(capsys.readouterr().out)
     assert plain["text"] == r["text"] and plain["tokens_per_pass"] == 1.0
     assert plain["alpha"] is None  # nothing drafted: α undefined, JSON null
+    # torch's products instead of Rust's: the same greedy text on this prompt
+    assert (
+        main([*args, "--drafter", "prompt-lookup", "--temperature", "0", "--linear", "torch"]) == 0
+    )
+    assert json.loads(capsys.readouterr().out)["text"] == r["text"]
 
 
 DRAFTERS = [
@@ -159,3 +164,10 @@ def test_model_commands_fail_with_one_line(
 ) -> None:
     assert main(argv) == 2
     one_line_error(capsys.readouterr().err, *fragments)
+
+
+def test_linear_flag_takes_its_three_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(["generate", "hi", "--linear", "mkl"])
+    assert exit_.value.code == 2
+    one_line_error(capsys.readouterr().err, "--linear", "invalid choice: 'mkl'")

@@ -11,6 +11,8 @@ __all__ = [
     "MAX_THREADS",
     "accept_gathered",
     "finish_round",
+    "linear_f32",
+    "linear_vectorized",
     "VARIANTS",
     "__version__",
     "row_seed",
@@ -130,3 +132,7 @@ def finish_round(
     p_tol: float | None = None,
     q_tol: float | None = None,
 ) -> int: ...
+def linear_f32(
+    x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], out: npt.NDArray[np.float32]
+) -> None: ...
+def linear_vectorized() -> bool: ...

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_rs import _checks
+from specdec_rs import _checks, kernels
 
 if TYPE_CHECKING:
     import torch
@@ -85,9 +85,15 @@ def smollm2_gguf() -> Path:
 
 
 def load_smollm2(
-    directory: Path | None = None, *, dtype: Any = "float32", device: Any = "cpu"
+    directory: Path | None = None,
+    *,
+    dtype: Any = "float32",
+    device: Any = "cpu",
+    linear: str = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for SmolLM2-135M-Instruct in `dtype` on `device`, eval mode.
+    `linear`: the linear layers' product for few positions ("auto", "rust",
+    "torch"; see `kernels.apply_linear_choice`).
 
     Converts the GGUF once into ``directory`` (default cache_dir()/SmolLM2-135M-Instruct),
     after checking that the package is installed and the folder writable. A
@@ -104,10 +110,11 @@ def load_smollm2(
             f"delete the folder {target} and run again to convert the GGUF anew"
         )
     dtype, device = torch_dtype(dtype), torch_device(device)
+    kernels.check_linear_choice(linear)
     if not present:
         _convert_smollm2(target)
     try:
-        return load_local(target, dtype=dtype, device=device)
+        return load_local(target, dtype=dtype, device=device, linear=linear)
     except ValueError as e:
         raise ValueError(
             f"{e}; delete the folder {target} and run again to convert the GGUF anew"
@@ -147,16 +154,18 @@ def _convert_smollm2(target: Path) -> None:
 
 
 def load_local(
-    path: str | Path, *, dtype: Any = "float32", device: Any = "cpu"
+    path: str | Path, *, dtype: Any = "float32", device: Any = "cpu", linear: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from a local transformers folder in `dtype` on
-    `device`, eval mode. Nothing is downloaded; a folder that cannot be read
-    is a ValueError."""
+    `device`, eval mode, its linear layers set by `linear` (as in
+    `load_smollm2`). Nothing is downloaded; a folder that cannot be read is
+    a ValueError."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(path, str | os.PathLike):
         raise ValueError(f"path = {path!r} must be a folder path")
     dtype, device = torch_dtype(dtype), torch_device(device)
+    kernels.check_linear_choice(linear)
     folder = Path(path)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
@@ -172,7 +181,9 @@ def load_local(
     except Exception as e:  # noqa: BLE001 - any loader failure becomes one clear message
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"cannot load the model in {folder}: {first}") from None
-    return model.to(device).eval(), tokenizer
+    model = model.to(device).eval()
+    kernels.apply_linear_choice(model, linear)
+    return model, tokenizer
 
 
 def check_same_tokenizer(target: PreTrainedTokenizerBase, draft: PreTrainedTokenizerBase) -> None:

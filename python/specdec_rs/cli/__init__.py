@@ -2,7 +2,7 @@
 comes from a library function (`measure`, `theory`, `generate`).
 
 One parser, a parent for the flags every subcommand shares (--json, --seed)
-and one for the model flags (--model, --dtype, --device); each subcommand
+and one for the model flags (--model, --dtype, --device, --linear); each subcommand
 names its `run` (args, console) -> result and `show` (result, console)
 with `set_defaults`. `--json` prints `dataclasses.asdict(result)`.
 """
@@ -38,6 +38,13 @@ def build_parser() -> Parser:
         "--dtype", default="float32", help="float32 | bfloat16 | float16 (target and drafters)"
     )
     model.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    model.add_argument(
+        "--linear",
+        default="auto",
+        choices=("auto", "rust", "torch"),
+        help="linear layers over few positions: Rust product on the CPU in float32 "
+        "(auto: with <= 2 torch threads) or torch's",
+    )
     parser = Parser(prog="specdec", description="Exact speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     engine.add_parsers(sub, [common])

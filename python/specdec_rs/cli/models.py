@@ -67,19 +67,20 @@ def sampling(args: argparse.Namespace) -> SamplingConfig:
 
 
 def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """--model (a local folder) or SmolLM2-135M-Instruct, in --dtype on --device."""
-    return _load(args.model, args.dtype, args.device)
+    """--model (a local folder) or SmolLM2-135M-Instruct, in --dtype on --device,
+    its linear layers as --linear says."""
+    return _load(args.model, args.dtype, args.device, args.linear)
 
 
 @functools.cache
-def _load(path: str | None, dtype: str, device: str) -> tuple[Any, Any]:
+def _load(path: str | None, dtype: str, device: str, linear: str) -> tuple[Any, Any]:
     """Loaded once per process (a program calling main() repeatedly, e.g. the tests)."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     if path is None:
-        return models.load_smollm2(dtype=dtype, device=device)
-    return models.load_local(path, dtype=dtype, device=device)
+        return models.load_smollm2(dtype=dtype, device=device, linear=linear)
+    return models.load_local(path, dtype=dtype, device=device, linear=linear)
 
 
 def check_model_flags(args: argparse.Namespace) -> None:

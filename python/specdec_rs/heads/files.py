@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from specdec_rs import kernels
 from specdec_rs.heads.eagle import EagleHead
 from specdec_rs.heads.layer import LayerShape
 from specdec_rs.heads.medusa import MedusaHeads
@@ -153,7 +154,9 @@ def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
         raise ValueError(
             f"head file {path}: weights do not match its header ({exc}); train it again"
         ) from exc
-    return head.to(dtype).eval()
+    head = head.to(dtype).eval()
+    kernels.follow(head, target)  # the same linear product as the target's
+    return head
 
 
 def build(
