@@ -171,3 +171,33 @@ def test_linear_flag_takes_its_three_choices(capsys: pytest.CaptureFixture[str])
         main(["generate", "hi", "--linear", "mkl"])
     assert exit_.value.code == 2
     one_line_error(capsys.readouterr().err, "--linear", "invalid choice: 'mkl'")
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_train_drafter_end_to_end(
+    kind: str, copying_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`specdec train-drafter` on a small local target: data, training and the
+    head file in one command; the head then drafts through `generate` with the
+    target's greedy output, and is refused by another target."""
+    head = tmp_path / f"{kind}.safetensors"
+    argv = ["train-drafter", "--kind", kind, "--model", str(copying_model), "--json"]
+    argv += ["--data", str(tmp_path / "data"), "--out", str(head), "--prompts", "4"]
+    argv += ["--max-new-tokens", "6", "--batch-size", "4", "--epochs", "1"]
+    argv += ["--train-batch-size", "4", "--draft-vocab", "64"]
+    assert main(argv) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["result"]["path"] == str(head) and head.stat().st_size > 0
+    # N most frequent answer tokens: this target repeats its last token, so fewer than 64 occur
+    assert 1 <= report["result"]["draft_vocab"] <= 64 and report["result"]["steps"] > 0
+    answers = report["result"]["train_sequences"] + report["result"]["holdout_sequences"]
+    assert 1 <= answers <= 4  # prompts over max_prompt_tokens are left out
+    common = ["generate", PROMPT, "--model", str(copying_model), "--max-new-tokens", "8"]
+    common += ["--temperature", "0", "--json"]
+    assert main([*common, "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*common, "--drafter", f"{kind}:{head}", "--k", "2"]) == 0
+    drafted = json.loads(capsys.readouterr().out)
+    assert drafted["text"] == plain["text"] and drafted["drafter"] == f"{kind}:{head}"
+    assert main(["generate", "hi", "--drafter", f"{kind}:{head}"]) == 2  # SmolLM2 is another target
+    one_line_error(capsys.readouterr().err, "trained for another target")
