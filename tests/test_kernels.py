@@ -154,3 +154,20 @@ def test_loaders_check_the_choice_before_any_work() -> None:
         models.load_local("/nonexistent", linear="mkl")
     with pytest.raises(ValueError, match=r"linear = 'mkl'"):
         models.load_smollm2(linear="mkl")
+
+
+def test_a_switched_model_pickles_and_runs_under_no_grad() -> None:
+    import io
+
+    layer = torch.nn.Linear(16, 8)
+    kernels.use_rust_linears(layer)
+    buffer = io.BytesIO()
+    torch.save(layer, buffer)
+    buffer.seek(0)
+    again = torch.load(buffer, weights_only=False)
+    assert type(again) is kernels.rust_linear_class()
+    x = torch.randn(3, 16, requires_grad=True)  # a leaf that wants gradients, under no_grad
+    with torch.no_grad():
+        torch.testing.assert_close(
+            again(x), torch.nn.functional.linear(x, layer.weight, layer.bias)
+        )

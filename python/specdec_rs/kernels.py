@@ -20,14 +20,11 @@ not depend on how many positions share the product.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from specdec_rs import _checks, _core
-
-if TYPE_CHECKING:
-    import torch
 
 # Rows for which the Rust product beat torch's in a SmolLM2 forward on the
 # 2-core host (BENCHMARKS.md, "Linear layers"): from 2 to 4; for one row and
@@ -75,48 +72,13 @@ def linear(x: Any, w: Any) -> np.ndarray:
     return out
 
 
-def _linear_class() -> type:
-    import torch
-
-    class RustLinear(torch.nn.Linear):
-        """`nn.Linear` whose forward over MIN_ROWS to `max_rows` float32 CPU
-        rows without autograd runs `_core.linear_f32`; every other call is torch's."""
-
-        max_rows: int = MAX_ROWS
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            w = self.weight
-            size = x.numel()
-            if (
-                size < MIN_ROWS * self.in_features
-                or size > self.max_rows * self.in_features
-                or torch.is_grad_enabled()
-                or x.dtype is not torch.float32
-                or w.dtype is not torch.float32
-                or x.device.type != "cpu"
-                or w.device.type != "cpu"
-                or not x.is_contiguous()
-            ):
-                return super().forward(x)
-            rows = x.reshape(-1, self.in_features)
-            out = torch.empty((rows.shape[0], self.out_features), dtype=torch.float32)
-            _core.linear_f32(rows.numpy(), w.detach().numpy(), out.numpy())
-            if self.bias is not None:
-                out += self.bias
-            return out.view(*x.shape[:-1], self.out_features)
+def rust_linear_class() -> type:
+    """The `nn.Linear` subclass `use_rust_linears` switches layers to
+    (`specdec_rs._rust_linear.RustLinear`, a module-level class, so switched
+    models pickle; imported here lazily, as torch is)."""
+    from specdec_rs._rust_linear import RustLinear
 
     return RustLinear
-
-
-_RUST_LINEAR: type | None = None
-
-
-def rust_linear_class() -> type:
-    """The `nn.Linear` subclass `use_rust_linears` switches layers to (built once)."""
-    global _RUST_LINEAR
-    if _RUST_LINEAR is None:
-        _RUST_LINEAR = _linear_class()
-    return _RUST_LINEAR
 
 
 def use_rust_linears(model: Any, *, max_rows: int = MAX_ROWS) -> int:
