@@ -48,7 +48,8 @@ pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], n: usize, k: usize, m: usiz
             while o < panel_end {
                 // 8 accumulators in all: fewer x rows, more weight rows per block
                 let ow = (LANES / xr).min(panel_end - o);
-                for (i, row) in block(x, w, k, r0, xr, o, ow).iter().enumerate().take(ow) {
+                let tile = Tile { k, r0, xr, o, ow };
+                for (i, row) in block(x, w, tile).iter().enumerate().take(ow) {
                     for (r, &v) in row.iter().enumerate().take(xr) {
                         out[(r0 + r) * m + o + i] = v;
                     }
@@ -60,27 +61,44 @@ pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], n: usize, k: usize, m: usiz
     Ok(())
 }
 
-/// Dot products of weight rows `o..o + ow` with `x` rows `r0..r0 + xr`
-/// (ow · xr ≤ 8), as `sums[weight row][x row]`.
-fn block(x: &[f32], w: &[f32], k: usize, r0: usize, xr: usize, o: usize, ow: usize) -> [[f32; X_BLOCK]; LANES] {
+/// One block of the product: weight rows `o..o + ow` against x rows
+/// `r0..r0 + xr` (ow · xr ≤ 8), over rows of length `k`.
+#[derive(Clone, Copy)]
+struct Tile {
+    k: usize,
+    r0: usize,
+    xr: usize,
+    o: usize,
+    ow: usize,
+}
+
+impl Tile {
+    /// The columns summed in vectors of LANES; the rest are added one by one.
+    fn full(self) -> usize {
+        self.k - self.k % LANES
+    }
+}
+
+/// The tile's dot products, as `sums[weight row][x row]`.
+fn block(x: &[f32], w: &[f32], t: Tile) -> [[f32; X_BLOCK]; LANES] {
     let mut lanes = [[[0.0f32; LANES]; X_BLOCK]; LANES];
-    let full = k - k % LANES;
     #[cfg(target_arch = "x86_64")]
     {
         if vector_fma() {
             // SAFETY: the CPU has AVX2 and FMA (checked above); indices are in bounds by construction.
-            unsafe { lanes_avx2(x, w, k, full, r0, xr, o, ow, &mut lanes) };
+            unsafe { lanes_avx2(x, w, t, &mut lanes) };
         } else {
-            lanes_portable(x, w, k, full, r0, xr, o, ow, &mut lanes);
+            lanes_portable(x, w, t, &mut lanes);
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    lanes_portable(x, w, k, full, r0, xr, o, ow, &mut lanes);
+    lanes_portable(x, w, t, &mut lanes);
+    let (k, full) = (t.k, t.full());
     let mut sums = [[0.0f32; X_BLOCK]; LANES];
-    for i in 0..ow {
-        let wrow = &w[(o + i) * k..(o + i + 1) * k];
-        for r in 0..xr {
-            let xrow = &x[(r0 + r) * k..(r0 + r + 1) * k];
+    for i in 0..t.ow {
+        let wrow = &w[(t.o + i) * k..(t.o + i + 1) * k];
+        for r in 0..t.xr {
+            let xrow = &x[(t.r0 + r) * k..(t.r0 + r + 1) * k];
             let mut s = reduce(&lanes[i][r]);
             for j in full..k {
                 s = wrow[j].mul_add(xrow[j], s);
@@ -110,23 +128,14 @@ pub fn vector_fma() -> bool {
     false
 }
 
-#[allow(clippy::too_many_arguments)]
-fn lanes_portable(
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    full: usize,
-    r0: usize,
-    xr: usize,
-    o: usize,
-    ow: usize,
-    lanes: &mut [[[f32; LANES]; X_BLOCK]; LANES],
-) {
-    for j in (0..full).step_by(LANES) {
-        for i in 0..ow {
-            let wv = &w[(o + i) * k + j..(o + i) * k + j + LANES];
-            for r in 0..xr {
-                let xv = &x[(r0 + r) * k + j..(r0 + r) * k + j + LANES];
+/// The vector lanes of the tile's accumulators, in portable code.
+fn lanes_portable(x: &[f32], w: &[f32], t: Tile, lanes: &mut [[[f32; LANES]; X_BLOCK]; LANES]) {
+    let k = t.k;
+    for j in (0..t.full()).step_by(LANES) {
+        for i in 0..t.ow {
+            let wv = &w[(t.o + i) * k + j..(t.o + i) * k + j + LANES];
+            for r in 0..t.xr {
+                let xv = &x[(t.r0 + r) * k + j..(t.r0 + r) * k + j + LANES];
                 for l in 0..LANES {
                     lanes[i][r][l] = wv[l].mul_add(xv[l], lanes[i][r][l]);
                 }
@@ -139,32 +148,22 @@ fn lanes_portable(
 /// weight vector loaded once per step and each x vector once per step.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn lanes_avx2(
-    x: &[f32],
-    w: &[f32],
-    k: usize,
-    full: usize,
-    r0: usize,
-    xr: usize,
-    o: usize,
-    ow: usize,
-    lanes: &mut [[[f32; LANES]; X_BLOCK]; LANES],
-) {
-    match (ow, xr) {
-        (8, 1) => avx2_block::<8, 1>(x, w, k, full, r0, o, lanes),
-        (4, 2) => avx2_block::<4, 2>(x, w, k, full, r0, o, lanes),
-        (2, 3) => avx2_block::<2, 3>(x, w, k, full, r0, o, lanes),
-        (2, 4) => avx2_block::<2, 4>(x, w, k, full, r0, o, lanes),
+unsafe fn lanes_avx2(x: &[f32], w: &[f32], t: Tile, lanes: &mut [[[f32; LANES]; X_BLOCK]; LANES]) {
+    match (t.ow, t.xr) {
+        (8, 1) => avx2_block::<8, 1>(x, w, t, lanes),
+        (4, 2) => avx2_block::<4, 2>(x, w, t, lanes),
+        (2, 3) => avx2_block::<2, 3>(x, w, t, lanes),
+        (2, 4) => avx2_block::<2, 4>(x, w, t, lanes),
         _ => {
             // the last weight rows of a panel, one at a time
-            for (i, slot) in lanes.iter_mut().enumerate().take(ow) {
+            for (i, slot) in lanes.iter_mut().enumerate().take(t.ow) {
+                let row = Tile { o: t.o + i, ow: 1, ..t };
                 let mut part = [[[0.0f32; LANES]; X_BLOCK]; LANES];
-                match xr {
-                    1 => avx2_block::<1, 1>(x, w, k, full, r0, o + i, &mut part),
-                    2 => avx2_block::<1, 2>(x, w, k, full, r0, o + i, &mut part),
-                    3 => avx2_block::<1, 3>(x, w, k, full, r0, o + i, &mut part),
-                    _ => avx2_block::<1, 4>(x, w, k, full, r0, o + i, &mut part),
+                match t.xr {
+                    1 => avx2_block::<1, 1>(x, w, row, &mut part),
+                    2 => avx2_block::<1, 2>(x, w, row, &mut part),
+                    3 => avx2_block::<1, 3>(x, w, row, &mut part),
+                    _ => avx2_block::<1, 4>(x, w, row, &mut part),
                 }
                 *slot = part[0];
             }
@@ -180,13 +179,11 @@ unsafe fn lanes_avx2(
 unsafe fn avx2_block<const OW: usize, const XR: usize>(
     x: &[f32],
     w: &[f32],
-    k: usize,
-    full: usize,
-    r0: usize,
-    o: usize,
+    t: Tile,
     lanes: &mut [[[f32; LANES]; X_BLOCK]; LANES],
 ) {
     use std::arch::x86_64 as v;
+    let (k, full, r0, o) = (t.k, t.full(), t.r0, t.o);
     debug_assert!((o + OW) * k <= w.len() && (r0 + XR) * k <= x.len());
     let mut acc = [[v::_mm256_setzero_ps(); XR]; OW];
     let wp = w.as_ptr().add(o * k);
@@ -297,8 +294,9 @@ mod tests {
         for xr in 1..=4 {
             for ow in 1..=(LANES / xr) {
                 let mut a = [[[0.0f32; LANES]; X_BLOCK]; LANES];
-                lanes_portable(&x, &w, k, full, 0, xr, 3, ow, &mut a);
-                let b = block(&x, &w, k, 0, xr, 3, ow);
+                let t = Tile { k, r0: 0, xr, o: 3, ow };
+                lanes_portable(&x, &w, t, &mut a);
+                let b = block(&x, &w, t);
                 for i in 0..ow {
                     for r in 0..xr {
                         let mut s = reduce(&a[i][r]);

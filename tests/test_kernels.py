@@ -117,19 +117,21 @@ def test_the_layer_takes_the_rust_path_only_where_it_applies(
     assert layer.weight.grad is not None and len(calls) == 1
 
 
+def last_three_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
+    """Logits of a cached forward over the last 3 of `ids` (the Rust path's rows)."""
+    with torch.inference_mode():
+        cache = models.new_cache(model)
+        models.forward(model, ids[:-3], cache, keep=1)
+        return models.forward(model, ids[-3:], cache, keep=3)
+
+
 def test_a_switched_model_gives_torch_logits_and_greedy_tokens(tiny: torch.nn.Module) -> None:
     ids = torch.tensor([1, 5, 9, 2, 7, 3])
-    with torch.inference_mode():
-        cache = models.new_cache(tiny)
-        models.forward(tiny, ids[:-3], cache, keep=1)
-        want = models.forward(tiny, ids[-3:], cache, keep=3)
+    want = last_three_logits(tiny, ids)
     reference = generate(tiny, None, ids, max_new_tokens=24, temperature=0.0, seed=0).tokens
     try:
         kernels.use_rust_linears(tiny)
-        with torch.inference_mode():
-            cache = models.new_cache(tiny)
-            models.forward(tiny, ids[:-3], cache, keep=1)
-            got = models.forward(tiny, ids[-3:], cache, keep=3)
+        got = last_three_logits(tiny, ids)
         tokens = generate(tiny, None, ids, max_new_tokens=24, temperature=0.0, seed=0).tokens
     finally:
         kernels.use_torch_linears(tiny)
