@@ -174,10 +174,16 @@ def test_train_drafter_end_to_end(
 ) -> None:
     """`specdec train-drafter` on a small local target: data, training and the
     head file in one command; the head then drafts through `generate` with the
-    target's greedy output, and is refused by another target."""
+    target's greedy output, and is refused by another target. The Medusa run
+    trains on a prompts file of its own (five prompts, the first four taken)."""
     head = tmp_path / f"{kind}.safetensors"
     argv = ["train-drafter", "--kind", kind, "--model", str(copying_model), "--json"]
     argv += ["--data", str(tmp_path / "data"), "--out", str(head), "--prompts", "4"]
+    if kind == "medusa":
+        mine = tmp_path / "mine.jsonl"
+        lines = [{"prompt": f"Tell me about {w}.\nBriefly."} for w in ("owls", "ink", "tin")]
+        mine.write_text("\n".join(json.dumps(x) for x in lines) + '\n"Why?"\n\n"And now?"\n')
+        argv += ["--prompts-file", str(mine)]
     argv += ["--max-new-tokens", "6", "--batch-size", "4", "--epochs", "1"]
     argv += ["--train-batch-size", "4", "--draft-vocab", "64"]
     assert main(argv) == 0
@@ -187,6 +193,8 @@ def test_train_drafter_end_to_end(
     assert 1 <= report["result"]["draft_vocab"] <= 64 and report["result"]["steps"] > 0
     answers = report["result"]["train_sequences"] + report["result"]["holdout_sequences"]
     assert 1 <= answers <= 4  # prompts over max_prompt_tokens are left out
+    manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
+    assert ("prompts_sha256" in manifest) == (kind == "medusa")
     common = ["generate", PROMPT, "--model", str(copying_model), "--max-new-tokens", "8"]
     common += ["--temperature", "0", "--json"]
     assert main([*common, "--drafter", "none"]) == 0

@@ -314,6 +314,100 @@ def test_training_resumes_from_its_checkpoint(target: Any, tmp_path: Path) -> No
         torch.testing.assert_close(a[name].float(), b[name].float(), atol=1e-2, rtol=1e-2)
 
 
+def test_depth1_share_trains_depth_one_first(target: Any, tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_data(target, data)
+    base: dict[str, Any] = {"kind": "eagle", "epochs": 2, "batch_size": 4, "draft_vocab": 40}
+    runs = {
+        "shallow": TrainConfig(depth=2, depth1_share=1.0, **base),
+        "depth1": TrainConfig(depth=1, depth1_share=0.0, **base),
+        "unrolled": TrainConfig(depth=2, depth1_share=0.0, **base),
+    }
+    weights = {}
+    for name, config in runs.items():
+        train_drafter(target, data, tmp_path / f"{name}.safetensors", config)
+        weights[name] = heads.load(tmp_path / f"{name}.safetensors", target, "eagle").state_dict()
+    for key in weights["shallow"]:  # every step at depth 1: the same steps as depth = 1
+        torch.testing.assert_close(weights["shallow"][key], weights["depth1"][key])
+    shallow, unrolled = weights["shallow"], weights["unrolled"]
+    moved = [k for k in shallow if not torch.equal(shallow[k], unrolled[k])]
+    assert moved, "the depth-2 loss changed nothing"
+
+
+def test_distillation_labels_are_the_targets_distribution(
+    target: Any, trained: dict[str, Path], tmp_path: Path
+) -> None:
+    from specdec_rs.training.train import _cross_entropy, collate, teacher_logits
+
+    gen = torch.Generator().manual_seed(3)
+    teacher = torch.randn(6, 9, generator=gen)
+    label = torch.randint(0, 9, (6,), generator=gen)
+    entropy = -(teacher.softmax(-1) * teacher.log_softmax(-1)).sum(-1).mean()
+    torch.testing.assert_close(_cross_entropy(teacher, label, teacher), entropy)
+    off = teacher + torch.randn(6, 9, generator=gen)
+    assert _cross_entropy(off, label, teacher) > entropy  # minimal at q = p
+    plain = torch.nn.functional.cross_entropy(teacher, label)
+    torch.testing.assert_close(_cross_entropy(teacher, label, None), plain)
+    with pytest.raises(ValueError, match="labels"):
+        TrainConfig(labels="soft")
+    # on greedy answers the teacher's argmax is the next token itself, at every offset
+    data = tmp_path / "data"
+    data.mkdir()
+    tiny_data(target, data)
+    greedy = [s for s in load_dataset(data) if s.greedy]
+    batch = collate(greedy, 64)
+    head = heads.load(trained["medusa"], target, "medusa")
+    index = torch.full((V,), -100, dtype=torch.long)
+    index[head.draft_vocab] = torch.arange(len(head.draft_vocab))
+    j = torch.arange(batch["features"].shape[1])
+    for ahead in (1, 2, 3):
+        width = batch["features"].shape[1] - ahead
+        label = index[batch["tokens"][:, ahead + 1 :]]
+        valid = (j[None, :width] + ahead + 1 < batch["lengths"][:, None]) & (label >= 0)
+        valid &= j[None, :width] + ahead + 1 >= batch["prompt_len"][:, None]
+        picked = teacher_logits(head, batch["features"], ahead, width).argmax(-1)
+        assert valid.sum() > 20
+        assert torch.equal(picked[valid], label[valid])
+    for kind in ("eagle", "medusa"):  # both losses run with the target's distribution
+        config = TrainConfig(kind=kind, epochs=1, batch_size=4, draft_vocab=40, labels="target")
+        result = train_drafter(target, data, tmp_path / f"{kind}.safetensors", config)
+        assert np.isfinite(result.last_loss)
+
+
+def test_own_prompts_file(target: Any, tmp_path: Path) -> None:
+    from specdec_rs.training.data import DataConfig, manifest
+    from specdec_rs.training.prompts import read_prompts_file
+
+    mine = tmp_path / "mine.jsonl"
+    mine.write_text('{"prompt": "Fix this:\\nx = 1"}\n\n"Plain string"\n')
+    assert read_prompts_file(mine) == ["Fix this:\nx = 1", "Plain string"]
+    lines = tmp_path / "mine.txt"
+    lines.write_text("first one\n\n  second one  \n")
+    assert read_prompts_file(lines) == ["first one", "second one"]
+    bad = {
+        "missing.jsonl": (None, "not a file"),
+        "empty.txt": ("\n\n", "holds no prompts"),
+        "broken.jsonl": ('{"prompt": "a"}\n{"prompt": \n', "broken.jsonl:2: not JSON"),
+        "other.jsonl": ('{"text": "a"}\n', "other.jsonl:1: expected"),
+        "binary.txt": (b"\xff\xfe\x00", "UTF-8"),
+    }
+    for name, (body, message) in bad.items():
+        path = tmp_path / name
+        if isinstance(body, bytes):
+            path.write_bytes(body)
+        elif body is not None:
+            path.write_text(body)
+        with pytest.raises(ValueError, match=message):
+            DataConfig(prompts_file=path)  # refused before any work
+    config = DataConfig(prompts_file=mine)
+    assert config.prompts_file == str(mine)
+    before = manifest(config, target)
+    mine.write_text('"Another prompt"\n')
+    assert manifest(config, target) != before  # changed file: its old shards are not reused
+    assert "prompts_file" not in manifest(DataConfig(), target)["config"]  # older data folders
+
+
 def test_draft_vocabulary_is_the_most_frequent_answer_tokens(target: Any, tmp_path: Path) -> None:
     tiny_data(target, tmp_path)
     seqs = load_dataset(tmp_path)

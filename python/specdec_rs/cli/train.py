@@ -1,7 +1,9 @@
 """specdec train-drafter: build the self-distilled data and train a head.
 
 specdec train-drafter --kind eagle|medusa [--data DIR] [--out PATH] [--prompts 1200]
-                      [--max-new-tokens 128] [--batch-size 64] [--epochs 4] [--depth 2]
+                      [--prompts-file F] [--max-new-tokens 128] [--batch-size 64]
+                      [--epochs 4] [--depth 2]
+                      [--depth1-share 0] [--labels tokens|target]
                       [--medusa-heads 3] [--draft-vocab 0] [--lr 1e-3]
                       [--model PATH] [--dtype float32] [--device cpu] [--seed 0] [--json]
 """
@@ -38,7 +40,13 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="the head's file (default: the model cache's heads/KIND.safetensors)",
     )
     d, c = DataConfig(), TrainConfig()
-    t.add_argument("--prompts", type=int, default=d.prompts)
+    t.add_argument("--prompts", type=int, default=d.prompts, help="how many prompts (at most)")
+    t.add_argument(
+        "--prompts-file",
+        default=None,
+        help='your own prompts instead of the built-in ones: .jsonl ({"prompt": ...} a line) '
+        "or text (one a line)",
+    )
     t.add_argument("--max-new-tokens", type=int, default=d.max_new_tokens)
     t.add_argument("--batch-size", type=int, default=d.batch_size, help="prompts answered together")
     t.add_argument("--epochs", type=float, default=c.epochs)
@@ -46,6 +54,17 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     t.add_argument("--lr", type=float, default=c.lr)
     t.add_argument(
         "--depth", type=int, default=c.depth, help="unrolled draft depth of the EAGLE loss"
+    )
+    t.add_argument(
+        "--depth1-share",
+        type=float,
+        default=c.depth1_share,
+        help="share of the steps (the first) that train the EAGLE head at depth 1 only",
+    )
+    t.add_argument(
+        "--labels",
+        default=c.labels,
+        help="tokens (the data's next tokens) | target (the target's distribution: distillation)",
     )
     t.add_argument("--medusa-heads", type=int, default=c.medusa_heads)
     t.add_argument("--draft-vocab", type=int, default=c.draft_vocab, help="N; 0 = by coverage")
@@ -56,6 +75,7 @@ def run_train(args: argparse.Namespace, console: Console) -> TrainReport:
     check_model_flags(args)
     data = DataConfig(
         prompts=args.prompts,
+        prompts_file=args.prompts_file,
         max_new_tokens=args.max_new_tokens,
         batch_size=args.batch_size,
         seed=args.seed,
@@ -66,6 +86,8 @@ def run_train(args: argparse.Namespace, console: Console) -> TrainReport:
         batch_size=args.train_batch_size,
         lr=args.lr,
         depth=args.depth,
+        depth1_share=args.depth1_share,
+        labels=args.labels,
         medusa_heads=args.medusa_heads,
         draft_vocab=args.draft_vocab,
         seed=args.seed,

@@ -15,6 +15,7 @@ same settings and target.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -22,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
-from specdec_rs.training.prompts import training_prompts
+from specdec_rs.training.prompts import prompts_digest, read_prompts_file, training_prompts
 
 if TYPE_CHECKING:
     import torch
@@ -31,8 +32,9 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class DataConfig:
-    """prompts: how many training prompts; max_new_tokens: answer length cap;
-    batch_size: prompts generated together; sampled_every: every n-th shard is
+    """prompts: how many training prompts (the built-in ones, or the first
+    of `prompts_file`: your own, see `read_prompts_file`); max_new_tokens:
+    answer length cap; batch_size: prompts generated together; sampled_every: every n-th shard is
     sampled (the others greedy); temperature/top_p of the sampled shards;
     max_prompt_tokens: longer prompts are left out."""
 
@@ -44,9 +46,13 @@ class DataConfig:
     top_p: float = 0.95
     max_prompt_tokens: int = 384
     seed: int = 0
+    prompts_file: str | None = None
 
     def __post_init__(self) -> None:
         _checks.integer(self.prompts, "prompts", minimum=1)
+        if self.prompts_file is not None:
+            read_prompts_file(self.prompts_file)  # a bad file fails before any work
+            object.__setattr__(self, "prompts_file", os.fspath(self.prompts_file))
         _checks.integer(self.max_new_tokens, "max_new_tokens", minimum=2)
         _checks.integer(self.batch_size, "batch_size", minimum=1)
         _checks.integer(self.sampled_every, "sampled_every", minimum=1)
@@ -72,7 +78,12 @@ def encode_prompts(tokenizer: PreTrainedTokenizerBase, config: DataConfig) -> li
     long, sorted by length (so a batch pads little)."""
     from specdec_rs.measure.workloads import encode
 
-    encoded = [encode(tokenizer, m) for m in training_prompts(config.prompts, seed=config.seed)]
+    messages = (
+        read_prompts_file(config.prompts_file)[: config.prompts]
+        if config.prompts_file is not None
+        else training_prompts(config.prompts, seed=config.seed)
+    )
+    encoded = [encode(tokenizer, m) for m in messages]
     kept = [e for e in encoded if len(e) <= config.max_prompt_tokens]
     return sorted(kept, key=len)
 
@@ -182,7 +193,13 @@ def read_shard(path: Path) -> list[Sequence]:
 def manifest(config: DataConfig, target: PreTrainedModel) -> dict[str, Any]:
     from specdec_rs.heads import fingerprint
 
-    return {"config": asdict(config), "target": fingerprint(target)}
+    settings = asdict(config)
+    if config.prompts_file is None:  # the built-in prompts: as before the option existed
+        del settings["prompts_file"]
+    out = {"config": settings, "target": fingerprint(target)}
+    if config.prompts_file is not None:
+        out["prompts_sha256"] = prompts_digest(config.prompts_file)
+    return out
 
 
 def build_dataset(

@@ -8,9 +8,14 @@ out. Deterministic for a seed.
 from __future__ import annotations
 
 import ast
+import hashlib
 import importlib
 import inspect
+import json
+import os
 import random
+from pathlib import Path
+from typing import Any
 
 from specdec_rs import _checks
 from specdec_rs.measure import workloads
@@ -271,3 +276,44 @@ def check_held_out(prompts: list[str]) -> None:
         raise ValueError(
             f"{len(shared)} training prompts are evaluation prompts, e.g. {shared[0][:60]!r}"
         )
+
+
+EXPECTED_LINE = '{"prompt": "..."}'
+
+
+def read_prompts_file(path: Any) -> list[str]:
+    """Your own training prompts (user messages): a `.jsonl` file with one
+    JSON object {"prompt": "..."} (or one JSON string) per line, which may
+    hold newlines; any other file: one prompt per non-empty line. ValueError
+    naming the file and line for a missing or empty file or a bad line."""
+    p = Path(os.fspath(path)).expanduser()
+    if not p.is_file():
+        raise ValueError(f"prompts_file = {str(p)!r} is not a file; give a .jsonl or text file")
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"prompts_file = {str(p)!r} cannot be read as UTF-8 text ({e})") from None
+    out = []
+    for n, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        if p.suffix != ".jsonl":
+            out.append(line.strip())
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{p}:{n}: not JSON ({e.msg}); expected {EXPECTED_LINE}") from None
+        prompt = item.get("prompt") if isinstance(item, dict) else item
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise ValueError(f"{p}:{n}: expected {EXPECTED_LINE} with a non-empty string")
+        out.append(prompt)
+    if not out:
+        raise ValueError(f"prompts_file = {str(p)!r} holds no prompts")
+    return out
+
+
+def prompts_digest(path: Any) -> str:
+    """sha256 of a prompts file's bytes (the data's manifest records it, so a
+    changed file is not mixed with shards made from the old one)."""
+    return hashlib.sha256(Path(os.fspath(path)).expanduser().read_bytes()).hexdigest()

@@ -6,9 +6,12 @@ EAGLE-style head, at output position j (inputs f_j, x_{j+1}): a regression of
 the next feature, SmoothL1(f̂_{j+1}, f_{j+1}), plus cross-entropy of x_{j+2}
 over the draft vocabulary, at each unrolled depth d = 1 .. `depth` (EAGLE-3's
 training-time test: depth d >= 2 reads the head's own depth d - 1 outputs),
-weighted 0.8^(d - 1). Medusa head i at position j: cross-entropy of x_{j+1+i}.
-Losses count answer tokens only (the prompt is context). Tokens outside the
-draft vocabulary are left out of the cross-entropy.
+weighted 0.8^(d - 1); the first `depth1_share` of the steps train depth 1 only.
+With labels="target" the cross-entropy is against the target's own
+distribution at that position (from the stored features), not the data's
+token. Medusa head i at position j: cross-entropy of x_{j+1+i}. Losses count
+answer tokens only (the prompt is context). Tokens outside the draft
+vocabulary are left out of the token cross-entropy.
 """
 
 from __future__ import annotations
@@ -37,30 +40,39 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class TrainConfig:
     """kind: 'eagle' or 'medusa'. depth: unrolled draft depth of the EAGLE
-    loss; medusa_heads: m. draft_vocab: N, or 0 to take the smallest size in
-    `vocab_sizes` covering `coverage` of the training answers' tokens."""
+    loss; depth1_share: the share of the steps (the first ones) that train
+    the EAGLE head at depth 1 only (steps cost about half; the first draft
+    learns fastest there) before the depth-`depth` loss; labels: "tokens"
+    (cross-entropy of the data's next tokens) or "target" (of the target's
+    own distribution there: distillation); medusa_heads: m. draft_vocab: N,
+    or 0 to take the smallest size in `vocab_sizes` covering `coverage` of
+    the training answers' tokens."""
 
     kind: str = "eagle"
     epochs: float = 4.0
     batch_size: int = 8
     lr: float = 1e-3
     depth: int = 2
+    depth1_share: float = 0.0
     medusa_heads: int = 3
     max_len: int = 512
     draft_vocab: int = 0
     coverage: float = 0.97
     vocab_sizes: tuple[int, ...] = (1024, 2048, 4096, 8192, 16384)
     reg_weight: float = 1.0
+    labels: str = "tokens"
     holdout: float = 0.05
     checkpoint_every: int = 200
     seed: int = 0
 
     def __post_init__(self) -> None:
         _checks.choice(self.kind, "kind", ("eagle", "medusa"))
+        _checks.choice(self.labels, "labels", ("tokens", "target"))
         _checks.real(self.epochs, "epochs", minimum=0.0)
         _checks.integer(self.batch_size, "batch_size", minimum=1)
         _checks.real(self.lr, "lr", minimum=0.0)
         _checks.integer(self.depth, "depth", minimum=1, maximum=8)
+        _checks.real(self.depth1_share, "depth1_share", minimum=0.0, maximum=1.0)
         _checks.integer(self.medusa_heads, "medusa_heads", minimum=1, maximum=16)
         _checks.integer(self.max_len, "max_len", minimum=4)
         _checks.integer(self.draft_vocab, "draft_vocab", minimum=0)
@@ -155,19 +167,28 @@ def target_mask(batch: dict[str, torch.Tensor], offset: int, first: int) -> torc
 
 
 def losses(
-    head: Head, batch: dict[str, torch.Tensor], config: TrainConfig, vocab_index: torch.Tensor
+    head: Head,
+    batch: dict[str, torch.Tensor],
+    config: TrainConfig,
+    vocab_index: torch.Tensor,
+    depth: int | None = None,
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-    """The training loss and, per depth (EAGLE) or head (Medusa), the
-    (correct argmax, count) of the cross-entropy's positions."""
+    """The training loss and, per depth (EAGLE; `depth`, default
+    config.depth) or head (Medusa), the (correct argmax, count) of the
+    cross-entropy's positions."""
     from specdec_rs.heads import EagleHead
 
     if isinstance(head, EagleHead):
-        return eagle_losses(head, batch, config, vocab_index)
-    return medusa_losses(head, batch, vocab_index)
+        return eagle_losses(head, batch, config, vocab_index, depth or config.depth)
+    return medusa_losses(head, batch, config, vocab_index)
 
 
 def eagle_losses(
-    head: EagleHead, batch: dict[str, torch.Tensor], config: TrainConfig, vocab_index: torch.Tensor
+    head: EagleHead,
+    batch: dict[str, torch.Tensor],
+    config: TrainConfig,
+    vocab_index: torch.Tensor,
+    depth: int,
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Σ_d 0.8^(d-1) (CE_d + reg_weight · SmoothL1_d) / Σ_d 0.8^(d-1)."""
     import torch
@@ -177,11 +198,12 @@ def eagle_losses(
     total, weight, hits = torch.zeros((), device=feats.device), 0.0, []
     label = vocab_index[tokens[:, 2:]]  # (B, L - 1): output j predicts x_{j+2}
     width = label.shape[1]
-    for d, out in enumerate(head.unroll(feats, tokens, config.depth), start=1):
+    for d, out in enumerate(head.unroll(feats, tokens, depth), start=1):
         m = target_mask(batch, 2, d - 1)[:, :width]  # rounds that start in the answer
         pred = out[:, :width][m]
         logits = head.logits(pred)
-        ce = F.cross_entropy(logits, label[m], ignore_index=-100)
+        teacher = teacher_logits(head, feats, 1, width)[m] if config.labels == "target" else None
+        ce = _cross_entropy(logits, label[m], teacher)
         reg = F.smooth_l1_loss(pred, feats[:, 1 : width + 1][m])
         w = 0.8 ** (d - 1)
         total = total + w * (ce + config.reg_weight * reg)
@@ -191,11 +213,13 @@ def eagle_losses(
 
 
 def medusa_losses(
-    head: MedusaHeads, batch: dict[str, torch.Tensor], vocab_index: torch.Tensor
+    head: MedusaHeads,
+    batch: dict[str, torch.Tensor],
+    config: TrainConfig,
+    vocab_index: torch.Tensor,
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The mean over heads of CE(head i at j, x_{j+1+i})."""
     import torch
-    from torch.nn import functional as F
 
     tokens, feats = batch["tokens"], batch["features"]
     total, hits = torch.zeros((), device=feats.device), []
@@ -203,9 +227,37 @@ def medusa_losses(
         label = vocab_index[tokens[:, 2 + i :]]  # head i + 1 at j predicts x_{j+2+i}
         m = target_mask(batch, 2 + i, i)[:, : label.shape[1]]
         logits = head.head_logits(feats[:, : label.shape[1]][m], i)
-        total = total + F.cross_entropy(logits, label[m], ignore_index=-100)
+        teacher = (
+            teacher_logits(head, feats, 1 + i, label.shape[1])[m]
+            if config.labels == "target"
+            else None
+        )
+        total = total + _cross_entropy(logits, label[m], teacher)
         hits.append(_hits(logits, label[m]))
     return total / head.num_heads, hits
+
+
+def teacher_logits(head: Head, features: torch.Tensor, ahead: int, width: int) -> torch.Tensor:
+    """(B, width, N): the target's own logits over the draft vocabulary (its LM
+    head at the true features f_{j + ahead}, j = 0 .. width - 1): the
+    distillation target of the outputs at j that predict x_{j + ahead + 1}."""
+    out: torch.Tensor = features[:, ahead : ahead + width] @ head.head_cols.to(features.dtype)
+    return out
+
+
+def _cross_entropy(
+    logits: torch.Tensor, label: torch.Tensor, teacher: torch.Tensor | None
+) -> torch.Tensor:
+    """Cross-entropy of the head's logits (M, N) against the data's next
+    tokens `label` (M,) (-100 = outside the draft vocabulary, left out), or,
+    given the target's logits `teacher` (M, N), against the target's own
+    distribution renormalized over the draft vocabulary, softmax(teacher)
+    (distillation; every position counts)."""
+    from torch.nn import functional as F
+
+    if teacher is not None:
+        return F.cross_entropy(logits, teacher.softmax(-1))
+    return F.cross_entropy(logits, label, ignore_index=-100)
 
 
 def _hits(logits: torch.Tensor, label: torch.Tensor) -> tuple[int, int]:
@@ -227,9 +279,9 @@ def _objective(head: Head, config: TrainConfig, vocab_index: torch.Tensor) -> An
             self.register_buffer("vocab_index", vocab_index, persistent=False)
 
         def forward(
-            self, batch: dict[str, torch.Tensor]
+            self, batch: dict[str, torch.Tensor], depth: int
         ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
-            return losses(self.head, batch, config, self.vocab_index)
+            return losses(self.head, batch, config, self.vocab_index, depth)
 
     return _Objective()
 
@@ -282,6 +334,7 @@ def train_drafter(
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: _lr_scale(s, total_steps))
     objective = _objective(head, config, vocab_index)
     objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
+    shallow = round(config.depth1_share * total_steps)  # steps at depth 1 only
     ckpt = out.with_suffix(".ckpt")
     step = _resume(accelerator, ckpt, config)
     advance = progress(f"training the {config.kind} head", total_steps - step) if progress else None
@@ -300,7 +353,7 @@ def train_drafter(
             k: v.to(accelerator.device)
             for k, v in collate([train[i] for i in mine], config.max_len).items()
         }
-        loss, _ = objective(batch)
+        loss, _ = objective(batch, 1 if s < shallow else config.depth)
         loss_log.append(float(loss.detach()))
         optimizer.zero_grad()
         accelerator.backward(loss)
