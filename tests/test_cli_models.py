@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from specdec_rs import models
 from specdec_rs.cli import main
+from specdec_rs.measure import workloads
 from test_cli import one_line_error
 
 pytest.importorskip("transformers")
@@ -168,6 +170,9 @@ def test_linear_flag_takes_its_three_choices(capsys: pytest.CaptureFixture[str])
     one_line_error(capsys.readouterr().err, "--linear", "invalid choice: 'mkl'")
 
 
+TURNS = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Name a bird."}]
+
+
 @pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_train_drafter_end_to_end(
     kind: str, copying_model: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -181,7 +186,10 @@ def test_train_drafter_end_to_end(
     argv += ["--data", str(tmp_path / "data"), "--out", str(head), "--prompts", "4"]
     if kind == "medusa":
         mine = tmp_path / "mine.jsonl"
-        lines = [{"prompt": f"Tell me about {w}.\nBriefly."} for w in ("owls", "ink", "tin")]
+        lines: list[dict[str, Any]] = [
+            {"messages": TURNS + [{"role": "assistant", "content": "Owl."}]}
+        ]
+        lines += [{"prompt": f"Tell me about {w}.\nBriefly."} for w in ("owls", "ink")]
         mine.write_text("\n".join(json.dumps(x) for x in lines) + '\n"Why?"\n\n"And now?"\n')
         argv += ["--prompts-file", str(mine)]
     argv += ["--max-new-tokens", "6", "--batch-size", "4", "--epochs", "1"]
@@ -195,6 +203,16 @@ def test_train_drafter_end_to_end(
     assert 1 <= answers <= 4  # prompts over max_prompt_tokens are left out
     manifest = json.loads((tmp_path / "data" / "manifest.json").read_text())
     assert ("prompts_sha256" in manifest) == (kind == "medusa")
+    if kind == "medusa":  # a conversation is encoded in the chat template, up to the reply
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(copying_model)
+        text = tokenizer.decode(workloads.encode(tokenizer, TURNS))
+        assert "Be brief." in text and "Name a bird." in text
+        assert text.endswith("<|im_start|>assistant\n")
+        tokenizer.chat_template = None
+        with pytest.raises(ValueError, match="chat template"):
+            workloads.encode(tokenizer, TURNS)
     common = ["generate", PROMPT, "--model", str(copying_model), "--max-new-tokens", "8"]
     common += ["--temperature", "0", "--json"]
     assert main([*common, "--drafter", "none"]) == 0

@@ -382,6 +382,11 @@ def test_own_prompts_file(target: Any, tmp_path: Path) -> None:
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"prompt": "Fix this:\\nx = 1"}\n\n"Plain string"\n')
     assert read_prompts_file(mine) == ["Fix this:\nx = 1", "Plain string"]
+    chat = tmp_path / "chat.jsonl"
+    turns = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello"}]
+    turns += [{"role": "user", "content": "Why?"}, {"role": "assistant", "content": "Because."}]
+    chat.write_text(json.dumps({"messages": turns}) + "\n")
+    assert read_prompts_file(chat) == [turns[:3]]  # the target writes the last reply itself
     lines = tmp_path / "mine.txt"
     lines.write_text("first one\n\n  second one  \n")
     assert read_prompts_file(lines) == ["first one", "second one"]
@@ -391,6 +396,14 @@ def test_own_prompts_file(target: Any, tmp_path: Path) -> None:
         "broken.jsonl": ('{"prompt": "a"}\n{"prompt": \n', "broken.jsonl:2: not JSON"),
         "other.jsonl": ('{"text": "a"}\n', "other.jsonl:1: expected"),
         "binary.txt": (b"\xff\xfe\x00", "UTF-8"),
+        "role.jsonl": (
+            '{"messages": [{"role": "bot", "content": "a"}]}\n',
+            "role.jsonl:1: messages",
+        ),
+        "reply.jsonl": (
+            '{"messages": [{"role": "assistant", "content": "a"}]}\n',
+            "reply.jsonl:1: the conversation has no user turn",
+        ),
     }
     for name, (body, message) in bad.items():
         path = tmp_path / name

@@ -96,18 +96,25 @@ def prompts(workload: str) -> list[str]:
     return list(CHAT_PROMPTS)
 
 
-def encode(tokenizer: PreTrainedTokenizerBase, message: str) -> torch.Tensor:
-    """(n,) prompt ids: the message in the tokenizer's chat template, ready for
-    the assistant's reply (plain encoding when there is no template)."""
+def encode(tokenizer: PreTrainedTokenizerBase, message: str | list[dict[str, str]]) -> torch.Tensor:
+    """(n,) prompt ids: the user's message (or a conversation: a list of
+    {"role", "content"} turns) in the tokenizer's chat template, ready for the
+    assistant's reply (a message without a template: plain encoding)."""
     import torch
 
-    if not isinstance(message, str):
-        raise ValueError(f"message is a {type(message).__name__}; expected the user's text")
+    conversation = isinstance(message, list)
+    if not conversation and not isinstance(message, str):
+        raise ValueError(
+            f"message is a {type(message).__name__}; expected the user's text or a list of turns"
+        )
     if not callable(tokenizer):
         raise ValueError(f"tokenizer is a {type(tokenizer).__name__}; expected a tokenizer")
-    if getattr(tokenizer, "chat_template", None):
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    if conversation and not has_template:
+        raise ValueError("a conversation needs a tokenizer with a chat template; this one has none")
+    if has_template:
         out = tokenizer.apply_chat_template(
-            [{"role": "user", "content": message}],
+            message if conversation else [{"role": "user", "content": message}],
             add_generation_prompt=True,
             return_dict=True,
             return_tensors="pt",

@@ -278,14 +278,21 @@ def check_held_out(prompts: list[str]) -> None:
         )
 
 
-EXPECTED_LINE = '{"prompt": "..."}'
+EXPECTED_LINE = '{"prompt": "..."} or {"messages": [{"role": "user", "content": "..."}, ...]}'
+ROLES = ("system", "user", "assistant")
+
+# a user message, or a conversation (a list of {"role", "content"} turns ending with the user's)
+Prompt = str | list[dict[str, str]]
 
 
-def read_prompts_file(path: Any) -> list[str]:
-    """Your own training prompts (user messages): a `.jsonl` file with one
-    JSON object {"prompt": "..."} (or one JSON string) per line, which may
-    hold newlines; any other file: one prompt per non-empty line. ValueError
-    naming the file and line for a missing or empty file or a bad line."""
+def read_prompts_file(path: Any) -> list[Prompt]:
+    """Your own training prompts: a `.jsonl` file with one JSON object per
+    line, {"prompt": "..."} (a user message, which may hold newlines) or
+    {"messages": [{"role": ..., "content": ...}, ...]} (a conversation, e.g.
+    from a chat log; trailing assistant turns are dropped, since the target
+    writes its own answer to the last user turn), or one JSON string; any
+    other file: one user message per non-empty line. ValueError naming the
+    file and line for a missing or empty file or a bad line."""
     p = Path(os.fspath(path)).expanduser()
     if not p.is_file():
         raise ValueError(f"prompts_file = {str(p)!r} is not a file; give a .jsonl or text file")
@@ -293,7 +300,7 @@ def read_prompts_file(path: Any) -> list[str]:
         text = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"prompts_file = {str(p)!r} cannot be read as UTF-8 text ({e})") from None
-    out = []
+    out: list[Prompt] = []
     for n, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
             continue
@@ -304,13 +311,34 @@ def read_prompts_file(path: Any) -> list[str]:
             item = json.loads(line)
         except json.JSONDecodeError as e:
             raise ValueError(f"{p}:{n}: not JSON ({e.msg}); expected {EXPECTED_LINE}") from None
-        prompt = item.get("prompt") if isinstance(item, dict) else item
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise ValueError(f"{p}:{n}: expected {EXPECTED_LINE} with a non-empty string")
-        out.append(prompt)
+        out.append(_prompt_of(item, f"{p}:{n}"))
     if not out:
         raise ValueError(f"prompts_file = {str(p)!r} holds no prompts")
     return out
+
+
+def _prompt_of(item: Any, where: str) -> Prompt:
+    """The prompt of one JSON line (see `read_prompts_file`)."""
+    if isinstance(item, dict) and "messages" in item:
+        turns = item["messages"]
+        ok = isinstance(turns, list) and all(
+            isinstance(t, dict) and t.get("role") in ROLES and isinstance(t.get("content"), str)
+            for t in turns
+        )
+        if not ok:
+            raise ValueError(
+                f'{where}: messages must be a list of {{"role": one of {ROLES}, '
+                '"content": "..."} turns'
+            )
+        while turns and turns[-1]["role"] == "assistant":
+            turns = turns[:-1]
+        if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
+            raise ValueError(f"{where}: the conversation has no user turn for the target to answer")
+        return [{"role": t["role"], "content": t["content"]} for t in turns]
+    prompt = item.get("prompt") if isinstance(item, dict) else item
+    if not isinstance(prompt, str) or not prompt.strip():
+        raise ValueError(f"{where}: expected {EXPECTED_LINE} with a non-empty string")
+    return prompt
 
 
 def prompts_digest(path: Any) -> str:
