@@ -64,6 +64,7 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     t.add_argument(
         "--labels",
         default=c.labels,
+        choices=("tokens", "target"),
         help="tokens (the data's next tokens) | target (the target's distribution: distillation)",
     )
     t.add_argument("--medusa-heads", type=int, default=c.medusa_heads)
