@@ -28,7 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
 from rich.console import Console
 from rich.table import Table
 from specdec_rs import heads, models
@@ -43,7 +42,12 @@ from specdec_rs.training.data import (
 )
 from specdec_rs.training.pipeline import default_data_dir
 from specdec_rs.training.prompts import TOPICS
-from specdec_rs.training.train import TrainConfig, holdout_agreement, train_drafter
+from specdec_rs.training.train import (
+    TrainConfig,
+    draft_vocab_index,
+    holdout_agreement,
+    train_drafter,
+)
 
 
 def evaluation_answers(
@@ -63,8 +67,7 @@ def agreement(
 ) -> dict[str, list[float]]:
     """Argmax agreement by draft depth 1..depth on each workload's answers."""
     head = heads.load(path, target, "eagle").float().eval()
-    index = torch.full((target.get_output_embeddings().weight.shape[0],), -100, dtype=torch.long)
-    index[head.draft_vocab] = torch.arange(len(head.draft_vocab))
+    index = draft_vocab_index(head.draft_vocab, target.get_output_embeddings().weight.shape[0])
     config = TrainConfig(depth=depth)
     return {name: holdout_agreement(head, seqs, config, index) for name, seqs in answers.items()}
 

@@ -338,7 +338,12 @@ def test_depth1_share_trains_depth_one_first(target: Any, tmp_path: Path) -> Non
 def test_distillation_labels_are_the_targets_distribution(
     target: Any, trained: dict[str, Path], tmp_path: Path
 ) -> None:
-    from specdec_rs.training.train import _cross_entropy, collate, teacher_logits
+    from specdec_rs.training.train import (
+        _cross_entropy,
+        collate,
+        draft_vocab_index,
+        teacher_logits,
+    )
 
     gen = torch.Generator().manual_seed(3)
     teacher = torch.randn(6, 9, generator=gen)
@@ -358,15 +363,14 @@ def test_distillation_labels_are_the_targets_distribution(
     greedy = [s for s in load_dataset(data) if s.greedy]
     batch = collate(greedy, 64)
     head = heads.load(trained["medusa"], target, "medusa")
-    index = torch.full((V,), -100, dtype=torch.long)
-    index[head.draft_vocab] = torch.arange(len(head.draft_vocab))
+    index = draft_vocab_index(head.draft_vocab, V)
     j = torch.arange(batch["features"].shape[1])
     for ahead in (1, 2, 3):
         width = batch["features"].shape[1] - ahead
         label = index[batch["tokens"][:, ahead + 1 :]]
         valid = (j[None, :width] + ahead + 1 < batch["lengths"][:, None]) & (label >= 0)
         valid &= j[None, :width] + ahead + 1 >= batch["prompt_len"][:, None]
-        picked = teacher_logits(head, batch["features"], ahead, width).argmax(-1)
+        picked = teacher_logits(head, batch["features"][:, ahead : ahead + width]).argmax(-1)
         assert valid.sum() > 20
         assert torch.equal(picked[valid], label[valid])
     for kind in ("eagle", "medusa"):  # both losses run with the target's distribution

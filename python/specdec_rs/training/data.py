@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 class DataConfig:
     """prompts: how many training prompts (the built-in ones, or the first
     of `prompts_file`: your own, see `read_prompts_file`); max_new_tokens:
-    answer length cap; batch_size: prompts generated together; sampled_every: every n-th shard is
-    sampled (the others greedy); temperature/top_p of the sampled shards;
-    max_prompt_tokens: longer prompts are left out."""
+    answer length cap; batch_size: prompts generated together; sampled_every:
+    every n-th shard is sampled (the others greedy); temperature/top_p of the
+    sampled shards; max_prompt_tokens: longer prompts are left out."""
 
     prompts: int = 1200
     max_new_tokens: int = 128
@@ -194,10 +194,10 @@ def manifest(config: DataConfig, target: PreTrainedModel) -> dict[str, Any]:
     from specdec_rs.heads import fingerprint
 
     settings = asdict(config)
+    out = {"config": settings, "target": fingerprint(target)}
     if config.prompts_file is None:  # the built-in prompts: as before the option existed
         del settings["prompts_file"]
-    out = {"config": settings, "target": fingerprint(target)}
-    if config.prompts_file is not None:
+    else:
         out["prompts_sha256"] = prompts_digest(config.prompts_file)
     return out
 

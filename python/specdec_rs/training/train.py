@@ -198,13 +198,14 @@ def eagle_losses(
     total, weight, hits = torch.zeros((), device=feats.device), 0.0, []
     label = vocab_index[tokens[:, 2:]]  # (B, L - 1): output j predicts x_{j+2}
     width = label.shape[1]
+    true_next = feats[:, 1 : width + 1]  # f_{j+1}, what output j predicts
     for d, out in enumerate(head.unroll(feats, tokens, depth), start=1):
         m = target_mask(batch, 2, d - 1)[:, :width]  # rounds that start in the answer
-        pred = out[:, :width][m]
+        pred, truth = out[:, :width][m], true_next[m]
         logits = head.logits(pred)
-        teacher = teacher_logits(head, feats, 1, width)[m] if config.labels == "target" else None
+        teacher = teacher_logits(head, truth) if config.labels == "target" else None
         ce = _cross_entropy(logits, label[m], teacher)
-        reg = F.smooth_l1_loss(pred, feats[:, 1 : width + 1][m])
+        reg = F.smooth_l1_loss(pred, truth)
         w = 0.8 ** (d - 1)
         total = total + w * (ce + config.reg_weight * reg)
         weight += w
@@ -227,22 +228,29 @@ def medusa_losses(
         label = vocab_index[tokens[:, 2 + i :]]  # head i + 1 at j predicts x_{j+2+i}
         m = target_mask(batch, 2 + i, i)[:, : label.shape[1]]
         logits = head.head_logits(feats[:, : label.shape[1]][m], i)
-        teacher = (
-            teacher_logits(head, feats, 1 + i, label.shape[1])[m]
-            if config.labels == "target"
-            else None
-        )
+        truth = feats[:, 1 + i : 1 + i + label.shape[1]]  # f_{j+1+i}: the target's view
+        teacher = teacher_logits(head, truth[m]) if config.labels == "target" else None
         total = total + _cross_entropy(logits, label[m], teacher)
         hits.append(_hits(logits, label[m]))
     return total / head.num_heads, hits
 
 
-def teacher_logits(head: Head, features: torch.Tensor, ahead: int, width: int) -> torch.Tensor:
-    """(B, width, N): the target's own logits over the draft vocabulary (its LM
-    head at the true features f_{j + ahead}, j = 0 .. width - 1): the
-    distillation target of the outputs at j that predict x_{j + ahead + 1}."""
-    out: torch.Tensor = features[:, ahead : ahead + width] @ head.head_cols.to(features.dtype)
+def teacher_logits(head: Head, truth: torch.Tensor) -> torch.Tensor:
+    """(..., H) -> (..., N): the target's own logits over the draft vocabulary
+    (its LM-head rows) at the true features f_{j+a}: the distillation target
+    of an output that predicts x_{j+a+1}."""
+    out: torch.Tensor = truth @ head.head_cols.to(truth.dtype)
     return out
+
+
+def draft_vocab_index(draft_vocab: torch.Tensor, vocab: int) -> torch.Tensor:
+    """(vocab,) the position of each token id in the draft vocabulary, -100
+    (cross-entropy's ignore index) for the ids outside it."""
+    import torch
+
+    index = torch.full((vocab,), -100, dtype=torch.long)
+    index[draft_vocab] = torch.arange(len(draft_vocab))
+    return index
 
 
 def _cross_entropy(
@@ -318,8 +326,7 @@ def train_drafter(
     vocab = target.get_output_embeddings().weight.shape[0]
     choice = choose_draft_vocab(train, config, end_ids or [])
     draft_vocab = torch.tensor(choice.ids)
-    vocab_index = torch.full((vocab,), -100, dtype=torch.long)
-    vocab_index[draft_vocab] = torch.arange(len(draft_vocab))
+    vocab_index = draft_vocab_index(draft_vocab, vocab)
     head_config = {"num_heads": config.medusa_heads} if config.kind == "medusa" else {}
     head = heads.files.build(config.kind, head_config, target, draft_vocab).float().train()
     params = [p for p in head.parameters() if p.requires_grad]
