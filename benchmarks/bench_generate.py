@@ -10,7 +10,7 @@ runs), with the transformers sweep on: prompt lookup at several
 
 Run: python benchmarks/bench_generate.py [--dtype float32] [--prompts 2] [--max-new-tokens 64]
      [--drafters prompt-lookup early-exit:24 eagle medusa hybrid] [--transformers-ks 2 4 8]
-     [--ks 1 2 3 4] [--policies adaptive heuristic] [--out DIR]
+     [--ks 1 2 3 4] [--policies adaptive heuristic adaptive-pooled] [--out DIR]
 """
 
 from __future__ import annotations

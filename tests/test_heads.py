@@ -460,3 +460,74 @@ def test_one_process_keeps_the_requested_device() -> None:
     from specdec_rs.training import process_device
 
     assert process_device("cuda") == "cuda" and process_device("cpu") == "cpu"
+
+
+def test_per_source_policy_gives_each_part_its_own_k(
+    target: Any, trained: dict[str, Path], greedy_baselines: list[tuple[Any, list[int]]]
+) -> None:
+    """With BySource, the hybrid's lookup rounds ask for the lookup policy's k
+    and its head rounds for the head's; the source is read before each round
+    (as propose decides it), and the greedy output is the target's."""
+    drafter = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
+    assert set(drafter.parts) == {"lookup", "eagle"}
+    policy = sd.BySource({"lookup": sd.FixedK(5), "eagle": sd.FixedK(2)})
+    asked: list[tuple[str, int]] = []
+    next_k = {s: p.next_k for s, p in policy.policies.items()}
+    for s, p in policy.policies.items():
+        p.next_k = lambda s=s: asked.append((s, next_k[s]())) or asked[-1][1]  # type: ignore[method-assign]
+    sources: list[str] = []
+    propose = drafter.propose
+
+    def spy(seq: Any, k: int, sampler: Any) -> Any:
+        draft = propose(seq, k, sampler)
+        sources.append(drafter.last_source)
+        return draft
+
+    drafter.propose = spy
+    for ids, plain in greedy_baselines:
+        asked.clear()
+        sources.clear()
+        out = sd.generate(
+            target, drafter, ids, max_new_tokens=NEW, k=policy, temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain
+        assert out.policy == "by-source(lookup: fixed:5, eagle: fixed:2)"
+        # every round's k came from the policy of the part that then drafted it (a
+        # last round with one token left drafts nothing)
+        assert [s for s, _ in asked][: len(sources)] == sources
+        assert len(asked) - len(sources) in (0, 1)
+        assert all(k == (5 if s == "lookup" else 2) for s, k in asked)
+        assert "eagle" in sources
+    # the repeating prompt makes lookup draft some rounds
+    ids = torch.tensor([3, 9, 4, 3, 9, 4, 3, 9, 4, 3, 9])
+    asked.clear()
+    sources.clear()
+    sd.generate(target, drafter, ids, max_new_tokens=NEW, k=policy, temperature=0, eos_token_id=[])
+    assert "lookup" in sources and [s for s, _ in asked][: len(sources)] == sources
+
+
+def test_per_source_policy_errors(target: Any, trained: dict[str, Path]) -> None:
+    with pytest.raises(ValueError, match="non-empty mapping"):
+        sd.BySource({})
+    with pytest.raises(ValueError, match="k is drafts per round"):
+        sd.BySource({"lookup": "many"})
+    policy = sd.BySource({"lookup": sd.FixedK(3)})
+    with pytest.raises(ValueError, match="named source 'eagle'"):
+        policy.use("eagle")
+    lookup = drafters.from_spec("prompt-lookup", target)
+    with pytest.raises(ValueError, match="has no source"):
+        sd.generate(target, lookup, prompt(0), max_new_tokens=4, k=policy, temperature=0)
+    hybrid = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
+    with pytest.raises(ValueError, match="named source 'eagle'"):
+        sd.generate(target, hybrid, prompt(0), max_new_tokens=4, k=policy, temperature=0)
+
+
+def test_costs_time_each_part_of_a_hybrid(target: Any, trained: dict[str, Path]) -> None:
+    from specdec_rs.measure import measure_costs
+
+    hybrid = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
+    costs = measure_costs(
+        target, prompt(4, 12), {"hybrid": hybrid, "none": None}, k_max=2, repeats=2
+    )
+    assert set(costs.cost_ratio) == {"hybrid", "hybrid/lookup", "hybrid/eagle"}
+    assert all(c > 0 for c in costs.cost_ratio.values())

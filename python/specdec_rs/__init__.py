@@ -16,7 +16,7 @@ from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
 from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
 from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.lab import speculative_step
-from specdec_rs.policy import AdaptiveK, AdaptiveTree, FixedK, HeuristicK, KPolicy
+from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, FixedK, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.sim import (
     simulate,
@@ -37,6 +37,7 @@ from specdec_rs.verify import row_seed, verify, verify_batch, verify_device, ver
 __all__ = [
     "AdaptiveK",
     "AdaptiveTree",
+    "BySource",
     "FixedK",
     "HeuristicK",
     "KPolicy",

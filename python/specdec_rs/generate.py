@@ -308,6 +308,7 @@ def generate(
     prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
     check_context(target, len(prompt), max_new, allow)
     budget = None if tree is None else check_tree_drafter(drafter, tree)
+    route = source_router(policy, drafter)
     if budget is not None and not isinstance(budget, int):
         budget.reset()
     with torch.inference_mode():
@@ -321,6 +322,8 @@ def generate(
                     budget.observe(size, decoder.last_depth, len(new))
                 new = new[: max_new - decoder.generated]
             else:
+                if route is not None:
+                    route(decoder.seq)
                 want = policy.next_k() if drafter is not None else 0
                 new = decoder.step(round_k(want, max_new - decoder.generated))
             if drafter is not None and budget is None:
@@ -341,6 +344,27 @@ def generate(
     if budget is not None:
         return decoder.result(stop, budget.name, getattr(budget, "k", None))
     return decoder.result(stop, policy.name, policy.k if isinstance(policy, FixedK) else None)
+
+
+def source_router(policy: KPolicy, drafter: Any) -> Callable[[Any], None] | None:
+    """For a policy with one γ per source (``use(source)``, e.g. `BySource`):
+    a function that tells it, before each round, which source the drafter
+    will draft from (``drafter.source(seq)``). None for other policies."""
+    use = getattr(policy, "use", None)
+    if not callable(use) or drafter is None:
+        return None
+    source = getattr(drafter, "source", None)
+    if not callable(source):
+        raise ValueError(
+            f"the policy {policy.name} chooses γ per source of drafts, but the drafter "
+            f"{getattr(drafter, 'name', drafter)!r} has no source(seq); use it with a drafter "
+            "that mixes sources (e.g. hybrid) or give a single policy"
+        )
+
+    def route(seq: Any) -> None:
+        use(source(seq))
+
+    return route
 
 
 def check_tree_drafter(drafter: Any, tree: Any) -> Any:

@@ -11,11 +11,14 @@ output exact: each round is an exact speculative step whatever k it uses.
   a round with γ drafts yields E[tokens] = 1 + Σ_{i<=γ} Π_{j<=i} α_j and costs
   γ·c + v(γ+1) target-step units; pick the γ in 0..k_max with the most tokens
   per unit time (γ = 0 switches speculation off: 1 token for v(1) = 1).
+- `BySource({source: policy})`: one policy per source of drafts, for drafters
+  whose rounds come from different parts (the hybrid: prompt lookup or the
+  head), so each part's γ follows its own acceptance and cost.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from specdec_rs import _checks
@@ -149,6 +152,53 @@ class AdaptiveK:
         for i in range(min(num_accepted + 1, drafted, self.k_max)):
             self.reached[i] += 1
             self.kept[i] += i < num_accepted
+
+
+class BySource:
+    """One γ policy per source of drafts. A drafter that mixes sources (the
+    hybrid) names the source of each round with ``source(seq)``; generate()
+    calls ``use(source)`` before the round, and next_k / observe go to that
+    source's policy, so each learns its own acceptance (and, for
+    `AdaptiveK`, uses its own cost c). The first source is used until
+    ``use`` names another.
+
+    >>> pol = BySource({"lookup": FixedK(6), "eagle": FixedK(1)})
+    >>> pol.use("eagle"); pol.next_k()
+    1
+    """
+
+    def __init__(self, policies: Mapping[str, KPolicy]):
+        if not isinstance(policies, Mapping) or not policies:
+            raise ValueError(
+                f"policies is {policies!r}; expected a non-empty mapping source name -> "
+                'policy, e.g. {"lookup": AdaptiveK(...), "eagle": AdaptiveK(...)}'
+            )
+        self.policies = {str(s): as_policy(p) for s, p in policies.items()}
+        self.name = (
+            "by-source(" + ", ".join(f"{s}: {p.name}" for s, p in self.policies.items()) + ")"
+        )
+        self.reset()
+
+    def use(self, source: str) -> None:
+        """The next round's drafts come from `source`."""
+        if source not in self.policies:
+            raise ValueError(
+                f"the drafter named source {source!r}; this policy has one for "
+                f"{', '.join(map(repr, self.policies))} (give BySource a policy per source "
+                "the drafter names)"
+            )
+        self.current = source
+
+    def reset(self) -> None:
+        for p in self.policies.values():
+            p.reset()
+        self.current = next(iter(self.policies))
+
+    def next_k(self) -> int:
+        return self.policies[self.current].next_k()
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.policies[self.current].observe(k, drafted, num_accepted)
 
 
 def as_policy(k: Any) -> KPolicy:

@@ -28,6 +28,10 @@ A drafter is an object with these members (`generate` calls the first five,
   with it can run ``generate(..., tree=budget)``): a tree of at most
   `budget` draft nodes continuing `seq`, verified by `verify_tree`; `update`
   then gets the kept path's length and hidden states as after a chain.
+- ``source(seq) -> str`` and ``parts`` (optional; drafters that mix several,
+  e.g. the hybrid): the name of the part that drafts the next round after
+  `seq`, and each part (a drafter) by that name. A per-source γ policy
+  (`policy.BySource`) follows `source`; the cost measurements time each part.
 
 Exactness needs only that each draft was drawn from the q row handed back:
 sampled drafters return their processed distribution, greedy ones a one-hot

@@ -46,7 +46,7 @@ class Hybrid:
         self.eagle = eagle
         self.lookup = PromptLookup(min_ngram=_checks.integer(min_ngram, "min_ngram", minimum=1))
         self.name = name
-        self.source = "eagle"  # who drafted the last round
+        self.last_source = "eagle"  # who drafted the last round
 
     @classmethod
     def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> Hybrid:
@@ -66,23 +66,34 @@ class Hybrid:
     ) -> None:
         self.eagle.update(seq, num_accepted, target_hidden)
 
+    @property
+    def parts(self) -> dict[str, Any]:
+        """The drafters a round may come from, by the source names `source` gives."""
+        return {"lookup": self.lookup, "eagle": self.eagle}
+
+    def source(self, seq: torch.Tensor) -> str:
+        """Which part drafts the next round after `seq`: "lookup" when the
+        text's end repeats something earlier, else "eagle" (as `propose`
+        decides; a per-source γ policy reads it before the round)."""
+        return "lookup" if len(self.lookup.find(seq.cpu().numpy(), 1)) else "eagle"
+
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         import torch
 
         found = self.lookup.find(seq.cpu().numpy(), k)
         if len(found):
-            self.source = "lookup"
+            self.last_source = "lookup"
             return one_hot_draft(torch.from_numpy(found), sampler)
-        self.source = "eagle"
+        self.last_source = "eagle"
         return self.eagle.propose(seq, k, sampler)
 
     def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
         """Lookup's tree of matches when the text repeats, else the head's tree."""
         tree = self.lookup.propose_tree(seq, budget, sampler)
         if len(tree.tokens):
-            self.source = "lookup"
+            self.last_source = "lookup"
             return tree
-        self.source = "eagle"
+        self.last_source = "eagle"
         return self.eagle.propose_tree(seq, budget, sampler)
 
     def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:

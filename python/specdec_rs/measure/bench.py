@@ -31,7 +31,7 @@ from specdec_rs.measure.predict import (
     no_progress,
     predict,
 )
-from specdec_rs.policy import AdaptiveK, AdaptiveTree, HeuristicK, KPolicy
+from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -248,8 +248,20 @@ def totals_rows(runs: Sequence[Run], predictions: PredictReport | None = None) -
     return rows
 
 
-def _policy(method: Method, costs: Costs, spec: str, k_max: int) -> int | KPolicy:
+def _policy(method: Method, costs: Costs, spec: str, drafter: Any, k_max: int) -> int | KPolicy:
+    if method.policy == "adaptive-pooled":
+        return AdaptiveK(costs.cost_ratio[spec], costs.verify_cost, k_max=k_max)
     if method.policy == "adaptive":
+        parts = getattr(drafter, "parts", None)
+        if parts:  # one cost model per source, each with its own c
+            return BySource(
+                {
+                    name: AdaptiveK(
+                        costs.cost_ratio[f"{spec}/{name}"], costs.verify_cost, k_max=k_max
+                    )
+                    for name in parts
+                }
+            )
         return AdaptiveK(costs.cost_ratio[spec], costs.verify_cost, k_max=k_max)
     if method.policy == "heuristic":
         return HeuristicK()
@@ -300,7 +312,7 @@ def run_once(
         drafter,
         ids,
         max_new_tokens=max_new_tokens,
-        k=1 if tree else _policy(method, costs, spec, k_max),
+        k=1 if tree else _policy(method, costs, spec, drafter, k_max),
         temperature=config.temperature,
         seed=seed,
         tree=tree,
@@ -308,7 +320,10 @@ def run_once(
     return Run.of(out, "", spec, method, 0), out.tokens
 
 
-POLICIES = ("adaptive", "heuristic")
+# "adaptive-pooled": one cost model for every source of a drafter made of parts
+# (the ablation of "adaptive", which keeps one per source); run only for such drafters.
+POLICIES = ("adaptive", "heuristic", "adaptive-pooled")
+DEFAULT_POLICIES = ("adaptive", "heuristic")
 
 
 def bench_methods(
@@ -318,7 +333,7 @@ def bench_methods(
     transformers: bool,
     transformers_ks: Sequence[int],
     ks: Sequence[int] | None = None,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = DEFAULT_POLICIES,
     trees: Sequence[int] = (),
 ) -> list[tuple[str, Method]]:
     """(drafter spec, method) pairs of a job, target-only first. Fixed γ:
@@ -331,7 +346,11 @@ def bench_methods(
         c = costs.cost_ratio[spec]
         fixed = ks_for(c, k_max) if ks is None else [k for k in ks if k <= k_max]
         jobs += [(spec, Method("specdec", "fixed", k)) for k in fixed]
-        jobs += [(spec, Method("specdec", p)) for p in policies]
+        jobs += [
+            (spec, Method("specdec", p))
+            for p in policies
+            if p != "adaptive-pooled" or getattr(drafter, "parts", None)
+        ]
         if callable(getattr(drafter, "propose_tree", None)) and trees:
             jobs += [(spec, Method("specdec", "tree", n)) for n in trees]
             jobs.append((spec, Method("specdec", "adaptive-tree", max(trees))))
@@ -356,14 +375,14 @@ def run_bench(
     transformers: bool = True,
     transformers_ks: Sequence[int] = (),
     ks: Sequence[int] | None = None,
-    policies: Sequence[str] = POLICIES,
+    policies: Sequence[str] = DEFAULT_POLICIES,
     trees: Sequence[int] = (),
     progress: Progress = no_progress,
 ) -> BenchReport:
     """Real generation per drafter and method, with the forecast for the same
     prompts (teacher forcing over the target-only runs' own answers). Fixed γ
     values: `ks` (default: chosen by each drafter's cost); γ policies:
-    `policies` (a subset of "adaptive", "heuristic"); tree sizes: `trees`
+    `policies` (a subset of "adaptive", "heuristic", "adaptive-pooled"); tree sizes: `trees`
     (nodes per round, for drafters that draft trees)."""
     specs = check_drafter_specs(drafter_specs)
     configs = [SamplingConfig(t) for t in temperatures]

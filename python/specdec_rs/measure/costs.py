@@ -107,6 +107,19 @@ def drafter_step_time(
         return median_seconds(step, repeats)
 
 
+def with_parts(drafters: dict[str, Any]) -> dict[str, Any]:
+    """spec -> drafter, None entries dropped, and after a drafter with
+    ``parts`` (the hybrid) each part as "spec/part" (its own c)."""
+    out = {}
+    for spec, d in drafters.items():
+        if d is None:
+            continue
+        out[spec] = d
+        for name, part in getattr(d, "parts", {}).items():
+            out[f"{spec}/{name}"] = part
+    return out
+
+
 def measure_costs(
     target: PreTrainedModel,
     context: torch.Tensor,
@@ -116,14 +129,14 @@ def measure_costs(
     repeats: int = 100,
 ) -> Costs:
     """Target step time, v(1..k_max+1) and each drafter's c at `context` (n,).
-    `drafters`: spec -> drafter (None entries are skipped)."""
+    `drafters`: spec -> drafter (None entries are skipped); a drafter made of
+    parts also gets each part's c, as "spec/part"."""
     k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=1023)
     repeats = _checks.integer(repeats, "repeats", minimum=1)
     step = decode_step_time(target, context, repeats=repeats)
     v = verify_cost_curve(target, context, max_n=k_max + 1, repeats=max(1, repeats * 3 // 20))
     ratios = {
         spec: drafter_step_time(d, target, context, repeats=repeats) / step
-        for spec, d in drafters.items()
-        if d is not None
+        for spec, d in with_parts(drafters).items()
     }
     return Costs(len(context), step, v, ratios)
