@@ -34,6 +34,18 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     assert plain["alpha"] is None  # nothing drafted: α undefined, JSON null
 
 
+def test_generate_behind_a_confidence_gate_keeps_greedy_output(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    args = ["generate", PROMPT, "--max-new-tokens", "12", "--temperature", "0", "--json"]
+    assert main([*args, "--drafter", "none"]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    for drafter in ("eagle", "hybrid"):
+        assert main([*args, "--drafter", drafter, "--k", "3", "--draft-confidence", "0.3"]) == 0
+        gated = json.loads(capsys.readouterr().out)
+        assert gated["text"] == plain["text"], drafter
+
+
 DRAFTERS = [
     "none",
     "prompt-lookup",
@@ -143,6 +155,8 @@ def test_predict_and_bench(
         (["generate", "hi", "--device", "cuda:7"], ["device = 'cuda:7'"]),
         (["generate", "hi", "--drafter", "model:/nonexistent"], ["/nonexistent is not a folder"]),
         (["generate", "hi", "--k", "0"], ["k = 0 is out of range"]),
+        (["generate", "hi", "--draft-confidence", "1"], ["--draft-confidence = 1.0"]),
+        (["generate", "hi", "--draft-confidence", "0.3"], ["'prompt-lookup' has no confidence"]),
         (["generate", "hi", "--top-p", "2"], ["top_p = 2.0"]),
         (["generate", "hi", "--temperature", "nan"], ["temperature = nan"]),
         (["generate", "hi", "--max-new-tokens", "9000"], ["past the model's context of 8192"]),

@@ -531,3 +531,85 @@ def test_costs_time_each_part_of_a_hybrid(target: Any, trained: dict[str, Path])
     )
     assert set(costs.cost_ratio) == {"hybrid", "hybrid/lookup", "hybrid/eagle"}
     assert all(c > 0 for c in costs.cost_ratio.values())
+
+
+def gated(target: Any, trained: dict[str, Path], confidence: float, greedy: bool = False) -> Any:
+    plain = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    return drafters.Eagle(plain.head, plain.fingerprint, greedy=greedy, confidence=confidence)
+
+
+def test_confidence_gate_keeps_the_greedy_output_and_drafts_less(
+    target: Any, trained: dict[str, Path], greedy_baselines: list[tuple[Any, list[int]]]
+) -> None:
+    drafted = {}  # the tiny head's draft probabilities lie around 0.04-0.08
+    for confidence in (0.0, 0.05, 0.06):
+        drafted[confidence] = 0
+        for greedy_draft in (False, True):
+            drafter = gated(target, trained, confidence, greedy_draft)
+            for ids, plain in greedy_baselines:
+                out = sd.generate(
+                    target, drafter, ids, max_new_tokens=NEW, k=3, temperature=0, eos_token_id=[]
+                )
+                assert out.tokens == plain, (confidence, greedy_draft)
+                drafted[confidence] += out.drafted
+    assert drafted[0.0] > drafted[0.05] > drafted[0.06] > 0, drafted
+
+
+def test_confidence_gate_hands_back_the_gated_q(target: Any, trained: dict[str, Path]) -> None:
+    """Sampled drafts behind a gate τ: the same draw as without the gate, kept
+    iff q(x) > τ, and a kept draft's row is q' = q·1[q > τ] / Q."""
+    from specdec_rs.processors import Sampler
+
+    tau = 0.03  # the tiny head's draft probabilities lie around 0.01-0.08
+    ungated, gate = gated(target, trained, 0.0), gated(target, trained, tau)
+    config = SamplingConfig(1.0)
+    stops = kept = 0
+    for seed in range(60):
+        ids = prompt(seed)
+        with torch.inference_mode():
+            _, h = sd.models.forward_with_hidden(
+                target, ids[:-1], sd.models.new_cache(target), keep=1, hidden=True
+            )
+        rows = {}
+        for name, d in (("plain", ungated), ("gated", gate)):
+            d.start(ids, None, h)
+            sampler = Sampler(config, V, torch.Generator().manual_seed(seed))
+            rows[name] = d.propose(ids, 1, sampler)
+        plain, got = rows["plain"], rows["gated"]
+        if len(got.tokens) == 0:  # the same draw, at most τ: stopped
+            stops += 1
+            assert float(plain.q[0, plain.tokens[0]]) <= tau
+            continue
+        kept += 1
+        assert got.tokens.tolist() == plain.tokens.tolist()  # the same draw, kept
+        q = plain.q[0]
+        expect = q * (q > tau)
+        torch.testing.assert_close(got.q[0], expect / expect.sum())
+    assert stops and kept, (stops, kept)
+
+
+def test_confidence_gate_in_teacher_forcing(target: Any, trained: dict[str, Path]) -> None:
+    ids = prompt(3)
+    answer = torch.tensor(sd.generate(target, None, ids, max_new_tokens=12, temperature=0).tokens)
+    greedy = SamplingConfig(0.0)
+    plain = acceptance_matrix(target, gated(target, trained, 0.0), ids, answer, greedy, k_max=3)
+    gate = acceptance_matrix(target, gated(target, trained, 0.05), ids, answer, greedy, k_max=3)
+    # a gated round drafts a prefix of the ungated one: equal where drafted, then NaN
+    drafted = ~np.isnan(gate)
+    assert (drafted[:, 1:] <= drafted[:, :-1]).all()
+    assert 0 < drafted.sum() < (~np.isnan(plain)).sum()
+    np.testing.assert_array_equal(gate[drafted], plain[drafted])
+    sampled = SamplingConfig(1.0)
+    plain = acceptance_matrix(target, gated(target, trained, 0.0), ids, answer, sampled, k_max=2)
+    gate = acceptance_matrix(target, gated(target, trained, 0.05), ids, answer, sampled, k_max=2)
+    # the gate folds into the score (Q·Σ min(p, q')), drafts stay where they were
+    np.testing.assert_array_equal(np.isnan(gate), np.isnan(plain))
+    finite = gate[np.isfinite(gate)]
+    assert ((finite >= 0) & (finite <= 1 + 1e-9)).all()
+    assert (gate[np.isfinite(gate)] != plain[np.isfinite(plain)]).any()
+
+
+def test_confidence_gate_rejects_bad_values(target: Any, trained: dict[str, Path]) -> None:
+    for bad in (-0.1, 1.0, float("nan"), "high"):
+        with pytest.raises(ValueError, match="confidence"):
+            gated(target, trained, bad)  # type: ignore[arg-type]

@@ -6,7 +6,7 @@ Models: a 2-layer target and a 1-layer draft model (random Llamas, V = 4),
 so the pair law has 16 cells: p(a | prompt) p(b | prompt, a), processors
 applied. Statistic: Pearson chi-square over N runs (generations with
 seeds 0..N-1). Pass: p-value > 1e-6, so an exact loop fails a test with
-probability 1e-6 (7 tests: 7e-6 together).
+probability 1e-6 (8 tests: 8e-6 together).
 
 Power: for a bug with pair law p_bug, the statistic is noncentral
 chi-square with λ = N Σ (p_bug − p)² / p. The effects Σ (p_bug − p)² / p
@@ -14,7 +14,9 @@ below were measured with 8,000 runs of each bug (noise (cells − 1)/8000
 removed): resample-from-p under the adaptive γ policy 0.165, greedy-check
 with early exit 4.22, the unprocessed q under top-k/top-p 0.186 (9 cells
 with mass), resample-from-p with the EAGLE-style head at top-k/top-p 0.170,
-continue-after-reject with Medusa heads at top-p 0.126 (16 cells); with tree
+continue-after-reject with Medusa heads at top-p 0.126 (16 cells), the EAGLE
+head behind a confidence gate of 0.3 with its kept drafts verified against the
+full q instead of the gated q' at T = 1 0.273; with tree
 decoding (4 nodes a round), the bonus drawn at a rejected node under the EAGLE
 head's drawn trees (children without replacement) at T = 0.8 0.355 (6,000
 runs), and fixed candidates (the head's confidence tree) verified with the iid
@@ -46,6 +48,7 @@ import numpy as np
 import pytest
 import specdec_rs as sd
 from heads_fixtures import tiny_head
+from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.models import forward, new_cache, tiny_llama
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.reference import verify_batch_numpy, verify_tree_numpy
@@ -63,6 +66,8 @@ BUG_ESCAPES = 1e-4  # the largest allowed probability that a bug passes
 EAGLE_EFFECT = 0.170  # resample-from-p under the EAGLE head (8,000 runs)
 MEDUSA_EFFECT = 0.126  # continue-after-reject under the Medusa heads (8,000 runs)
 EAGLE_TREE_EFFECT = 0.355  # the bonus drawn at a rejected node, drawn EAGLE trees (6,000 runs)
+GATE = 0.3  # the confidence gate of the gated EAGLE setting
+GATE_EFFECT = 0.273  # the gate's kept draft verified against the full q (8,000 runs)
 FIXED_TREE_EFFECT = 1.247  # fixed candidates under the iid rule, EAGLE confidence trees (8,000)
 
 
@@ -179,6 +184,39 @@ def eagle(target: Any, greedy: bool = False) -> Any:
     return sd.drafters.from_spec(f"eagle:{law_head('eagle')}", target, greedy=greedy)
 
 
+def gated_eagle(target: Any, bug: bool = False) -> Any:
+    """The EAGLE head behind a confidence gate of GATE (drafting stops at a
+    draft whose probability is at most GATE); `bug`: the kept draft verified
+    against the head's full q instead of the gated q'."""
+    plain = eagle(target)
+    cls = UntruncatedGate if bug else Eagle
+    return cls(plain.head, plain.fingerprint, confidence=GATE, name="eagle-gated")
+
+
+def untruncated_gate(
+    logits: Any, draft_vocab: Any, sampler: Any, greedy: bool, name: str, confidence: float
+) -> Any:
+    """Bug: the gate of `gated_rows`, but the kept draft keeps the full q row."""
+    q_small = sampler.probs(logits, name)
+    idx, _ = sampler.draw(q_small)
+    if float(q_small[0, idx[0]]) <= confidence:
+        return None
+    q = q_small.new_zeros(1, sampler.vocab_size)
+    q[:, draft_vocab] = q_small
+    return draft_vocab[idx], q
+
+
+class UntruncatedGate(Eagle):
+    def propose(self, seq: Any, k: int, sampler: Any) -> sd.Draft:
+        module = sys.modules["specdec_rs.drafters.eagle"]
+        original = module.gated_rows
+        module.gated_rows = untruncated_gate
+        try:
+            return super().propose(seq, k, sampler)
+        finally:
+            module.gated_rows = original
+
+
 def medusa(target: Any) -> Any:
     return sd.drafters.from_spec(f"medusa:{law_head('medusa')}", target)
 
@@ -238,6 +276,16 @@ SETTINGS = {
         3,
         buggy_verifier("resample_from_p"),
         effect=EAGLE_EFFECT,
+    ),
+    # drafting stops at an unsure draft; a kept draft is verified against q'
+    "eagle-gated-T1": Setting(
+        SamplingConfig(1.0),
+        lambda t, d: gated_eagle(t),
+        lambda t, d: gated_eagle(t, bug=True),
+        lambda: 2,
+        3,
+        None,
+        effect=GATE_EFFECT,
     ),
     "medusa-T0.8-top-p": Setting(
         SamplingConfig(0.8, top_p=0.95),

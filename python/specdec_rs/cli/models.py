@@ -2,7 +2,8 @@
 
 specdec generate "PROMPT" [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
                  [--k 4 | --tree NODES] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
-                 [--max-new-tokens 128] [--greedy-draft] [--raw] [--allow-past-context]
+                 [--max-new-tokens 128] [--greedy-draft] [--draft-confidence TAU] [--raw]
+                 [--allow-past-context]
                  [--model PATH] [--dtype float32] [--device cpu] [--seed S] [--json]
 specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
 """
@@ -45,6 +46,13 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     )
     g.add_argument("--max-new-tokens", type=int, default=128)
     g.add_argument("--greedy-draft", action="store_true", help="drafts are the drafter's argmax")
+    g.add_argument(
+        "--draft-confidence",
+        type=float,
+        default=0.0,
+        metavar="TAU",
+        help="eagle, hybrid: draft only while the draft's probability exceeds TAU (0: always)",
+    )
     g.add_argument("--raw", action="store_true", help="no chat template around the prompt")
     g.add_argument(
         "--allow-past-context",
@@ -98,9 +106,11 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     _checks.integer(args.k, "--k", minimum=1)
     if args.tree is not None:
         _checks.integer(args.tree, "--tree", minimum=1, maximum=4096)
+    _checks.real(args.draft_confidence, "--draft-confidence", minimum=0.0, below=1.0)
     drafters.parse_spec(args.drafter)
     target, tokenizer = load_target(args)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
+    drafter = drafters.gated(drafter, args.draft_confidence)
     ids = (
         tokenizer(args.prompt, return_tensors="pt")["input_ids"][0]
         if args.raw

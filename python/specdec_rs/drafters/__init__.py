@@ -5,7 +5,14 @@ One module per drafter; each class registers its command-line name once
 `base` for the interface the loop and the analysis use.
 """
 
-from specdec_rs.drafters.base import Draft, Drafter, ModelDrafter, TeacherForced, TreeDraft
+from specdec_rs.drafters.base import (
+    Draft,
+    Drafter,
+    ModelDrafter,
+    TeacherForced,
+    TreeDraft,
+    gated,
+)
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.early_exit import EarlyExit
 from specdec_rs.drafters.hybrid import Hybrid
@@ -29,6 +36,7 @@ __all__ = [
     "TreeDraft",
     "Truncated",
     "from_spec",
+    "gated",
     "lookup",
     "parse_spec",
     "spec_help",

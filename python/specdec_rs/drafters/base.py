@@ -28,6 +28,9 @@ A drafter is an object with these members (`generate` calls the first five,
   with it can run ``generate(..., tree=budget)``): a tree of at most
   `budget` draft nodes continuing `seq`, verified by `verify_tree`; `update`
   then gets the kept path's length and hidden states as after a chain.
+- ``with_confidence(τ) -> drafter`` (optional; the EAGLE head and the
+  hybrid): the same drafter behind a confidence gate, drafting each round only
+  while its draft's probability exceeds τ (`gated`).
 - ``source(seq) -> str`` and ``parts`` (optional; drafters that mix several,
   e.g. the hybrid): the name of the part that drafts the next round after
   `seq`, and each part (a drafter) by that name. A per-source γ policy
@@ -231,6 +234,23 @@ def started(cache: Cache | None, name: str) -> Cache:
     if cache is None:
         raise ValueError(f"drafter {name}: call start() before propose() or update()")
     return cache
+
+
+def gated(drafter: Any, confidence: float) -> Any:
+    """`drafter` behind a confidence gate τ (its ``with_confidence``);
+    τ = 0 returns it unchanged. ValueError for a drafter without a gate."""
+    from specdec_rs import _checks
+
+    confidence = _checks.real(confidence, "confidence", minimum=0.0, below=1.0)
+    if confidence == 0.0:
+        return drafter
+    gate = getattr(drafter, "with_confidence", None)
+    if not callable(gate):
+        raise ValueError(
+            f"drafter {getattr(drafter, 'name', drafter)!r} has no confidence gate; "
+            "use eagle or hybrid, or leave the confidence at 0"
+        )
+    return gate(confidence)
 
 
 def empty_draft(sampler: Sampler) -> Draft:

@@ -67,12 +67,55 @@ def draft_rows(
     return draft_vocab[idx], q
 
 
+def gated_rows(
+    logits: torch.Tensor,
+    draft_vocab: torch.Tensor,
+    sampler: Sampler,
+    greedy: bool,
+    name: str,
+    confidence: float,
+) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """`draft_rows` for one row (1, N) behind a confidence gate τ: None
+    (stop drafting) unless the draft's probability exceeds τ.
+
+    Greedy drafts (one-hot q) read their confidence from the head's
+    softmax; the stop is then a function of the head's state, and q stays
+    one-hot. Sampled drafts x ~ q are kept iff q(x) > τ, so a kept draft is
+    distributed as q' = q·1[q > τ] / Q (Q = Σ_{q > τ} q), and q' is the row
+    returned: verifying against q' keeps the output exact, since with
+    probability Q the position is a speculative step with q' and otherwise
+    the target samples it itself (P = Q·p + (1 − Q)·p = p)."""
+    if confidence <= 0.0:
+        return draft_rows(logits, draft_vocab, sampler, greedy, name)
+    if greedy or sampler.config.greedy:
+        probs = logits.float().softmax(-1)
+        if float(probs.max()) <= confidence:
+            return None
+        return draft_rows(logits, draft_vocab, sampler, True, name)
+    q_small = sampler.probs(logits, name)
+    idx, _ = sampler.draw(q_small)
+    if float(q_small[0, idx[0]]) <= confidence:
+        return None
+    kept = q_small * (q_small > confidence)
+    kept = kept / kept.sum(-1, keepdim=True)
+    q = kept.new_zeros(1, sampler.vocab_size)
+    q[:, draft_vocab] = kept
+    return draft_vocab[idx], q
+
+
 def teacher_forced_acceptance(
-    logits: torch.Tensor, tf: TeacherForced, draft_vocab: torch.Tensor, greedy: bool
+    logits: torch.Tensor,
+    tf: TeacherForced,
+    draft_vocab: torch.Tensor,
+    greedy: bool,
+    confidence: float = 0.0,
 ) -> torch.Tensor:
     """Acceptance of drafts with reduced `logits` (n, N), row t drafting
     answer[t] (scored against tf.p[t]): at greedy the argmax agreement, with a
-    one-hot q p(argmax), otherwise Σ_x min(p(x), q(x))."""
+    one-hot q p(argmax), otherwise Σ_x min(p(x), q(x)). With a confidence
+    gate τ, sampled drafts score Q·Σ_x min(p(x), q'(x)): the chance the draft
+    is proposed (Q) and kept (q' as in `gated_rows`); greedy drafts the gate
+    stops are the caller's to mark (`gate_passes`)."""
     import torch
 
     if tf.sampler.config.greedy or greedy:
@@ -82,7 +125,23 @@ def teacher_forced_acceptance(
         return tf.p[: len(x)].gather(-1, x[:, None])[:, 0].double()
     q = tf.sampler.probs(logits)
     p = tf.p[: len(q), draft_vocab.to(tf.p.device)]
-    return torch.minimum(p, q.to(p.device)).sum(-1).double()
+    if confidence <= 0.0:
+        return torch.minimum(p, q.to(p.device)).sum(-1).double()
+    kept = q * (q > confidence)
+    mass = kept.sum(-1)
+    q_gated = kept / mass.clamp_min(1e-30)[:, None]
+    return (mass.to(p.device) * torch.minimum(p, q_gated.to(p.device)).sum(-1)).double()
+
+
+def gate_passes(logits: torch.Tensor, greedy_drafts: bool, confidence: float) -> torch.Tensor:
+    """(n,) bool: whether a greedy draft from each row of reduced `logits`
+    passes the confidence gate (all True without a gate or for sampled drafts,
+    whose gate `teacher_forced_acceptance` folds into the score)."""
+    import torch
+
+    if confidence <= 0.0 or not greedy_drafts:
+        return torch.ones(len(logits), dtype=torch.bool, device=logits.device)
+    return logits.float().softmax(-1).amax(-1) > confidence
 
 
 @register(
@@ -97,11 +156,20 @@ class Eagle:
     needs_target_hidden = True
 
     def __init__(
-        self, head: EagleHead, fingerprint: str, *, greedy: bool = False, name: str = "eagle"
+        self,
+        head: EagleHead,
+        fingerprint: str,
+        *,
+        greedy: bool = False,
+        name: str = "eagle",
+        confidence: float = 0.0,
     ):
         self.head = head
         self.fingerprint = fingerprint
         self.greedy = _checks.boolean(greedy, "greedy")
+        self.confidence = _checks.real(
+            confidence, "confidence", minimum=0.0, below=1.0, hint=" (0 turns the gate off)"
+        )
         self.name = name
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pending: torch.Tensor | None = (
@@ -126,6 +194,14 @@ class Eagle:
 
     def check_target(self, target: PreTrainedModel) -> None:
         check_head_target(self.head, self.fingerprint, target, self.name)
+
+    def with_confidence(self, confidence: float) -> Eagle:
+        """The same head (shared, not copied) behind a confidence gate τ:
+        each round drafts while its draft's probability exceeds τ (see
+        `gated_rows`; 0 turns the gate off)."""
+        return Eagle(
+            self.head, self.fingerprint, greedy=self.greedy, name=self.name, confidence=confidence
+        )
 
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
@@ -211,13 +287,22 @@ class Eagle:
             kv = self._kv
             tokens, rows = [], []
             for i in range(k):
-                token, q = draft_rows(
-                    self.head.logits(f[0]), self.head.draft_vocab, sampler, self.greedy, self.name
+                drawn = gated_rows(
+                    self.head.logits(f[0]),
+                    self.head.draft_vocab,
+                    sampler,
+                    self.greedy,
+                    self.name,
+                    self.confidence,
                 )
-                tokens.append(token)
-                rows.append(q)
+                if drawn is None:
+                    break  # not confident enough: the target takes it from here
+                tokens.append(drawn[0])
+                rows.append(drawn[1])
                 if i + 1 < k:
-                    f, kv = self._draft_step(f, token, i, kv)
+                    f, kv = self._draft_step(f, drawn[0], i, kv)
+        if not tokens:
+            return empty_draft(sampler)
         return Draft(torch.cat(tokens), torch.cat(rows))
 
     tree_width = 4  # candidates per depth in propose_tree
@@ -304,17 +389,27 @@ class Eagle:
             raise ValueError(f"drafter {self.name} needs the teacher-forced hidden states")
         n, start = len(tf.seq), tf.start
         a = np.full((n - start, k_max), np.nan)
+        greedy_drafts = self.greedy or tf.sampler.config.greedy
         with torch.inference_mode():
             feats = tf.hidden[: n - 1].to(self.head.embed.device)
             outputs = self.head.unroll(feats[None], tf.seq[None].to(feats.device), k_max)
+            proposed = np.ones(n - start, dtype=bool)  # the gate let drafts 1..i through
             for i, out in enumerate(outputs):
                 rows = out[0, start - 2 + i : n - 2]  # depth i + 1 predicting answer[i:]
                 if len(rows) == 0:
                     break
-                agree = teacher_forced_acceptance(
-                    self.head.logits(rows), tf.shifted(i), self.head.draft_vocab, self.greedy
+                logits = self.head.logits(rows)
+                agree = (
+                    teacher_forced_acceptance(
+                        logits, tf.shifted(i), self.head.draft_vocab, self.greedy, self.confidence
+                    )
+                    .cpu()
+                    .numpy()
                 )
-                a[: len(agree), i] = agree.cpu().numpy()
+                proposed[: len(agree)] &= (
+                    gate_passes(logits, greedy_drafts, self.confidence).cpu().numpy()
+                )
+                a[: len(agree), i] = np.where(proposed[: len(agree)], agree, np.nan)
         return a
 
     def hf_kwargs(self) -> dict[str, Any] | None:

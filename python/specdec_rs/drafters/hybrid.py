@@ -56,6 +56,14 @@ class Hybrid:
     def check_target(self, target: PreTrainedModel) -> None:
         self.eagle.check_target(target)
 
+    def with_confidence(self, confidence: float) -> Hybrid:
+        """The same parts, the head's rounds behind a confidence gate τ."""
+        return Hybrid(
+            self.eagle.with_confidence(confidence),
+            min_ngram=self.lookup.min_ngram,
+            name=self.name,
+        )
+
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
     ) -> None:
