@@ -32,18 +32,9 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     plain = json.loads(capsys.readouterr().out)
     assert plain["text"] == r["text"] and plain["tokens_per_pass"] == 1.0
     assert plain["alpha"] is None  # nothing drafted: α undefined, JSON null
-
-
-def test_generate_behind_a_confidence_gate_keeps_greedy_output(
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    args = ["generate", PROMPT, "--max-new-tokens", "12", "--temperature", "0", "--json"]
-    assert main([*args, "--drafter", "none"]) == 0
-    plain = json.loads(capsys.readouterr().out)
-    for drafter in ("eagle", "hybrid"):
-        assert main([*args, "--drafter", drafter, "--k", "3", "--draft-confidence", "0.3"]) == 0
-        gated = json.loads(capsys.readouterr().out)
-        assert gated["text"] == plain["text"], drafter
+    # behind a confidence gate the head's greedy output is still the target's
+    assert main([*args, "--drafter", "eagle", "--k", "3", "--draft-confidence", "0.3"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == plain["text"]
 
 
 DRAFTERS = [

@@ -542,17 +542,31 @@ def test_confidence_gate_keeps_the_greedy_output_and_drafts_less(
     target: Any, trained: dict[str, Path], greedy_baselines: list[tuple[Any, list[int]]]
 ) -> None:
     drafted = {}  # the tiny head's draft probabilities lie around 0.04-0.08
+    hybrid = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
     for confidence in (0.0, 0.05, 0.06):
         drafted[confidence] = 0
         for greedy_draft in (False, True):
             drafter = gated(target, trained, confidence, greedy_draft)
-            for ids, plain in greedy_baselines:
+            for ids, plain in greedy_baselines[:2]:
                 out = sd.generate(
                     target, drafter, ids, max_new_tokens=NEW, k=3, temperature=0, eos_token_id=[]
                 )
                 assert out.tokens == plain, (confidence, greedy_draft)
                 drafted[confidence] += out.drafted
     assert drafted[0.0] > drafted[0.05] > drafted[0.06] > 0, drafted
+    # the hybrid gates its head rounds the same way
+    for confidence in (0.05, 0.06):
+        head_rounds = drafters.gated(hybrid, confidence)
+        assert (
+            head_rounds.eagle.confidence == confidence
+            and head_rounds.eagle.head is hybrid.eagle.head
+        )
+        ids, plain = greedy_baselines[2]
+        out = sd.generate(
+            target, head_rounds, ids, max_new_tokens=NEW, k=3, temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain
+    assert drafters.gated(hybrid, 0.0) is hybrid
 
 
 def test_confidence_gate_hands_back_the_gated_q(target: Any, trained: dict[str, Path]) -> None:
