@@ -21,8 +21,8 @@ import time
 import specdec_rs as sd
 import torch
 from specdec_rs import models
-from specdec_rs.drafters import Eagle
-from specdec_rs.measure import workloads
+from specdec_rs.measure import Method, Run, Totals, workloads
+from specdec_rs.measure.bench import TARGET_ONLY
 
 
 def main() -> None:
@@ -46,41 +46,34 @@ def main() -> None:
         methods = [("target-only", None, 0)] + [
             (f"k={k}, τ={g:g}", g, k) for k in args.ks for g in args.gates
         ]
-        totals = {
-            m[0]: [0.0, 0, 0, 0, 0.0, 0] for m in methods
-        }  # time, tokens, rounds, drafted, kept1, reached1
+        runs: dict[str, list[Run]] = {name: [] for name, _, _ in methods}
+        drafted = dict.fromkeys(runs, 0)  # drafts proposed (Run counts the checked ones)
         for i, ids in enumerate(workloads.prompt_set(tokenizer, workload, args.prompts)):
             for name, gate, k in methods:
-                drafter = (
-                    None if gate is None else Eagle(plain.head, plain.fingerprint, confidence=gate)
-                )
                 out = sd.generate(
                     target,
-                    drafter,
+                    None if gate is None else plain.with_confidence(gate),
                     ids,
                     max_new_tokens=args.max_new_tokens,
                     k=max(k, 1),
                     temperature=t,
                     seed=i,
                 )
-                tot = totals[name]
-                tot[0] += out.time_total - out.time_prefill
-                tot[1] += len(out.tokens)
-                tot[2] += out.rounds
-                tot[3] += out.drafted
-                if gate is not None and out.reached:
-                    tot[4] += out.accepted[0]
-                    tot[5] += out.reached[0]
-        base = totals["target-only"][1] / totals["target-only"][0]
+                method = TARGET_ONLY if gate is None else Method("specdec", "fixed", k)
+                runs[name].append(Run.of(out, workload, name, method, i))
+                drafted[name] += out.drafted
+        base = Totals.of(runs["target-only"])
         print(f"### {workload}, temperature {t:g}\n")
         print("| method | tokens/pass | drafts/round | first-draft α | tokens/s | speedup |")
         print("|---|---:|---:|---:|---:|---:|")
-        for name, *_ in methods:
-            s, n, r, d, a1, r1 = totals[name]
-            alpha = f"{a1 / r1:.2f}" if r1 else "-"
+        for name, _, _ in methods:
+            tot = Totals.of(runs[name])
+            first = tot.alpha_by_position[:1]
+            alpha = f"{first[0]:.2f}" if first and first[0] == first[0] else "-"
+            decode = tot.tokens / (tot.seconds - (tot.prefill or 0.0))
             print(
-                f"| {name} | {n / r:.2f} | {d / r:.2f} | {alpha} | {n / s:.1f} "
-                f"| {n / s / base:.2f}x |"
+                f"| {name} | {tot.tokens_per_pass:.2f} | {drafted[name] / tot.passes:.2f} "
+                f"| {alpha} | {decode:.1f} | {tot.decode_speedup_vs(base):.2f}x |"
             )
         print()
     print(f"{time.time() - start:.0f} s")

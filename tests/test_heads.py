@@ -470,11 +470,20 @@ def test_per_source_policy_gives_each_part_its_own_k(
     (as propose decides it), and the greedy output is the target's."""
     drafter = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
     assert set(drafter.parts) == {"lookup", "eagle"}
-    policy = sd.BySource({"lookup": sd.FixedK(5), "eagle": sd.FixedK(2)})
     asked: list[tuple[str, int]] = []
-    next_k = {s: p.next_k for s, p in policy.policies.items()}
-    for s, p in policy.policies.items():
-        p.next_k = lambda s=s: asked.append((s, next_k[s]())) or asked[-1][1]  # type: ignore[method-assign]
+
+    class Asked(sd.FixedK):
+        """FixedK that logs (its source, k) each time a round asks it."""
+
+        def __init__(self, k: int, source: str):
+            super().__init__(k)
+            self.source = source
+
+        def next_k(self) -> int:
+            asked.append((self.source, self.k))
+            return self.k
+
+    policy = sd.BySource({"lookup": Asked(5, "lookup"), "eagle": Asked(2, "eagle")})
     sources: list[str] = []
     propose = drafter.propose
 

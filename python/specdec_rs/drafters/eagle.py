@@ -67,6 +67,14 @@ def draft_rows(
     return draft_vocab[idx], q
 
 
+def gated_q(q: torch.Tensor, confidence: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows q (n, N) behind a gate τ: (q' = q·1[q > τ] / Q (n, N), Q (n,)),
+    the law of a draft x ~ q kept iff q(x) > τ, and the chance it is kept."""
+    kept = q * (q > confidence)
+    mass = kept.sum(-1)
+    return kept / mass.clamp_min(1e-30)[:, None], mass
+
+
 def gated_rows(
     logits: torch.Tensor,
     draft_vocab: torch.Tensor,
@@ -96,10 +104,8 @@ def gated_rows(
     idx, _ = sampler.draw(q_small)
     if float(q_small[0, idx[0]]) <= confidence:
         return None
-    kept = q_small * (q_small > confidence)
-    kept = kept / kept.sum(-1, keepdim=True)
-    q = kept.new_zeros(1, sampler.vocab_size)
-    q[:, draft_vocab] = kept
+    q = q_small.new_zeros(1, sampler.vocab_size)
+    q[:, draft_vocab] = gated_q(q_small, confidence)[0]  # Q >= q(x) > τ: no clamp
     return draft_vocab[idx], q
 
 
@@ -127,9 +133,7 @@ def teacher_forced_acceptance(
     p = tf.p[: len(q), draft_vocab.to(tf.p.device)]
     if confidence <= 0.0:
         return torch.minimum(p, q.to(p.device)).sum(-1).double()
-    kept = q * (q > confidence)
-    mass = kept.sum(-1)
-    q_gated = kept / mass.clamp_min(1e-30)[:, None]
+    q_gated, mass = gated_q(q, confidence)
     return (mass.to(p.device) * torch.minimum(p, q_gated.to(p.device)).sum(-1)).double()
 
 
