@@ -105,6 +105,94 @@ def test_cli_audit_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 2
 
 
+def test_cli_audit_defaults_to_every_verifier(capsys: pytest.CaptureFixture[str]) -> None:
+    """No names: the documented default "all" (argparse once refused it)."""
+    from specdec_rs.cli import main
+
+    assert main(["audit", "--runs", "100", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["passed"] is True and all(a["passed"] is True for a in out["audits"])
+    names = [a["verifier"] for a in out["audits"]]
+    assert len(names) == 6 and names[0] == "specdec_rs.verify" and "transformers" in names[-1]
+
+
+def shifted_ids(shift: Any, dtype: Any = np.int64) -> testing.ChainVerifier:
+    """The exact verifier, its last emitted id moved by `shift` (as `dtype`)."""
+    own = testing.project_verifiers()["chain"]
+
+    def verify(p: np.ndarray, q: np.ndarray, d: np.ndarray, rng: np.random.Generator) -> Any:
+        out = np.asarray(own(p, q, d, rng)).astype(dtype)
+        out[-1] += shift
+        return out
+
+    return verify
+
+
+@pytest.mark.parametrize(
+    ("shift", "dtype", "bad"),
+    [(-5, np.int64, "-"), (5, np.int64, ""), (2**63, np.uint64, "")],
+    ids=["negative", "past V", "uint64"],
+)
+def test_token_ids_out_of_range_fail_with_the_reason(shift: int, dtype: Any, bad: str) -> None:
+    """-V wraps around the histogram (and t % S lands on the same state), so
+    without the range check the negative ids were statistically invisible."""
+    case = testing.default_cases()[:1]
+    audit = testing.audit_chain(shifted_ids(shift, dtype), runs=200, cases=case)
+    assert not audit.passed
+    assert "out of [0, 5)" in audit.results[0].note and f"id {bad}" in audit.results[0].note
+    with pytest.raises(AssertionError, match=r"out of \[0, 5\)"):
+        testing.assert_exact(shifted_ids(shift, dtype), runs=200, cases=case)
+
+
+def test_a_tree_verifier_returning_tokens_and_nodes_is_told_so() -> None:
+    import specdec_rs as sd
+
+    def pair(p: Any, q: Any, t: Any, par: Any, rng: np.random.Generator) -> Any:
+        return sd.verify_tree(p, q, t, par, int(rng.integers(2**63)), children="iid")
+
+    audit = testing.audit_tree(pair, runs=100, cases=testing.default_cases()[:1])
+    assert not audit.passed and "not (tokens, nodes)" in audit.results[0].note
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [
+        ({"cases": []}, "audits nothing"),
+        ({"cases": [1]}, "must be a testing.Case"),
+        ({"cases": testing.default_cases()[0]}, "must be a list"),
+        ({"significance": 0}, "significance"),
+        ({"significance": float("nan")}, "significance"),
+        ({"significance": 1}, "significance"),
+        ({"significance": -1e-3}, "significance"),
+        ({"significance": "0.01"}, "significance"),
+        ({"runs": 2**64}, "runs"),
+        ({"runs": 10}, "runs"),
+    ],
+)
+def test_the_harness_refuses_bad_arguments(kwargs: dict[str, Any], message: str) -> None:
+    own = testing.project_verifiers()["chain"]
+    with pytest.raises(ValueError, match=message):
+        testing.audit_chain(own, **kwargs)
+    with pytest.raises(ValueError, match=message):
+        testing.assert_exact(own, **kwargs)
+
+
+def test_bad_cases_are_refused() -> None:
+    p = np.full((2, 3), 1 / 3)
+    with pytest.raises(ValueError, match="probability rows"):
+        testing.Case("bad", p, p * 2)
+    with pytest.raises(ValueError, match="one shape"):
+        testing.Case("bad", p, np.full((2, 4), 0.25))
+    with pytest.raises(ValueError, match="start"):
+        testing.Case("bad", p, p, start=3)
+
+
+def test_cli_audit_refuses_unbounded_runs() -> None:
+    from specdec_rs.cli import main
+
+    assert main(["audit", "chain", "--runs", str(2**64)]) == 2
+
+
 # ---------------------------------------------------------- full-size audits
 
 

@@ -30,7 +30,9 @@ draft proposes); one-hot q (a greedy drafter); q(x) near 0 where p is large
 buckets of consecutive ids, so 64 cells).
 
 A verifier that returns anything but a prefix of the drafts and one more
-token (at most k + 1 tokens) fails the case at once, with the reason.
+token (at most k + 1 tokens), or an id outside [0, V), fails the case at
+once, with the reason. The harness's own inputs are checked: no empty list
+of cases, a significance in (0, 0.5], at most MAX_RUNS generations per case.
 
 False alarms: 5 cases × 2 tests at significance 1e-6 each: an exact
 verifier fails an audit with probability at most 1e-5 (union bound), for
@@ -65,7 +67,10 @@ ChainVerifier = Callable[[np.ndarray, np.ndarray, np.ndarray, np.random.Generato
 TreeVerifier = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.random.Generator], Any]
 
 SIGNIFICANCE = 1e-6
+MAX_SIGNIFICANCE = 0.5  # a test that fails an exact verifier half the time tells nothing
 RUNS = 20_000
+MIN_RUNS = 100
+MAX_RUNS = 10**7  # generations per case: about two hours per verifier on one core
 BINARY_TREE = (-1, -1, 0, 0, 1, 1)
 
 
@@ -80,6 +85,28 @@ class Case:
     k: int = 3
     start: int = 0
     buckets: int | None = None  # group the V ids into this many runs of consecutive ids
+
+    def __post_init__(self) -> None:
+        where = f"case {self.name!r}"
+        for label in ("p_table", "q_table"):
+            table, tol = _checks.prob_array(getattr(self, label), f"{where}: {label}", 2)
+            bad = (~np.isfinite(table)) | (table < 0)
+            sums = table.sum(1)
+            if table.size == 0 or bad.any() or np.abs(sums - 1).max() > tol:
+                raise ValueError(
+                    f"{where}: {label} of shape {table.shape} must hold probability rows "
+                    "(finite, >= 0, each summing to 1)"
+                )
+            object.__setattr__(self, label, table)
+        if self.p_table.shape != self.q_table.shape:
+            raise ValueError(
+                f"{where}: p_table {self.p_table.shape} and q_table {self.q_table.shape} "
+                "must have one shape (S, V)"
+            )
+        _checks.integer(self.k, f"{where}: k", minimum=1, maximum=64)
+        _checks.integer(self.start, f"{where}: start", maximum=self.vocab - 1)
+        if self.buckets is not None:
+            _checks.integer(self.buckets, f"{where}: buckets", minimum=1, maximum=self.vocab)
 
     @property
     def vocab(self) -> int:
@@ -145,17 +172,18 @@ class CaseResult:
 @dataclass(frozen=True)
 class Audit:
     """A verifier's verdict over the cases; `false_alarm` bounds the chance
-    that an exact verifier fails (union bound over the tests)."""
+    that an exact verifier fails (union bound over the tests). `passed`:
+    every case passed (a field, so `--json` carries it)."""
 
     verifier: str
     significance: float
     false_alarm: float
     results: list[CaseResult] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # cases the verifier cannot take
+    passed: bool = field(init=False)
 
-    @property
-    def passed(self) -> bool:
-        return all(r.passed for r in self.results)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passed", all(r.passed for r in self.results))
 
     def report(self) -> str:
         lines = [f"{self.verifier}: {'PASS' if self.passed else 'FAIL'}"]
@@ -196,10 +224,28 @@ class _Drafter:
         return int(rng.choice(len(w), p=w / w.sum()))
 
 
-def _emitted(out: Any, what: str) -> list[int]:
-    tokens = np.asarray(out).ravel()
+def _emitted(out: Any, what: str, vocab: int) -> list[int]:
+    """The emitted ids of one round: 1 or more integers in [0, V). Anything
+    else breaks the contract (AssertionError with the reason): a negative id
+    would otherwise index the histogram from its end, unseen."""
+    if isinstance(out, tuple) and len(out) == 2:
+        raise AssertionError(
+            f"{what} returned a pair {type(out[0]).__name__}, {type(out[1]).__name__}; expected "
+            "the emitted token ids alone (for specdec_rs.verify_tree: its [0], the tokens, "
+            "not (tokens, nodes))"
+        )
+    try:
+        tokens = np.asarray(out).ravel()
+    except (ValueError, TypeError) as e:
+        raise AssertionError(f"{what} returned {out!r}, not an array of token ids ({e})") from None
     if tokens.size == 0 or tokens.dtype.kind not in "iu":
         raise AssertionError(f"{what} returned {out!r}; expected 1 or more integer token ids")
+    low, high = int(tokens.min()), int(tokens.max())
+    if low < 0 or high >= vocab:
+        raise AssertionError(
+            f"{what} returned {tokens.tolist()}: token id {low if low < 0 else high} out of "
+            f"[0, {vocab})"
+        )
     return [int(t) for t in tokens]
 
 
@@ -216,7 +262,7 @@ def _chain_round(
         p_rows = case.p_table[states]
         q_rows = case.q_table[states[:k]]
         d = np.array(drafts, dtype=np.int64)
-        tokens = _emitted(verify_fn(p_rows, q_rows, d, rng), "verify_fn")
+        tokens = _emitted(verify_fn(p_rows, q_rows, d, rng), "verify_fn", case.vocab)
         n = len(tokens)
         if n > k + 1 or tokens[: n - 1] != drafts[: n - 1]:
             raise AssertionError(
@@ -255,7 +301,7 @@ def _tree_round(
                     tokens[c] = taken[-1]
         p_rows = case.p_table[states]
         q_rows = case.q_table[states]
-        out = _emitted(verify_fn(p_rows, q_rows, tokens, par, rng), "verify_fn")
+        out = _emitted(verify_fn(p_rows, q_rows, tokens, par, rng), "verify_fn", case.vocab)
         if len(out) > n + 1:
             raise AssertionError(f"verify_fn returned {len(out)} tokens for a tree of {n} nodes")
         return out
@@ -291,6 +337,38 @@ def _case_result(
     return CaseResult(case.name, runs, pvalue, distance, threshold, passed)
 
 
+def check_cases(cases: Sequence[Case] | None) -> list[Case]:
+    """The cases to audit: `default_cases()` for None, else a non-empty
+    sequence of `Case` (an empty one would pass any verifier)."""
+    if cases is None:
+        return default_cases()
+    if isinstance(cases, Case | str | bytes) or not isinstance(cases, Sequence):
+        raise ValueError(
+            f"cases = {cases!r} must be a list of testing.Case (or None for default_cases())"
+        )
+    chosen = list(cases)
+    if not chosen:
+        raise ValueError(
+            "cases = [] audits nothing, so it would pass any verifier; pass None for "
+            "default_cases() or one or more testing.Case"
+        )
+    for i, c in enumerate(chosen):
+        if not isinstance(c, Case):
+            raise ValueError(f"cases[{i}] = {c!r} ({type(c).__name__}) must be a testing.Case")
+    return chosen
+
+
+def check_significance(significance: Any) -> float:
+    """The false-alarm rate of each test: a number in (0, 0.5]."""
+    return _checks.real(
+        significance,
+        "significance",
+        above=0.0,
+        maximum=MAX_SIGNIFICANCE,
+        hint=" (the chance an exact verifier fails one test, e.g. 1e-6)",
+    )
+
+
 def _audit(
     name: str,
     make_round: Callable[[Case, _Drafter], Callable[..., list[int]]],
@@ -301,11 +379,17 @@ def _audit(
     usable: Callable[[Case], bool] = lambda case: True,
     fail_fast: bool = False,
 ) -> Audit:
-    chosen = list(cases) if cases is not None else default_cases()
+    chosen = check_cases(cases)
+    significance = check_significance(significance)
+    runs = _checks.integer(runs, "runs", minimum=MIN_RUNS, maximum=MAX_RUNS)
+    rng = np.random.default_rng(_checks.seed(seed))
     skipped = [c.name for c in chosen if not usable(c)]
     chosen = [c for c in chosen if usable(c)]
-    runs = _checks.integer(runs, "runs", minimum=100)
-    rng = np.random.default_rng(_checks.seed(seed))
+    if not chosen:
+        raise ValueError(
+            f"none of the cases {skipped} can be drawn for this verifier; pass cases with "
+            "enough tokens of positive draft probability"
+        )
     results = []
     for c in chosen:
         results.append(_case_result(make_round(c, _Drafter(c)), c, runs, rng, significance))
@@ -488,10 +572,10 @@ class AuditReport:
     audits: list[Audit]
     runs: int
     seed: int
+    passed: bool = field(init=False)  # every audit passed
 
-    @property
-    def passed(self) -> bool:
-        return all(a.passed for a in self.audits)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "passed", all(a.passed for a in self.audits))
 
 
 def run_audits(names: Sequence[str] = AUDITS, *, runs: int = RUNS, seed: int = 0) -> AuditReport:
@@ -499,7 +583,11 @@ def run_audits(names: Sequence[str] = AUDITS, *, runs: int = RUNS, seed: int = 0
     method="block"), "tree" (`verify_tree`, each children kind on a binary
     tree of depth 2), "transformers" (transformers' own speculative sampling
     step; needs torch and transformers)."""
+    if isinstance(names, str):
+        names = [names]
     chosen = [_checks.choice(n, "verifier", AUDITS) for n in names]
+    runs = _checks.integer(runs, "runs", minimum=MIN_RUNS, maximum=MAX_RUNS)
+    seed = _checks.seed(seed)
     if not chosen:
         raise ValueError(f"no verifier to audit; name one or more of {', '.join(AUDITS)}")
     own = project_verifiers()

@@ -45,21 +45,38 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         parents=parents,
         help="statistical exactness audit of speculative verifiers (exit 1 if one fails)",
     )
+    # a `type=` check, not `choices=`: argparse checks a nargs="*" default
+    # against the choices as one value, and so refused the default "all"
     a.add_argument(
         "verifiers",
         nargs="*",
-        default=list(testing.AUDITS),
-        choices=testing.AUDITS,
-        help="which verifiers (default: all)",
+        type=audit_name,
+        default=[],
+        metavar="VERIFIER",
+        help=f"which verifiers, of {', '.join(testing.AUDITS)} (default: all)",
     )
-    a.add_argument("--runs", type=int, default=testing.RUNS, help="generations per case")
+    a.add_argument(
+        "--runs",
+        type=int,
+        default=testing.RUNS,
+        help=f"generations per case ({testing.MIN_RUNS}..{testing.MAX_RUNS:,})",
+    )
     a.set_defaults(run=run_audit, show=show_audit)
+
+
+def audit_name(name: str) -> str:
+    """One verifier name of `specdec audit` (argparse's `type=`)."""
+    if name not in testing.AUDITS:
+        raise argparse.ArgumentTypeError(
+            f"invalid verifier {name!r} (choose from {', '.join(testing.AUDITS)})"
+        )
+    return name
 
 
 def run_audit(args: argparse.Namespace, console: Console) -> testing.AuditReport:
     if not args.json:
         print("auditing (about 15 s per verifier)", file=sys.stderr, flush=True)
-    return testing.run_audits(args.verifiers, runs=args.runs, seed=args.seed)
+    return testing.run_audits(args.verifiers or testing.AUDITS, runs=args.runs, seed=args.seed)
 
 
 def show_audit(r: testing.AuditReport, console: Console) -> None:
