@@ -30,20 +30,24 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
     from transformers.cache_utils import Cache
 
-    from specdec_rs.heads import EagleHead, MedusaHeads
+    from specdec_rs.heads import EagleHead, MedusaHeads, TargetPrint
 
 
 def check_head_target(
-    head: EagleHead | MedusaHeads, fingerprint: str, target: PreTrainedModel, name: str
+    head: EagleHead | MedusaHeads,
+    fingerprint: TargetPrint | str,
+    target: PreTrainedModel,
+    name: str,
 ) -> None:
-    """ValueError unless `target` is the model the head was built on."""
-    from specdec_rs import heads
+    """ValueError unless `target` is the model the head was built on
+    (`fingerprint`: the print of that model, taken when the head loaded)."""
+    from specdec_rs.heads.files import target_mismatch
 
-    if heads.fingerprint(target) != fingerprint:
+    why = target_mismatch(fingerprint, target)
+    if why is not None:
         raise ValueError(
-            f"drafter {name} was trained for another target (fingerprint {fingerprint}, "
-            f"this target's is "
-            f"{heads.fingerprint(target)}); load or train a head for this target"
+            f"drafter {name} was trained for another target ({why}); "
+            "load or train a head for this target"
         )
     if head.draft_vocab.device != models.device_of(target):
         raise ValueError(
@@ -162,7 +166,7 @@ class Eagle:
     def __init__(
         self,
         head: EagleHead,
-        fingerprint: str,
+        fingerprint: TargetPrint | str,
         *,
         greedy: bool = False,
         name: str = "eagle",
@@ -191,7 +195,7 @@ class Eagle:
         head = cast("EagleHead", heads.load(path, target, "eagle"))
         return cls(
             head,
-            heads.fingerprint(target),
+            heads.TargetPrint.of(target),
             greedy=greedy,
             name="eagle" if arg is None else f"eagle:{arg}",
         )

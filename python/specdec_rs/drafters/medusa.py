@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
     from transformers.cache_utils import Cache
 
-    from specdec_rs.heads import MedusaHeads
+    from specdec_rs.heads import MedusaHeads, TargetPrint
 
 
 @register(
@@ -47,7 +47,12 @@ class Medusa:
     needs_target_hidden = True
 
     def __init__(
-        self, heads: MedusaHeads, fingerprint: str, *, greedy: bool = False, name: str = "medusa"
+        self,
+        heads: MedusaHeads,
+        fingerprint: TargetPrint | str,
+        *,
+        greedy: bool = False,
+        name: str = "medusa",
     ):
         self.heads = heads
         self.fingerprint = fingerprint
@@ -63,7 +68,7 @@ class Medusa:
         loaded = cast("MedusaHeads", heads.load(arg or heads.shipped("medusa"), target, "medusa"))
         return cls(
             loaded,
-            heads.fingerprint(target),
+            heads.TargetPrint.of(target),
             greedy=greedy,
             name="medusa" if arg is None else f"medusa:{arg}",
         )

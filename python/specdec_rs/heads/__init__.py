@@ -6,7 +6,8 @@ draft vocabulary. p = target, q = draft. The drafters that use them live in
 """
 
 from specdec_rs.heads.eagle import EagleHead
-from specdec_rs.heads.files import fingerprint, load, save, shipped
+from specdec_rs.heads.files import load, save, shipped
+from specdec_rs.heads.identity import TargetPrint, fingerprint
 from specdec_rs.heads.layer import DecoderLayer, LayerShape
 from specdec_rs.heads.medusa import MedusaHeads
 
@@ -15,6 +16,7 @@ __all__ = [
     "EagleHead",
     "LayerShape",
     "MedusaHeads",
+    "TargetPrint",
     "fingerprint",
     "load",
     "save",

@@ -2,22 +2,22 @@
 trained for. p = target, q = draft.
 
 The file holds the trained weights (bfloat16 by default), the draft vocabulary
-(int64 ids) and a JSON header: the kind, the shape, the target's fingerprint
-and how the head was trained. Frozen target pieces (embedding, LM-head rows)
-are taken from the target at load time, never stored.
+(int64 ids) and a JSON header (strict JSON): the kind, the shape, the
+target's print (`identity.TargetPrint`) and how the head was trained. Frozen
+target pieces (embedding, LM-head rows) are taken from the target at load
+time, never stored.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specdec_rs import kernels
+from specdec_rs import _files, kernels
 from specdec_rs.heads.eagle import EagleHead
+from specdec_rs.heads.identity import TargetPrint, fingerprint
 from specdec_rs.heads.layer import LayerShape
 from specdec_rs.heads.medusa import MedusaHeads
 
@@ -28,27 +28,14 @@ Head = EagleHead | MedusaHeads
 
 SHIPPED = Path(__file__).parent / "smollm2"
 KINDS = ("eagle", "medusa")
-_CONFIG_KEYS = (
-    "model_type",
-    "vocab_size",
-    "hidden_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "intermediate_size",
+MAX_SIZE = 2**20  # any size in a head's shape
+MAX_MEDUSA_HEADS = 16
+FIX = (
+    "it is not a readable specdec head of this target: delete it and train it again with "
+    "`specdec train-drafter`"
 )
 
-
-def fingerprint(target: PreTrainedModel) -> str:
-    """16 hex digits naming the target: its config's sizes and a sample of its
-    embedding and LM-head rows rounded to bfloat16 (so the float32 and the
-    bfloat16 load of one model agree, and another model differs)."""
-    config = {key: getattr(target.config, key, None) for key in _CONFIG_KEYS}
-    digest = hashlib.sha256(json.dumps(config, sort_keys=True).encode())
-    for weight in (target.get_input_embeddings().weight, target.get_output_embeddings().weight):
-        rows = weight.detach()[:: max(1, weight.shape[0] // 16)].to("cpu", torch.bfloat16)
-        digest.update(rows.view(torch.int16).numpy().tobytes())
-    return digest.hexdigest()[:16]
+__all__ = ["KINDS", "SHIPPED", "Head", "build", "fingerprint", "load", "read_header", "save"]
 
 
 def shipped(kind: str) -> Path:
@@ -64,80 +51,200 @@ def save(
     dtype: torch.dtype = torch.bfloat16,
 ) -> Path:
     """Write `head` (its trained weights in `dtype`, the draft vocabulary and
-    the header) to `path`, atomically (a temporary file, then a rename)."""
+    the header, strict JSON) to `path`, atomically (a temporary file, then a
+    rename). A head with a non-finite weight is a ValueError, and nothing is
+    written."""
     from safetensors.torch import save_file
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tensors = {
         name: (
             t.detach().to("cpu", dtype) if t.is_floating_point() else t.detach().cpu()
         ).contiguous()
         for name, t in head.state_dict().items()
     }
+    bad = next(
+        (n for n, t in tensors.items() if t.is_floating_point() and not t.isfinite().all()), None
+    )
+    if bad is not None:
+        raise ValueError(
+            f"the {head.kind} head's {bad} holds NaN or inf; nothing was saved to {path}"
+        )
     header = {
         "kind": head.kind,
         "config": head.config(),
-        "target": fingerprint(target),
+        "target": TargetPrint.of(target).to_json(),
         "info": info,
     }
-    partial = path.with_suffix(path.suffix + ".partial")
-    save_file(tensors, str(partial), metadata={"specdec": json.dumps(header)})
-    partial.replace(path)
+    text = _files.to_json(header, what=f"the header of {path}")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _files.atomic_file(path) as tmp:
+        save_file(tensors, str(tmp), metadata={"specdec": text})
     return path
 
 
-def read_header(path: str | Path) -> dict[str, Any]:
-    """The JSON header of a head file (ValueError if it is not one)."""
-    from safetensors import safe_open
-
+def _layout(path: str | Path) -> _files.Layout:
     path = Path(path)
     if not path.is_file():
         raise ValueError(
             f"head file {path} does not exist; "
             "train one with `specdec train-drafter` or omit the path"
         )
-    try:
-        with safe_open(str(path), "pt") as f:
-            meta = f.metadata() or {}
-        header: dict[str, Any] = json.loads(meta["specdec"])
-    except Exception as exc:  # safetensors raises its own error types
-        raise ValueError(
-            f"head file {path} is not a readable specdec head ({exc}); delete it and train it again"
-        ) from exc
-    if header.get("kind") not in KINDS:
-        raise ValueError(
-            f"head file {path} has kind {header.get('kind')!r}; expected one of {KINDS}"
-        )
+    return _files.safetensors_layout(path, what="head file", fix=FIX)
+
+
+def _header(layout: _files.Layout) -> _files.Fields:
+    """The head's JSON header, its kind checked."""
+    if "specdec" not in layout.metadata:
+        raise layout.fail("the file has no specdec header (a safetensors file of something else)")
+    raw = _files.parse_json(
+        layout.metadata["specdec"], where=layout.path, what="head header", fix=FIX
+    )
+    header = _files.Fields(raw, layout.path, "head header", FIX)
+    header.string("kind", KINDS)
+    header.mapping("config")
+    target = header.raw("target")
+    if not isinstance(target, str):
+        header.mapping("target")
     return header
+
+
+def read_header(path: str | Path) -> dict[str, Any]:
+    """The JSON header of a head file, its fields checked (ValueError if it
+    is not a head file)."""
+    return _header(_layout(path)).obj
+
+
+def _target_print(header: _files.Fields) -> TargetPrint | str:
+    """The head's record of its target: a `TargetPrint`, or the 16 hex
+    digits of `fingerprint` in files written before it."""
+    target = header.raw("target")
+    if isinstance(target, str):
+        if len(target) != 16 or any(c not in "0123456789abcdef" for c in target):
+            raise _files.problem(
+                header.path, f"field target = {target!r} is not a fingerprint", FIX
+            )
+        return target
+    return TargetPrint.from_json(header.mapping("target"))
+
+
+def target_mismatch(recorded: TargetPrint | str, target: PreTrainedModel) -> str | None:
+    """Why `target` is not the model a head recorded, or None."""
+    if isinstance(recorded, str):
+        mine = fingerprint(target)
+        return None if mine == recorded else f"fingerprint {recorded}, this target's is {mine}"
+    return recorded.mismatch(TargetPrint.of(target))
+
+
+def _shape(config: _files.Fields, target: PreTrainedModel) -> LayerShape:
+    """An EAGLE head's layer shape from its header (the target's by default)."""
+    if not config.has("shape"):
+        return LayerShape.of(target.config)
+    s = config.mapping("shape")
+    size = {"minimum": 1, "maximum": MAX_SIZE}
+    shape = LayerShape(
+        hidden=s.integer("hidden", **size),
+        heads=s.integer("heads", **size),
+        kv_heads=s.integer("kv_heads", **size),
+        head_dim=s.integer("head_dim", **size),
+        intermediate=s.integer("intermediate", **size),
+        rope_theta=s.real("rope_theta", above=0.0),
+        eps=s.real("eps", above=0.0, below=1.0),
+    )
+    if shape.heads % shape.kv_heads or shape.head_dim % 2:
+        raise _files.problem(
+            config.path,
+            f"field config.shape has {shape.heads} heads over {shape.kv_heads} key-value heads "
+            f"of size {shape.head_dim}; expected a multiple, and an even size (rotary halves)",
+            FIX,
+        )
+    return shape
+
+
+def _medusa_heads(config: _files.Fields) -> int:
+    return config.integer("num_heads", minimum=1, maximum=MAX_MEDUSA_HEADS)
+
+
+def _construct(
+    kind: str,
+    config: _files.Fields,
+    target: PreTrainedModel,
+    draft_vocab: torch.Tensor,
+    embed: torch.Tensor,
+    lm_head: torch.Tensor,
+) -> Head:
+    if kind == "eagle":
+        return EagleHead(_shape(config, target), draft_vocab, embed, lm_head)
+    return MedusaHeads(lm_head.shape[1], _medusa_heads(config), draft_vocab, lm_head)
+
+
+def _check_layout(
+    layout: _files.Layout, kind: str, config: _files.Fields, target: PreTrainedModel
+) -> int:
+    """The file's tensors against what its header and the target make them
+    (names, dtypes, shapes), from the header alone: nothing is allocated.
+    Returns the size of the draft vocabulary."""
+    weight = target.get_output_embeddings().weight
+    vocab, hidden = int(weight.shape[0]), int(weight.shape[1])
+    dv = layout.tensor("draft_vocab", dtypes=_files.INTEGER_DTYPES, ndim=1)
+    n = dv.shape[0]
+    if not 1 <= n <= vocab:
+        raise layout.fail(f"the draft vocabulary has {n} ids; expected 1..{vocab} for this target")
+    if config.has("draft_vocab_size") and config.integer("draft_vocab_size") != n:
+        raise layout.fail(
+            f"field config.draft_vocab_size = {config.obj['draft_vocab_size']} but tensor "
+            f"draft_vocab holds {n} ids"
+        )
+    with torch.device("meta"):  # shapes only: no memory
+        table = torch.empty(vocab, hidden)
+        empty = _construct(kind, config, target, torch.zeros(n, dtype=torch.long), table, table)
+    want = {k: tuple(v.shape) for k, v in empty.state_dict().items()}
+    try:
+        layout.exactly(set(want))
+        for name, shape in want.items():
+            if name != "draft_vocab":
+                layout.tensor(name, dtypes=_files.FLOAT_DTYPES, shape=shape)
+    except ValueError as e:
+        raise ValueError(
+            f"head file {layout.path}: weights do not match its header ({e})"
+        ) from None
+    if kind == "eagle" and _shape(config, target).hidden != hidden:
+        raise layout.fail(
+            f"field config.shape.hidden = {_shape(config, target).hidden}, but the target's "
+            f"features have {hidden}"
+        )
+    if kind == "medusa" and config.has("hidden") and config.integer("hidden") != hidden:
+        raise layout.fail(
+            f"field config.hidden = {config.obj['hidden']}, but the target's features have {hidden}"
+        )
+    return n
 
 
 def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
     """The head in `path`, built on `target`'s embedding and LM head, in the
-    target's dtype and device. ValueError (and nothing built) for another
-    kind, another target, a draft vocabulary out of range, or a file whose
-    weights do not match its header."""
-    from safetensors.torch import load_file
-
-    header = read_header(path)
-    if header["kind"] != kind:
-        raise ValueError(f"head file {path} holds a {header['kind']} head; expected {kind}")
-    if header["target"] != fingerprint(target):
+    target's dtype and device. Every field of the header and every tensor's
+    name, dtype and shape are checked before anything is allocated; then the
+    weights must be finite and the draft vocabulary distinct ids of this
+    target. ValueError (and nothing built) for another kind, another target
+    (see `identity.TargetPrint`), or a file that fails a check."""
+    layout = _layout(path)
+    header = _header(layout)
+    if header.obj["kind"] != kind:
+        raise ValueError(f"head file {path} holds a {header.obj['kind']} head; expected {kind}")
+    why = target_mismatch(_target_print(header), target)
+    if why is not None:
         raise ValueError(
-            f"head file {path} was trained for another target "
-            f"(fingerprint {header['target']}, this target's is "
-            f"{fingerprint(target)}); train a head for this target with `specdec train-drafter`"
+            f"head file {path} was trained for another target ({why}); train a head for "
+            "this target with `specdec train-drafter`"
         )
-    try:
-        tensors = load_file(str(path))
-    except Exception as exc:
-        raise ValueError(
-            f"head file {path} is corrupt ({exc}); delete it and train it again"
-        ) from exc
+    config = header.mapping("config")
+    _check_layout(layout, kind, config, target)
+    tensors = _files.load_tensors(layout)
+    for name, t in tensors.items():
+        if t.is_floating_point() and not bool(t.isfinite().all()):
+            raise layout.fail(f"tensor {name!r} holds NaN or inf (a diverged training)")
+    draft_vocab = tensors["draft_vocab"].long()
     vocab = target.get_output_embeddings().weight.shape[0]
-    draft_vocab = tensors.get("draft_vocab")
-    if draft_vocab is None or draft_vocab.ndim != 1 or len(draft_vocab) == 0:
-        raise ValueError(f"head file {path} has no draft vocabulary")
     if int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab:
         raise ValueError(
             f"head file {path}: draft vocabulary ids span "
@@ -146,29 +253,31 @@ def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
         )
     if len(torch.unique(draft_vocab)) != len(draft_vocab):
         raise ValueError(f"head file {path}: the draft vocabulary repeats ids")
-    head = build(header["kind"], header["config"], target, draft_vocab)
-    dtype = target.get_output_embeddings().weight.dtype
-    try:
-        head.load_state_dict(tensors, strict=True)
-    except RuntimeError as exc:
-        raise ValueError(
-            f"head file {path}: weights do not match its header ({exc}); train it again"
-        ) from exc
-    head = head.to(dtype).eval()
+    tensors["draft_vocab"] = draft_vocab
+    head = _build(kind, config, target, draft_vocab)
+    head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
+    head = head.to(target.get_output_embeddings().weight.dtype).eval()
     kernels.follow(head, target)  # the same linear product as the target's
     return head
+
+
+def _build(
+    kind: str, config: _files.Fields, target: PreTrainedModel, draft_vocab: torch.Tensor
+) -> Head:
+    embed = target.get_input_embeddings().weight.detach()
+    lm_head = target.get_output_embeddings().weight.detach()
+    head = _construct(kind, config, target, draft_vocab.to(lm_head.device), embed, lm_head)
+    return head.to(lm_head.device)
 
 
 def build(
     kind: str, config: dict[str, Any], target: PreTrainedModel, draft_vocab: torch.Tensor
 ) -> Head:
-    """A new (untrained) head of `kind` on `target`'s frozen pieces."""
-    embed = target.get_input_embeddings().weight.detach()
-    lm_head = target.get_output_embeddings().weight.detach()
-    draft_vocab = draft_vocab.to(lm_head.device)
-    if kind == "eagle":
-        shape = LayerShape(**config["shape"]) if "shape" in config else LayerShape.of(target.config)
-        return EagleHead(shape, draft_vocab, embed, lm_head).to(lm_head.device)
-    return MedusaHeads(lm_head.shape[1], int(config["num_heads"]), draft_vocab, lm_head).to(
-        lm_head.device
+    """A new (untrained) head of `kind` on `target`'s frozen pieces; config
+    as a head's header holds it ({} for the target's own shape / defaults)."""
+    return _build(
+        kind,
+        _files.Fields(config, "<config>", "head config", "fix the config"),
+        target,
+        draft_vocab,
     )
