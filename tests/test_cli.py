@@ -180,3 +180,38 @@ def test_keyboard_interrupt_reaches_python_callers() -> None:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert out.stdout.strip() == "interrupted", out.stderr
+
+
+def test_ctrl_c_during_the_imports_stops_quietly() -> None:
+    """An interrupt while the subcommands import (the first few tenths of a
+    second) once printed a KeyboardInterrupt traceback."""
+    code = (
+        "import sys\n"
+        "class Interrupt:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name == 'specdec_rs.cli.engine':\n"
+        "            raise KeyboardInterrupt\n"
+        "sys.meta_path.insert(0, Interrupt())\n"
+        "from specdec_rs.cli import main\n"
+        "sys.exit(main(['theory']))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 130 and out.stderr.strip() == "specdec: interrupted", out.stderr
+
+
+def test_importing_the_package_and_the_command_loads_no_numpy() -> None:
+    """The names load on first use, so the command's Ctrl-C handler is in
+    place before any heavy import; the names still resolve, and the
+    functions that share their modules' names stay functions."""
+    code = (
+        "import sys, specdec_rs, specdec_rs.cli\n"
+        "assert 'numpy' not in sys.modules, 'numpy'\n"
+        "import specdec_rs.generate, specdec_rs.verify\n"
+        "assert callable(specdec_rs.generate) and callable(specdec_rs.verify)\n"
+        "assert specdec_rs.generate.__module__ == 'specdec_rs.generate'\n"
+        "from specdec_rs import verify, drafters, PromptLookup\n"
+        "assert verify is specdec_rs.verify and drafters.PromptLookup is PromptLookup\n"
+        "print(len(dir(specdec_rs)) > 40)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.strip() == "True", out.stderr

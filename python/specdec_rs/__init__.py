@@ -12,27 +12,103 @@ p = target, q = draft, k = γ (drafts per round).
 3.3616
 """
 
-from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
-from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
-from specdec_rs.generate import GenerationResult, generate
-from specdec_rs.lab import speculative_step
-from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, FixedK, HeuristicK, KPolicy
-from specdec_rs.processors import SamplingConfig, logits_to_probs
-from specdec_rs.sim import (
-    simulate,
-    simulate_round_lengths,
-    simulate_tree,
-    simulate_tree_round_lengths,
-)
-from specdec_rs.theory import (
-    acceptance_rate,
-    best_k,
-    break_even_cost,
-    expected_speedup,
-    expected_tokens,
-    expected_tokens_per_position,
-)
-from specdec_rs.verify import row_seed, verify, verify_batch, verify_device, verify_tree
+import importlib
+import sys
+import types
+from typing import TYPE_CHECKING, Any
+
+# Names load on first use (PEP 562), so `import specdec_rs` costs nearly
+# nothing: the `specdec` command catches Ctrl-C around its own imports.
+_EXPORTS = {
+    "specdec_rs._core": ("TREE_VARIANTS", "VARIANTS", "__version__"),
+    "specdec_rs.drafters": ("Draft", "Drafter", "DraftModel", "EarlyExit", "PromptLookup"),
+    "specdec_rs.generate": ("GenerationResult", "generate"),
+    "specdec_rs.lab": ("speculative_step",),
+    "specdec_rs.policy": (
+        "AdaptiveK",
+        "AdaptiveTree",
+        "BySource",
+        "FixedK",
+        "HeuristicK",
+        "KPolicy",
+    ),
+    "specdec_rs.processors": ("SamplingConfig", "logits_to_probs"),
+    "specdec_rs.sim": (
+        "simulate",
+        "simulate_round_lengths",
+        "simulate_tree",
+        "simulate_tree_round_lengths",
+    ),
+    "specdec_rs.theory": (
+        "acceptance_rate",
+        "best_k",
+        "break_even_cost",
+        "expected_speedup",
+        "expected_tokens",
+        "expected_tokens_per_position",
+    ),
+    "specdec_rs.verify": ("row_seed", "verify", "verify_batch", "verify_device", "verify_tree"),
+}
+_HOME = {name: module for module, names in _EXPORTS.items() for name in names}
+
+
+def __getattr__(name: str) -> Any:
+    """An exported name (from its module), or a submodule (`sd.drafters`)."""
+    module = _HOME.get(name)
+    if module is not None:
+        value = getattr(importlib.import_module(module), name)
+    else:
+        try:
+            value = importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_HOME))
+
+
+class _Package(types.ModuleType):
+    """Keeps `generate` and `verify` the functions: importing a submodule
+    sets it as its package's attribute, and these two share their modules'
+    names (as they did when this file imported them eagerly)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name in _HOME and isinstance(value, types.ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
+
+
+if TYPE_CHECKING:
+    from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
+    from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
+    from specdec_rs.generate import GenerationResult, generate
+    from specdec_rs.lab import speculative_step
+    from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, FixedK, HeuristicK, KPolicy
+    from specdec_rs.processors import SamplingConfig, logits_to_probs
+    from specdec_rs.sim import (
+        simulate,
+        simulate_round_lengths,
+        simulate_tree,
+        simulate_tree_round_lengths,
+    )
+    from specdec_rs.theory import (
+        acceptance_rate,
+        best_k,
+        break_even_cost,
+        expected_speedup,
+        expected_tokens,
+        expected_tokens_per_position,
+    )
+    from specdec_rs.verify import row_seed, verify, verify_batch, verify_device, verify_tree
+
 
 __all__ = [
     "AdaptiveK",

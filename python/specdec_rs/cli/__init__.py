@@ -14,10 +14,6 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from rich.console import Console
-
-from specdec_rs.cli import engine, measure, models, train
-
 
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors (the subcommands inherit it)."""
@@ -27,6 +23,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
+    from specdec_rs.cli import engine, measure, models, train
+
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object")
     common.add_argument("--seed", type=int, default=0)
@@ -55,6 +53,21 @@ def build_parser() -> Parser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `specdec` command; its exit status. The subcommands load inside
+    the Ctrl-C handler, so an interrupt during the imports (the first few
+    tenths of a second) stops as quietly as one during the work."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("specdec: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv: Sequence[str] | None) -> int:
+    from rich.console import Console
+
+    from specdec_rs.cli import measure
+
     args = build_parser().parse_args(argv)
     console = Console()
     try:
@@ -67,9 +80,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as e:
         print(f"specdec: error: {_one_line(e)}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("specdec: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:  # `specdec ... | head`: the reader left; stop quietly
         sys.stderr.close()
         return 141
