@@ -106,6 +106,18 @@ def read_json(path: Any, *, what: str, fix: str) -> Any:
     return parse_json(read_text(path, what=what, fix=fix), where=path, what=what, fix=fix)
 
 
+def json_safe(x: Any) -> Any:
+    """NaN -> None, recursively through dicts (keys as strings), lists and
+    tuples: JSON has no NaN."""
+    if isinstance(x, float) and x != x:
+        return None
+    if isinstance(x, dict):
+        return {str(k): json_safe(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [json_safe(v) for v in x]
+    return x
+
+
 def to_json(obj: Any, *, what: str, indent: int | None = None) -> str:
     """Strict JSON text: a NaN or an infinity is a ValueError naming `what`,
     never a literal that strict parsers refuse."""
@@ -366,24 +378,14 @@ def write_json(path: Any, obj: Any, *, what: str, indent: int | None = 1) -> Non
     write_text(path, to_json(obj, what=what, indent=indent))
 
 
-@contextmanager
-def atomic_dir(path: Any) -> Iterator[Path]:
-    """Yields an empty temporary folder beside `path`; the caller fills it,
-    and on success it replaces `path` (the old folder is moved aside, the
-    new one renamed in, the old one removed). On failure it is removed."""
-    final = Path(os.fspath(path))
-    tmp = _partial(final)
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        yield tmp
-        old = final.with_name(f"{final.name}.old-{os.getpid()}")
-        if final.exists():
-            os.replace(final, old)
-        os.replace(tmp, final)
-        shutil.rmtree(old, ignore_errors=True)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def replace_dir(source: Path, final: Path) -> None:
+    """Rename the finished folder `source` to `final`: the old `final` is
+    moved aside first and removed after, so `final` is always whole."""
+    old = final.with_name(f"{final.name}.old-{os.getpid()}")
+    if final.exists():
+        os.replace(final, old)
+    os.replace(source, final)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def new_output_file(path: Any, name: str, *, reserved: tuple[str, ...] = ()) -> Path:

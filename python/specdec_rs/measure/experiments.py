@@ -12,14 +12,13 @@ numbers and draws one PNG. p = target, q = draft, k = γ.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import specdec_rs as sd
-from specdec_rs import _checks, theory
+from specdec_rs import _checks, _files, theory
 from specdec_rs.measure import plotting
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.stats import softmax, tv
@@ -227,8 +226,10 @@ def run_all(out: Path, seed: int, command: str, progress: Any = None) -> dict[st
         results[name] = fn(out / f"{name}.png", seed=seed)
         if progress is not None:
             progress()
-    (out / "report.md").write_text(report(results, seed, command))
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    _files.write_text(out / "report.md", report(results, seed, command))
+    _files.write_json(
+        out / "results.json", _files.json_safe(results), what="the experiments' results"
+    )
     return results
 
 

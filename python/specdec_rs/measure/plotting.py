@@ -19,7 +19,11 @@ def pyplot() -> Any:
 
 
 def save(fig: Any, path: str | Path) -> None:
-    """Tight layout, 120 dpi, and free the figure."""
+    """Tight layout, 120 dpi, written atomically (the format from the
+    suffix, PNG without one), and free the figure."""
+    from specdec_rs import _files
+
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    with _files.atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=Path(path).suffix.lstrip(".").lower() or "png")
     pyplot().close(fig)

@@ -7,7 +7,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from specdec_rs import _checks
+from specdec_rs import _checks, _files
+from specdec_rs._files import json_safe
 from specdec_rs.measure import plotting
 from specdec_rs.measure.bench import BenchReport, BenchRow
 from specdec_rs.measure.tables import fmt, markdown_table
@@ -17,17 +18,9 @@ def to_json(report: Any, indent: int | None = None) -> str:
     """A report (a dataclass or a dict) as JSON, NaN written as null."""
     is_instance = dataclasses.is_dataclass(report) and not isinstance(report, type)
     data = dataclasses.asdict(report) if is_instance else report
-    return json.dumps(_json_safe(data), indent=indent)
+    return json.dumps(json_safe(data), indent=indent)
 
 
-def _json_safe(x: Any) -> Any:
-    if isinstance(x, float) and x != x:
-        return None
-    if isinstance(x, dict):
-        return {str(k): _json_safe(v) for k, v in x.items()}
-    if isinstance(x, list | tuple):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 def bench_row_cells(row: BenchRow) -> list[str]:
@@ -130,7 +123,7 @@ def plot_bench(report: BenchReport, path: Path) -> None:
 def write_bench(report: BenchReport, out: Any) -> Path:
     """results.json, report.md and speedup.png into the folder `out`."""
     folder = _checks.writable_dir(out, "out")
-    (folder / "results.json").write_text(to_json(report, indent=1))
-    (folder / "report.md").write_text(bench_markdown(report))
+    _files.write_text(folder / "results.json", to_json(report, indent=1))
+    _files.write_text(folder / "report.md", bench_markdown(report))
     plot_bench(report, folder / "speedup.png")
     return folder
