@@ -97,7 +97,11 @@ def topic_split(
     hold = len(groups["seen"]) // 8
     folder = out / "topic-split-data"
     folder.mkdir(exist_ok=True)
-    write_shard(folder / "shard-00000.safetensors", groups["seen"][hold:] + groups["code"])
+    write_shard(
+        folder / "shard-00000.safetensors",
+        groups["seen"][hold:] + groups["code"],
+        target.config.hidden_size,
+    )
     config = TrainConfig(depth=2, epochs=2, holdout=0.0)
     ends = sorted({int(tokenizer.eos_token_id), *chat_ends(tokenizer)})
     train_drafter(target, folder, out / "topic-split.safetensors", config, end_ids=ends)

@@ -25,7 +25,7 @@ def tiny_data(
             for _ in range(prompts // 2)
         ]
         seqs = answer_batch(target, batch, config, greedy, seed + shard, eos=[vocab + 7])
-        write_shard(folder / f"shard-{shard:05d}.safetensors", seqs)
+        write_shard(folder / f"shard-{shard:05d}.safetensors", seqs, target.config.hidden_size)
     return folder
 
 

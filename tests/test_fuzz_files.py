@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import copy
 import json
+import math
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -262,3 +263,416 @@ def test_layouts_are_read_from_the_header_alone(tmp_path: Path) -> None:
     header = json.dumps({"x": {"dtype": "F32", "shape": [2**40], "data_offsets": [0, 2**42]}})
     path.write_bytes(struct.pack("<Q", len(header)) + header.encode())
     refused(_files.safetensors_layout, path, match="bytes of data", what="t", fix="f")
+
+
+# ---- training data: shards, manifests, prompts files ---------------------------------------
+
+
+@pytest.fixture(scope="module")
+def data_dir(target: Any, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from heads_fixtures import tiny_data
+
+    folder = tmp_path_factory.mktemp("data")
+    return tiny_data(target, folder)
+
+
+def _shard_copy(data_dir: Path, folder: Path) -> Path:
+    out = folder / "data"
+    out.mkdir()
+    for path in data_dir.glob("shard-*.safetensors"):
+        (out / path.name).write_bytes(path.read_bytes())
+    return out / "shard-00000.safetensors"
+
+
+def _edit_shard(path: Path, edit: Callable[[dict[str, Any]], None]) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    edit(tensors)
+    save_file(tensors, str(path))
+
+
+SHARD_EDITS = [
+    ("truncated", lambda p: p.write_bytes(p.read_bytes()[:-7]), "bytes of data"),
+    ("garbage", lambda p: p.write_bytes(b"\x07" * 300), "not a safetensors file"),
+    ("empty", lambda p: p.write_bytes(b""), "not a safetensors file"),
+    ("no lengths", lambda p: _edit_shard(p, lambda t: t.pop("lengths")), "no tensor lengths"),
+    (
+        "lengths disagree",
+        lambda p: _edit_shard(p, lambda t: t["lengths"].add_(1)),
+        "lengths add up to",
+    ),
+    (
+        "features too wide",
+        lambda p: _edit_shard(p, lambda t: t.update(features=torch.zeros(3, H + 1).half())),
+        "wide",
+    ),
+    (
+        "ids past V",
+        lambda p: _edit_shard(p, lambda t: t["tokens"].fill_(V + 4)),
+        "token ids span",
+    ),
+    ("NaN features", lambda p: _edit_shard(p, lambda t: t["features"].fill_(float("nan"))), "NaN"),
+    (
+        "short answer",
+        lambda p: _edit_shard(p, lambda t: t["prompt_lengths"].copy_(t["lengths"])),
+        "answer under 2",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "message"), SHARD_EDITS, ids=[e[0] for e in SHARD_EDITS]
+)
+def test_damaged_shards_are_refused_with_the_fix(
+    target: Any, data_dir: Path, tmp_path: Path, name: str, damage: Any, message: str
+) -> None:
+    from specdec_rs.training.data import load_dataset
+
+    shard = _shard_copy(data_dir, tmp_path)
+    damage(shard)
+    error = refused(load_dataset, shard.parent, vocab=V, hidden=H, match=message)
+    assert str(shard) in str(error) and "rebuilt on the next run" in str(error)
+
+
+def test_an_empty_batch_writes_a_valid_shard(target: Any, tmp_path: Path) -> None:
+    """A batch whose answers were all under 2 tokens once stopped with
+    torch.cat() of an empty list, on every rerun."""
+    from specdec_rs.training.data import load_dataset, read_shard, write_shard
+
+    path = tmp_path / "shard-00000.safetensors"
+    write_shard(path, [], H)
+    assert read_shard(path, vocab=V, hidden=H) == []
+    refused(load_dataset, tmp_path, match="hold no sequences: every answer was under 2")
+
+
+def test_manifests_name_their_differences_and_ignore_the_path_spelling(
+    target: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specdec_rs.training.data import DataConfig, check_manifest, manifest
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"prompt": "hi"}\n')
+    monkeypatch.chdir(tmp_path)
+    relative = manifest(DataConfig(prompts_file="./p.jsonl"), target)
+    assert relative == manifest(DataConfig(prompts_file=prompts), target)
+    out = tmp_path / "data"
+    out.mkdir()
+    (out / "manifest.json").write_text("{not json")
+    assert check_manifest(out, relative) is False  # no shards yet: replaced, not refused
+    (out / "shard-00000.safetensors").write_bytes(b"")
+    refused(check_manifest, out, relative, match="manifest.json: the data manifest is not JSON")
+    (out / "manifest.json").write_text(json.dumps(manifest(DataConfig(max_new_tokens=64), target)))
+    error = str(refused(check_manifest, out, relative, match="other settings"))
+    assert "config.max_new_tokens is 128 now, 64 there" in error
+    assert len(error) < 400  # the fields that differ, not the manifest dumped whole
+
+
+PROMPT_FILES = [
+    ("lone surrogate", ".jsonl", b'{"prompt": "a\\ud800b"}\n', None, "lone surrogate"),
+    (
+        "lone surrogate in a turn",
+        ".jsonl",
+        b'{"messages": [{"role": "user", "content": "\\udfff"}]}\n',
+        None,
+        "lone surrogate",
+    ),
+    ("U+2028", ".jsonl", '{"prompt": "a\u2028b"}\n'.encode(), ["a\u2028b"], None),
+    ("U+0085", ".jsonl", '{"prompt": "a\u0085b"}\n'.encode(), ["a\u0085b"], None),
+    ("byte-order mark", ".jsonl", b'\xef\xbb\xbf{"prompt": "hi"}\r\n', ["hi"], None),
+    ("upper-case suffix", ".JSONL", b'{"prompt": "x\\ny"}\n', ["x\ny"], None),
+    ("form feed", ".txt", b"one\x0cstill one\ntwo\n", ["one\x0cstill one", "two"], None),
+    ("not UTF-8", ".txt", b"caf\xe9\n", None, "not UTF-8"),
+    ("empty", ".txt", b"\n\n", None, "holds no prompts"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "suffix", "body", "prompts", "message"), PROMPT_FILES, ids=[p[0] for p in PROMPT_FILES]
+)
+def test_prompts_files(
+    tmp_path: Path, name: str, suffix: str, body: bytes, prompts: Any, message: Any
+) -> None:
+    from specdec_rs.training.prompts import read_prompts_file
+
+    path = tmp_path / f"p{suffix}"
+    path.write_bytes(body)
+    if prompts is None:
+        error = refused(read_prompts_file, path, match=message)
+        assert str(path) in str(error)
+    else:
+        assert read_prompts_file(path) == prompts
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from specdec_rs import models
+
+    return models.load_smollm2()[1]
+
+
+def test_data_is_refused_before_anything_is_written(tokenizer: Any, tmp_path: Path) -> None:
+    """Prompts all past max_prompt_tokens once ran to "holds no training
+    shards; build them with `specdec train-drafter` first"; a bad prompts
+    file once left a manifest that then refused the fixed file."""
+    from specdec_rs.training.data import DataConfig, build_dataset
+
+    target = tiny_llama(vocab_size=len(tokenizer), hidden_size=16, num_layers=1)
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 500 + "\n")
+    out = tmp_path / "data"
+    config = DataConfig(prompts_file=long, max_new_tokens=2, batch_size=2)
+    refused(build_dataset, out, target, tokenizer, config, match="longer than max_prompt_tokens")
+    assert list(out.iterdir()) == []
+    long.write_text("Say hi.\n")  # fixed: the same folder takes it
+    build_dataset(out, target, tokenizer, DataConfig(prompts_file=long, max_new_tokens=3))
+    assert (out / "shard-00000.safetensors").exists() and (out / "manifest.json").exists()
+
+
+# ---- training: output paths, checkpoints, divergence ---------------------------------------
+
+
+def _config(**kw: Any) -> Any:
+    from specdec_rs.training.train import TrainConfig
+
+    base = {"kind": "medusa", "epochs": 2, "batch_size": 4, "draft_vocab": 40, "medusa_heads": 2}
+    return TrainConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize(
+    ("out", "message"),
+    [
+        ("folder", "is a folder"),
+        ("/proc/self/head.safetensors", "cannot be written|not writable"),
+        ("", "expected a file name"),
+        ("x.ckpt", "ends in '.ckpt'"),
+        ("x.partial", "ends in '.partial'"),
+    ],
+)
+def test_output_paths_are_refused_before_any_work(
+    target: Any, data_dir: Path, tmp_path: Path, out: str, message: str
+) -> None:
+    from specdec_rs.cli import main
+    from specdec_rs.training import check_outputs
+    from specdec_rs.training.train import train_drafter
+
+    (tmp_path / "folder").mkdir()
+    path = str(tmp_path / out) if out and not out.startswith("/") else out
+    refused(train_drafter, target, data_dir, path, _config(), match=message)
+    refused(check_outputs, path, tmp_path / "data", "eagle", match=message)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["folder"]  # nothing written
+    argv = ["train-drafter", "--out", path, "--model", str(tmp_path / "no-model")]
+    with deadline():
+        assert main(argv) == 2  # before the model loads (it does not exist)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(target: Any, data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A head's checkpoint folder after an interrupted run (step 5 of 10)."""
+    from specdec_rs.training.train import train_drafter
+
+    folder = tmp_path_factory.mktemp("ckpt")
+
+    def stop_after_six(description: str, total: int) -> Any:
+        done = [0]
+
+        def advance() -> None:
+            done[0] += 1
+            if done[0] == 6:
+                raise KeyboardInterrupt
+
+        return advance
+
+    with pytest.raises(KeyboardInterrupt):
+        train_drafter(
+            target,
+            data_dir,
+            folder / "head.safetensors",
+            _config(checkpoint_every=5),
+            progress=stop_after_six,
+        )
+    return folder / "head.ckpt"
+
+
+def _progress(edit: Callable[[dict[str, Any]], Any]) -> Callable[[Path], None]:
+    def damage(ckpt: Path) -> None:
+        marker = ckpt / "progress.json"
+        marker.write_text(json.dumps(edit(json.loads(marker.read_text()))))
+
+    return damage
+
+
+def _truncate(name: str) -> Callable[[Path], None]:
+    def damage(ckpt: Path) -> None:
+        (path,) = ckpt.glob(name)
+        path.write_bytes(path.read_bytes()[:100])
+
+    return damage
+
+
+def _replace_marker(ckpt: Path, make: Callable[[Path], None]) -> None:
+    marker = ckpt / "progress.json"
+    marker.unlink()
+    make(marker)
+
+
+CHECKPOINT_DAMAGE = [
+    ("model truncated", _truncate("model*.safetensors"), "is damaged"),
+    ("optimizer truncated", _truncate("optimizer*.bin"), "is damaged"),
+    ("progress a list", _progress(lambda m: [1, 2]), "JSON array; expected an object"),
+    ("progress a folder", lambda c: _replace_marker(c, Path.mkdir), "is a folder"),
+    ("progress not JSON", lambda c: _replace_marker(c, lambda m: m.write_text("{")), "not JSON"),
+    ("progress missing", lambda c: (c / "progress.json").unlink(), "is missing"),
+    ("step a string", _progress(lambda m: {**m, "step": "abc"}), "field step"),
+    ("step past the end", _progress(lambda m: {**m, "step": 10**6}), "field step"),
+    ("step negative", _progress(lambda m: {**m, "step": -3}), "field step"),
+    ("other data", _progress(lambda m: {**m, "data": "0" * 64}), "other training data"),
+    ("other vocabulary", _progress(lambda m: {**m, "draft_vocab": [1]}), "draft vocabulary"),
+]
+
+
+@pytest.mark.parametrize(
+    ("name", "damage", "message"), CHECKPOINT_DAMAGE, ids=[c[0] for c in CHECKPOINT_DAMAGE]
+)
+def test_damaged_checkpoints_are_refused(
+    target: Any,
+    data_dir: Path,
+    checkpoint: Path,
+    tmp_path: Path,
+    name: str,
+    damage: Any,
+    message: str,
+) -> None:
+    import shutil
+
+    from specdec_rs.training.train import train_drafter
+
+    ckpt = tmp_path / "head.ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    damage(ckpt)
+    error = refused(
+        train_drafter,
+        target,
+        data_dir,
+        tmp_path / "head.safetensors",
+        _config(checkpoint_every=5),
+        match=message,
+    )
+    assert "delete it to start over" in str(error)
+    assert not (tmp_path / "head.safetensors").exists()
+
+
+def test_a_checkpoint_of_other_data_does_not_resume(
+    target: Any, data_dir: Path, checkpoint: Path, tmp_path: Path
+) -> None:
+    """It once resumed silently, and the head then carried the first data's
+    draft vocabulary, trained against the second's LM-head columns."""
+    import shutil
+
+    from heads_fixtures import tiny_data
+    from specdec_rs.training.train import train_drafter
+
+    (tmp_path / "other-data").mkdir()
+    other = tiny_data(target, tmp_path / "other-data", seed=3)
+    shutil.copytree(checkpoint, tmp_path / "head.ckpt")
+    refused(
+        train_drafter,
+        target,
+        other,
+        tmp_path / "head.safetensors",
+        _config(checkpoint_every=5),
+        match="other training data",
+    )
+
+
+def test_a_failed_checkpoint_leaves_the_last_one_whole(tmp_path: Path) -> None:
+    from specdec_rs.training.train import _checkpoint
+
+    class Failing:
+        is_main_process = True
+
+        def wait_for_everyone(self) -> None:
+            pass
+
+        def save_state(self, folder: str) -> None:
+            Path(folder).mkdir(parents=True, exist_ok=True)
+            (Path(folder) / "model.safetensors").write_bytes(b"half")
+            raise OSError("disk full")
+
+    ckpt = tmp_path / "head.ckpt"
+    ckpt.mkdir()
+    (ckpt / "progress.json").write_text('{"step": 5}')
+    with pytest.raises(OSError, match="disk full"):
+        _checkpoint(Failing(), ckpt, {"step": 10})
+    assert json.loads((ckpt / "progress.json").read_text()) == {"step": 5}
+    assert sorted(p.name for p in ckpt.iterdir()) == ["progress.json"]
+
+
+def test_training_stops_at_the_first_non_finite_loss(
+    target: Any, data_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specdec_rs.training import train
+
+    out = tmp_path / "head.safetensors"
+    out.write_bytes(b"the previous head")
+    real = train.losses
+    calls = [0]
+
+    def diverging(*args: Any, **kwargs: Any) -> Any:
+        loss, hits = real(*args, **kwargs)
+        calls[0] += 1
+        return (loss * float("nan") if calls[0] == 3 else loss), hits
+
+    monkeypatch.setattr(train, "losses", diverging)
+    refused(train.train_drafter, target, data_dir, out, _config(), match="diverged at step 3 of")
+    assert out.read_bytes() == b"the previous head"
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"kind": "eagle", "depth": 3}, "--depth 3 needs answers of at least 3"),
+        ({"medusa_heads": 3}, "--medusa-heads 3 needs"),
+    ],
+)
+def test_answers_too_short_for_the_loss_are_refused(
+    target: Any, tmp_path: Path, kw: dict[str, Any], message: str
+) -> None:
+    """Answers shorter than the depth (or the heads) once gave NaN losses, rc 0."""
+    from heads_fixtures import tiny_data
+    from specdec_rs.training.train import train_drafter
+
+    short = tiny_data(target, tmp_path, new=2)  # every answer 2 tokens
+    out = tmp_path / "h.safetensors"
+    refused(train_drafter, target, short, out, _config(**kw), match=message)
+    train_drafter(target, short, out, _config(**{**kw, "depth": 2, "medusa_heads": 2}))
+
+
+def test_a_one_token_draft_vocabulary_trains_to_finite_losses(
+    target: Any, data_dir: Path, tmp_path: Path
+) -> None:
+    """Every label outside the draft vocabulary once made the mean over
+    nothing (NaN); the header is strict JSON (no NaN literal)."""
+    from specdec_rs.training.train import train_drafter
+
+    out = tmp_path / "h.safetensors"
+    result = train_drafter(target, data_dir, out, _config(draft_vocab=1, kind="eagle", depth=2))
+    assert math.isfinite(result.first_loss) and math.isfinite(result.last_loss)
+    header = heads.files.read_header(out)
+    json.loads(json.dumps(header), parse_constant=lambda c: pytest.fail(f"{c} in the header"))
+    assert heads.load(out, target, "eagle").draft_vocab.numel() == 1
+
+
+def test_an_explicit_draft_vocabulary_keeps_its_size(target: Any, data_dir: Path) -> None:
+    """--draft-vocab N once silently became the number of distinct answer
+    tokens; now N is kept (filled up from the prompts, then by id), and N
+    past the target's vocabulary is refused."""
+    from specdec_rs.training.data import load_dataset
+    from specdec_rs.training.train import choose_draft_vocab
+
+    seqs = load_dataset(data_dir)[:2]
+    distinct = len({t for s in seqs for t in s.tokens[s.prompt_len :].tolist()})
+    assert distinct < V - 2
+    choice = choose_draft_vocab(seqs, _config(draft_vocab=V - 2), [], V)
+    assert len(choice.ids) == V - 2 == len(set(choice.ids)) and max(choice.ids) < V
+    refused(choose_draft_vocab, seqs, _config(draft_vocab=100_000), [], V, match="at most 48")

@@ -20,6 +20,7 @@ from specdec_rs.heads.eagle import EagleHead
 from specdec_rs.heads.identity import TargetPrint, fingerprint
 from specdec_rs.heads.layer import LayerShape
 from specdec_rs.heads.medusa import MedusaHeads
+from specdec_rs.limits import MAX_LAYER_SIZE, MAX_MEDUSA_HEADS
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
@@ -28,8 +29,6 @@ Head = EagleHead | MedusaHeads
 
 SHIPPED = Path(__file__).parent / "smollm2"
 KINDS = ("eagle", "medusa")
-MAX_SIZE = 2**20  # any size in a head's shape
-MAX_MEDUSA_HEADS = 16
 FIX = (
     "it is not a readable specdec head of this target: delete it and train it again with "
     "`specdec train-drafter`"
@@ -141,7 +140,7 @@ def _shape(config: _files.Fields, target: PreTrainedModel) -> LayerShape:
     if not config.has("shape"):
         return LayerShape.of(target.config)
     s = config.mapping("shape")
-    size = {"minimum": 1, "maximum": MAX_SIZE}
+    size = {"minimum": 1, "maximum": MAX_LAYER_SIZE}
     shape = LayerShape(
         hidden=s.integer("hidden", **size),
         heads=s.integer("heads", **size),

@@ -3,7 +3,7 @@
 accelerate) and the two together (`pipeline.train_head`)."""
 
 from specdec_rs.training.data import DataConfig, build_dataset, load_dataset
-from specdec_rs.training.pipeline import TrainReport, process_device, train_head
+from specdec_rs.training.pipeline import TrainReport, check_outputs, process_device, train_head
 from specdec_rs.training.train import TrainConfig, TrainResult, train_drafter
 
 __all__ = [
@@ -12,6 +12,7 @@ __all__ = [
     "TrainReport",
     "TrainResult",
     "build_dataset",
+    "check_outputs",
     "load_dataset",
     "process_device",
     "train_drafter",

@@ -55,6 +55,25 @@ def process_device(device: str) -> str:
     return device
 
 
+def check_outputs(
+    out: str | Path | None, data_dir: str | Path | None, kind: str
+) -> tuple[Path, Path]:
+    """(the head file, the data folder), defaults filled in, checked before
+    any work: a writable file name that is not a folder, does not end in
+    .ckpt or .partial, and whose checkpoint folder is free; a writable folder."""
+    from specdec_rs import _checks, _files
+    from specdec_rs.training.train import checkpoint_path
+
+    head = _files.new_output_file(
+        out if out is not None else default_out(kind), "out", reserved=(".ckpt", ".partial")
+    )
+    checkpoint_path(head)
+    folder = _checks.writable_dir(
+        data_dir if data_dir is not None else default_data_dir(), "data_dir"
+    )
+    return head, folder
+
+
 def train_head(
     target: PreTrainedModel,
     tokenizer: PreTrainedTokenizerBase,
@@ -65,10 +84,11 @@ def train_head(
     out: str | Path | None = None,
     progress: Callable[[str, int], Callable[[], None]] | None = None,
 ) -> TrainReport:
-    """Build (or resume) the training data, then train and save one head."""
-    data_dir = Path(data_dir) if data_dir is not None else default_data_dir()
-    out = Path(out) if out is not None else default_out(train.kind)
+    """Build (or resume) the training data, then train and save one head.
+    `out` and `data_dir` are checked before any work (see `train_drafter`)."""
     from accelerate import PartialState
+
+    out, data_dir = check_outputs(out, data_dir, train.kind)
 
     started = time.perf_counter()
     # under `accelerate launch` one process writes the data, then the others read it

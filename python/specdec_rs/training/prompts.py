@@ -285,27 +285,37 @@ ROLES = ("system", "user", "assistant")
 Prompt = str | list[dict[str, str]]
 
 
+MAX_PROMPTS_FILE = 1 << 30  # bytes
+
+
 def read_prompts_file(path: Any) -> list[Prompt]:
-    """Your own training prompts: a `.jsonl` file with one JSON object per
-    line, {"prompt": "..."} (a user message, which may hold newlines) or
-    {"messages": [{"role": ..., "content": ...}, ...]} (a conversation, e.g.
-    from a chat log; trailing assistant turns are dropped, since the target
-    writes its own answer to the last user turn), or one JSON string; any
-    other file: one user message per non-empty line. ValueError naming the
-    file and line for a missing or empty file or a bad line."""
+    """Your own training prompts: a `.jsonl` file (any case) with one JSON
+    object per line, {"prompt": "..."} (a user message, which may hold
+    newlines) or {"messages": [{"role": ..., "content": ...}, ...]} (a
+    conversation, e.g. from a chat log; trailing assistant turns are
+    dropped, since the target writes its own answer to the last user turn),
+    or one JSON string; any other file: one user message per non-empty line.
+    Lines end at "\n" only (a "\r" before it is dropped), so U+2028, U+0085
+    or a form feed inside a string stays in it; a UTF-8 byte-order mark is
+    dropped. ValueError naming the file and line for a missing or empty
+    file, text that is not UTF-8, a string that cannot be encoded as UTF-8
+    (a lone surrogate such as "\ud800"), or a bad line."""
+    from specdec_rs import _files
+
     p = Path(os.fspath(path)).expanduser()
     if not p.is_file():
         raise ValueError(f"prompts_file = {str(p)!r} is not a file; give a .jsonl or text file")
-    try:
-        text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"prompts_file = {str(p)!r} cannot be read as UTF-8 text ({e})") from None
+    text = _files.read_text(
+        p, what="prompts file", fix="give a UTF-8 .jsonl or text file", limit=MAX_PROMPTS_FILE
+    )
+    jsonl = p.suffix.lower() == ".jsonl"
     out: list[Prompt] = []
-    for n, line in enumerate(text.splitlines(), start=1):
+    for n, line in enumerate(text.split("\n"), start=1):
+        line = line.removesuffix("\r")
         if not line.strip():
             continue
-        if p.suffix != ".jsonl":
-            out.append(line.strip())
+        if not jsonl:
+            out.append(_utf8(line.strip(), f"{p}:{n}"))
             continue
         try:
             item = json.loads(line)
@@ -315,6 +325,18 @@ def read_prompts_file(path: Any) -> list[Prompt]:
     if not out:
         raise ValueError(f"prompts_file = {str(p)!r} holds no prompts")
     return out
+
+
+def _utf8(text: str, where: str) -> str:
+    """`text`, which must encode as UTF-8 (a tokenizer cannot take a lone surrogate)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise ValueError(
+            f"{where}: the text holds {text[e.start]!r} at character {e.start}, which is not "
+            "valid Unicode text (a lone surrogate); fix or remove it"
+        ) from None
+    return text
 
 
 def _prompt_of(item: Any, where: str) -> Prompt:
@@ -334,11 +356,11 @@ def _prompt_of(item: Any, where: str) -> Prompt:
             turns = turns[:-1]
         if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
             raise ValueError(f"{where}: the conversation has no user turn for the target to answer")
-        return [{"role": t["role"], "content": t["content"]} for t in turns]
+        return [{"role": t["role"], "content": _utf8(t["content"], where)} for t in turns]
     prompt = item.get("prompt") if isinstance(item, dict) else item
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"{where}: expected {EXPECTED_LINE} with a non-empty string")
-    return prompt
+    return _utf8(prompt, where)
 
 
 def prompts_digest(path: Any) -> str:

@@ -26,7 +26,15 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks
+from specdec_rs import _checks, _files
+from specdec_rs.limits import (
+    MAX_BATCH,
+    MAX_EPOCHS,
+    MAX_LAYER_SIZE,
+    MAX_LR,
+    MAX_MEDUSA_HEADS,
+    MAX_TOKENS,
+)
 from specdec_rs.training.data import Sequence, load_dataset
 
 if TYPE_CHECKING:
@@ -68,16 +76,18 @@ class TrainConfig:
     def __post_init__(self) -> None:
         _checks.choice(self.kind, "kind", ("eagle", "medusa"))
         _checks.choice(self.labels, "labels", ("tokens", "target"))
-        _checks.real(self.epochs, "epochs", minimum=0.0)
-        _checks.integer(self.batch_size, "batch_size", minimum=1)
-        _checks.real(self.lr, "lr", minimum=0.0)
+        _checks.real(self.epochs, "epochs", above=0.0, maximum=MAX_EPOCHS)
+        _checks.integer(self.batch_size, "batch_size", minimum=1, maximum=MAX_BATCH)
+        _checks.real(self.lr, "lr", above=0.0, maximum=MAX_LR)
         _checks.integer(self.depth, "depth", minimum=1, maximum=8)
         _checks.real(self.depth1_share, "depth1_share", minimum=0.0, maximum=1.0)
-        _checks.integer(self.medusa_heads, "medusa_heads", minimum=1, maximum=16)
-        _checks.integer(self.max_len, "max_len", minimum=4)
-        _checks.integer(self.draft_vocab, "draft_vocab", minimum=0)
+        _checks.integer(self.medusa_heads, "medusa_heads", minimum=1, maximum=MAX_MEDUSA_HEADS)
+        _checks.integer(self.max_len, "max_len", minimum=4, maximum=MAX_TOKENS)
+        _checks.integer(self.draft_vocab, "draft_vocab", minimum=0, maximum=MAX_LAYER_SIZE)
         _checks.real(self.coverage, "coverage", minimum=0.0, maximum=1.0)
+        _checks.real(self.reg_weight, "reg_weight", minimum=0.0, maximum=1e6)
         _checks.real(self.holdout, "holdout", minimum=0.0, maximum=0.5)
+        _checks.integer(self.checkpoint_every, "checkpoint_every", minimum=1)
         _checks.seed(self.seed)
 
 
@@ -111,8 +121,14 @@ class TrainResult:
     holdout_agreement: list[float] = field(default_factory=list)
 
 
-def choose_draft_vocab(seqs: list[Sequence], config: TrainConfig, always: list[int]) -> VocabChoice:
-    """The N most frequent answer tokens (plus `always`, e.g. end-of-turn ids)."""
+def choose_draft_vocab(
+    seqs: list[Sequence], config: TrainConfig, always: list[int], vocab: int | None = None
+) -> VocabChoice:
+    """The draft vocabulary: `always` (e.g. end-of-turn ids), then the most
+    frequent answer tokens, N in all (config.draft_vocab, or by coverage).
+    An explicit N is kept exactly: when the answers hold fewer distinct
+    tokens, the most frequent prompt tokens, then the lowest other ids of
+    the target's `vocab`, fill it up. N past `vocab` is a ValueError."""
     counts: Counter[int] = Counter()
     for s in seqs:
         counts.update(s.tokens[s.prompt_len :].tolist())
@@ -123,7 +139,26 @@ def choose_draft_vocab(seqs: list[Sequence], config: TrainConfig, always: list[i
         (n for n in config.vocab_sizes if coverage[n] >= config.coverage), config.vocab_sizes[-1]
     )
     ids = [t for t in always if t not in ranked[:size]] + ranked[:size]
-    return VocabChoice(ids[:size] if len(ids) > size else ids, coverage)
+    ids = ids[:size]
+    if vocab is not None and size > vocab:
+        raise ValueError(
+            f"draft_vocab = {size}, but the target's vocabulary has {vocab} ids; pass at "
+            f"most {vocab}, or 0 to choose the size by coverage"
+        )
+    if config.draft_vocab and len(ids) < size:
+        if vocab is None:
+            raise ValueError(
+                f"draft_vocab = {size} needs the target's vocabulary size (vocab=) to fill "
+                f"up the {len(ids)} distinct answer tokens"
+            )
+        prompt: Counter[int] = Counter()
+        for s in seqs:
+            prompt.update(s.tokens[: s.prompt_len].tolist())
+        taken = set(ids)
+        fill = [t for t, _ in prompt.most_common() if t not in taken]
+        fill += [t for t in range(vocab) if t not in taken and t not in prompt]
+        ids += fill[: size - len(ids)]
+    return VocabChoice(ids, coverage)
 
 
 def split(seqs: list[Sequence], holdout: float, seed: int) -> tuple[list[Sequence], list[Sequence]]:
@@ -191,11 +226,10 @@ def eagle_losses(
     depth: int,
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """Σ_d 0.8^(d-1) (CE_d + reg_weight · SmoothL1_d) / Σ_d 0.8^(d-1)."""
-    import torch
     from torch.nn import functional as F
 
     tokens, feats = batch["tokens"], batch["features"]
-    total, weight, hits = torch.zeros((), device=feats.device), 0.0, []
+    terms, weights, hits = [], [], []
     label = vocab_index[tokens[:, 2:]]  # (B, L - 1): output j predicts x_{j+2}
     width = label.shape[1]
     true_next = feats[:, 1 : width + 1]  # f_{j+1}, what output j predicts
@@ -203,14 +237,15 @@ def eagle_losses(
         m = target_mask(batch, 2, d - 1)[:, :width]  # rounds that start in the answer
         pred, truth = out[:, :width][m], true_next[m]
         logits = head.logits(pred)
+        hits.append(_hits(logits, label[m]))
+        if not len(pred):  # answers too short for this depth in this batch
+            continue
         teacher = teacher_logits(head, truth) if config.labels == "target" else None
         ce = _cross_entropy(logits, label[m], teacher)
         reg = F.smooth_l1_loss(pred, truth)
-        w = 0.8 ** (d - 1)
-        total = total + w * (ce + config.reg_weight * reg)
-        weight += w
-        hits.append(_hits(logits, label[m]))
-    return total / weight, hits
+        terms.append(0.8 ** (d - 1) * (ce + config.reg_weight * reg))
+        weights.append(0.8 ** (d - 1))
+    return _weighted(head, terms, weights), hits
 
 
 def medusa_losses(
@@ -220,19 +255,32 @@ def medusa_losses(
     vocab_index: torch.Tensor,
 ) -> tuple[torch.Tensor, list[tuple[int, int]]]:
     """The mean over heads of CE(head i at j, x_{j+1+i})."""
-    import torch
 
     tokens, feats = batch["tokens"], batch["features"]
-    total, hits = torch.zeros((), device=feats.device), []
+    terms, hits = [], []
     for i in range(head.num_heads):
         label = vocab_index[tokens[:, 2 + i :]]  # head i + 1 at j predicts x_{j+2+i}
         m = target_mask(batch, 2 + i, i)[:, : label.shape[1]]
         logits = head.head_logits(feats[:, : label.shape[1]][m], i)
+        hits.append(_hits(logits, label[m]))
+        if not len(logits):  # answers too short for this head in this batch
+            continue
         truth = feats[:, 1 + i : 1 + i + label.shape[1]]  # f_{j+1+i}: the target's view
         teacher = teacher_logits(head, truth[m]) if config.labels == "target" else None
-        total = total + _cross_entropy(logits, label[m], teacher)
-        hits.append(_hits(logits, label[m]))
-    return total / head.num_heads, hits
+        terms.append(_cross_entropy(logits, label[m], teacher))
+    return _weighted(head, terms, [1.0] * len(terms)), hits
+
+
+def _weighted(head: Head, terms: list[torch.Tensor], weights: list[float]) -> torch.Tensor:
+    """Σ terms / Σ weights over the terms a batch has; with none (every
+    answer too short, or every label outside the draft vocabulary), a zero
+    that still reaches every parameter (so a step of several processes
+    stays in step), never the NaN of a mean over nothing."""
+    import torch
+
+    if not terms:
+        return torch.stack([p.sum() for p in head.parameters() if p.requires_grad]).sum() * 0.0
+    return torch.stack(terms).sum() / sum(weights)
 
 
 def teacher_logits(head: Head, truth: torch.Tensor) -> torch.Tensor:
@@ -265,6 +313,8 @@ def _cross_entropy(
 
     if teacher is not None:
         return F.cross_entropy(logits, teacher.softmax(-1))
+    if not bool((label != -100).any()):  # every token outside the draft vocabulary
+        return logits.sum() * 0.0  # (a mean over nothing would be NaN)
     return F.cross_entropy(logits, label, ignore_index=-100)
 
 
@@ -306,8 +356,16 @@ def train_drafter(
 ) -> TrainResult:
     """Train a head of `config.kind` on the shards in `data_dir` and save it
     to `out` (safetensors, bfloat16). Checkpoints go to `out`.ckpt/ every
-    `checkpoint_every` steps; a rerun with the same settings resumes there.
+    `checkpoint_every` steps, each written whole before it replaces the last;
+    a rerun with the same settings on the same data resumes there.
     `end_ids` always join the draft vocabulary; `info` goes into the file's header.
+
+    Checked before any training: `out` (a writable file name, not a folder,
+    not ending in .ckpt or .partial), the data's every shard, answers long
+    enough for the depth (EAGLE) or the heads (Medusa), the draft
+    vocabulary's size, and a checkpoint's every field. Training stops with a
+    ValueError at the first non-finite loss, naming the step and the
+    learning rate; `out` is then left as it was.
 
     Under `accelerate launch` with P processes each step takes P batches of
     `batch_size` (one per process, gradients averaged); one process gives
@@ -319,14 +377,16 @@ def train_drafter(
     from specdec_rs import heads
 
     started = time.perf_counter()
-    out = Path(out)
+    out = _files.new_output_file(out, "out", reserved=(".ckpt", ".partial"))
+    ckpt = checkpoint_path(out)
     set_seed(config.seed)
-    seqs = load_dataset(data_dir)
+    vocab, hidden = target.get_output_embeddings().weight.shape
+    seqs = load_dataset(data_dir, vocab=int(vocab), hidden=int(hidden))
     train, hold = split(seqs, config.holdout, config.seed)
-    vocab = target.get_output_embeddings().weight.shape[0]
-    choice = choose_draft_vocab(train, config, end_ids or [])
+    check_lengths(train, config)
+    choice = choose_draft_vocab(train, config, end_ids or [], int(vocab))
     draft_vocab = torch.tensor(choice.ids)
-    vocab_index = draft_vocab_index(draft_vocab, vocab)
+    vocab_index = draft_vocab_index(draft_vocab, int(vocab))
     head_config = {"num_heads": config.medusa_heads} if config.kind == "medusa" else {}
     head = heads.files.build(config.kind, head_config, target, draft_vocab).float().train()
     params = [p for p in head.parameters() if p.requires_grad]
@@ -342,8 +402,13 @@ def train_drafter(
     objective = _objective(head, config, vocab_index)
     objective, optimizer, scheduler = accelerator.prepare(objective, optimizer, scheduler)
     shallow = round(config.depth1_share * total_steps)  # steps at depth 1 only
-    ckpt = out.with_suffix(".ckpt")
-    step = _resume(accelerator, ckpt, config)
+    marker = {
+        "config": asdict(config),
+        "processes": world,
+        "data": data_digest(data_dir),
+        "draft_vocab": choice.ids,
+    }
+    step = _resume(accelerator, ckpt, marker, total_steps)
     advance = progress(f"training the {config.kind} head", total_steps - step) if progress else None
     generator = torch.Generator()
     order: list[int] = []
@@ -362,6 +427,12 @@ def train_drafter(
         }
         loss, _ = objective(batch, 1 if s < shallow else config.depth)
         loss_log.append(float(loss.detach()))
+        if not math.isfinite(loss_log[-1]):
+            raise ValueError(
+                f"training diverged at step {s + 1} of {total_steps}: the loss is "
+                f"{loss_log[-1]} at learning rate {scheduler.get_last_lr()[0]:.3g}; nothing was "
+                f"saved ({out} is as it was); lower --lr (now {config.lr:g})"
+            )
         optimizer.zero_grad()
         accelerator.backward(loss)
         accelerator.clip_grad_norm_(params, 1.0)
@@ -370,7 +441,7 @@ def train_drafter(
         if advance is not None:
             advance()
         if (s + 1) % config.checkpoint_every == 0 and s + 1 < total_steps:
-            _checkpoint(accelerator, ckpt, config, s + 1)
+            _checkpoint(accelerator, ckpt, {**marker, "step": s + 1})
     accelerator.wait_for_everyone()
     model = accelerator.unwrap_model(objective).head.eval()
     agreement = holdout_agreement(model, hold, config, vocab_index.to(accelerator.device))
@@ -394,11 +465,45 @@ def train_drafter(
             "config": asdict(config),
             "result": {k: v for k, v in asdict(result).items() if k != "path"},
         }
-        heads.save(model, out, target, header)
+        heads.save(model, out, target, _files.json_safe(header))
         if ckpt.exists():  # finished: nothing to resume
             shutil.rmtree(ckpt)
     accelerator.wait_for_everyone()
     return result
+
+
+def checkpoint_path(out: Path) -> Path:
+    """The checkpoint folder of a head file: `out` with the suffix .ckpt."""
+    ckpt = out.with_suffix(".ckpt")
+    if ckpt.exists() and not ckpt.is_dir():
+        raise ValueError(f"{ckpt} is a file; the checkpoint of {out} needs a folder there")
+    return ckpt
+
+
+def check_lengths(train: list[Sequence], config: TrainConfig) -> None:
+    """ValueError unless some answer is long enough for every term of the
+    loss: EAGLE depth d scores answers of >= d tokens, Medusa head i of >= i."""
+    need = config.depth if config.kind == "eagle" else config.medusa_heads
+    what = "--depth" if config.kind == "eagle" else "--medusa-heads"
+    longest = max((len(s.tokens) - s.prompt_len for s in train), default=0)
+    if longest < need:
+        raise ValueError(
+            f"the longest training answer has {longest} tokens; {what} {need} needs answers of "
+            f"at least {need}; lower {what} or make the answers longer (--max-new-tokens)"
+        )
+
+
+def data_digest(data_dir: str | Path) -> str:
+    """sha256 over the shards' names and bytes: which data a checkpoint was trained on."""
+    import hashlib
+
+    digest = hashlib.sha256()
+    for path in sorted(Path(data_dir).glob("shard-*.safetensors")):
+        digest.update(path.name.encode())
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+    return digest.hexdigest()
 
 
 def holdout_agreement(
@@ -436,22 +541,50 @@ def _lr_scale(step: int, total: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (step - warm) / max(1, total - warm)))
 
 
-def _checkpoint(accelerator: Any, ckpt: Path, config: TrainConfig, step: int) -> None:
-    accelerator.save_state(str(ckpt))
+CKPT_FIX = "delete it to start over"
+
+
+def _checkpoint(accelerator: Any, ckpt: Path, marker: dict[str, Any]) -> None:
+    """Save the state and `marker` (progress.json) into a temporary folder,
+    then put it in place of `ckpt` (`_files.replace_dir`): a crash leaves the
+    previous checkpoint whole."""
+    tmp = ckpt.with_name(f"{ckpt.name}.partial")
     if accelerator.is_main_process:
-        marker = {"step": step, "config": asdict(config), "processes": accelerator.num_processes}
-        (ckpt / "progress.json").write_text(json.dumps(marker))
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        _files.write_json(tmp / "progress.json", marker, what="the checkpoint's progress")
+        _files.replace_dir(tmp, ckpt)
     accelerator.wait_for_everyone()
 
 
-def _resume(accelerator: Any, ckpt: Path, config: TrainConfig) -> int:
-    """The step to resume from (0 without a matching checkpoint)."""
-    marker = ckpt / "progress.json"
-    if not marker.exists():
+def _resume(accelerator: Any, ckpt: Path, marker: dict[str, Any], total_steps: int) -> int:
+    """The step to resume from (0 without a checkpoint). A checkpoint made
+    with other settings, other processes, other data or another draft
+    vocabulary, or one whose files are damaged, is a ValueError."""
+    path = ckpt / "progress.json"
+    if not ckpt.exists():
         return 0
-    saved = json.loads(marker.read_text())
-    same = saved.get("processes", 1) == accelerator.num_processes
-    if saved["config"] != json.loads(json.dumps(asdict(config))) or not same:
-        raise ValueError(f"checkpoint {ckpt} was made with other settings; delete it to start over")
-    accelerator.load_state(str(ckpt))
-    return int(saved["step"])
+    saved = _files.Fields(
+        _files.read_json(path, what="checkpoint progress", fix=CKPT_FIX),
+        path,
+        "checkpoint progress",
+        CKPT_FIX,
+    )
+    for key, why in (
+        ("config", "other settings"),
+        ("processes", "another number of processes"),
+        ("data", "other training data"),
+        ("draft_vocab", "another draft vocabulary"),
+    ):
+        if saved.raw(key) != json.loads(json.dumps(marker[key])):
+            raise ValueError(f"checkpoint {ckpt} was made with {why}; {CKPT_FIX}")
+    step = saved.integer("step", minimum=1, maximum=total_steps - 1)
+    try:
+        accelerator.load_state(str(ckpt))
+    except Exception as e:  # noqa: BLE001 - torch and safetensors raise their own types
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"checkpoint {ckpt} is damaged ({first}); {CKPT_FIX}") from None
+    return step
