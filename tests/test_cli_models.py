@@ -159,6 +159,21 @@ def test_predict_and_bench(
         (["predict", "--k-max", "0"], ["--k-max = 0"]),
         (["bench", "--workloads", "poems"], ["--workloads = 'poems'"]),
         (["bench", "--out", "/proc/version"], ["--out", "is a file"]),
+        (["generate", "hi", "--k", "2000"], ["--k = 2000", "<= 1024"]),
+        (["generate", "hi", "--max-new-tokens", str(2**21)], ["--max-new-tokens = 2097152"]),
+        (["generate", "caf\udce9"], ["the prompt is not UTF-8 text", "b'\\xe9'"]),
+        (
+            ["generate", "hi", "--drafter", "eagle", "--tree", "4", "--draft-confidence", "0.3"],
+            ["--draft-confidence gates chains only"],
+        ),
+        (["train-drafter", "--epochs", "0"], ["--epochs = 0.0 is out of range"]),
+        (["train-drafter", "--train-batch-size", "0"], ["--train-batch-size = 0"]),
+        (["train-drafter", "--batch-size", "5000"], ["--batch-size = 5000", "<= 4096"]),
+        (["train-drafter", "--lr", "1e30"], ["--lr = 1e+30 is out of range"]),
+        (["train-drafter", "--medusa-heads", "300000"], ["--medusa-heads = 300000"]),
+        (["train-drafter", "--draft-vocab", "-1"], ["--draft-vocab = -1"]),
+        (["train-drafter", "--out", ""], ["--out = ''; expected a file name"]),
+        (["train-drafter", "--prompts-file", "/nonexistent"], ["is not a file"]),
     ],
 )
 def test_model_commands_fail_with_one_line(

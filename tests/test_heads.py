@@ -144,6 +144,37 @@ def test_sampled_eagle_trees_are_drawn_without_replacement(
     assert out.new_tokens == 16 and out.drafted > 0
 
 
+def test_sampled_eagle_trees_keep_the_depth_cap(target: Any, trained: dict[str, Path]) -> None:
+    """A budget of 4,096 once ran 2,048 head steps a round when sampling."""
+    from specdec_rs.processors import Sampler, SamplingConfig
+
+    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    ids = prompt(3)
+    sampler = Sampler(SamplingConfig(0.7), V, torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        _, hidden = sd.models.forward_with_hidden(
+            target, ids[:-1], sd.models.new_cache(target), keep=1
+        )
+    drafter.start(ids, None, hidden)
+    tree = drafter.propose_tree(ids, 4096, sampler)
+    assert tree.depth == drafter.tree_depth
+    assert len(tree.tokens) == drafter.sample_width * drafter.tree_depth
+
+
+def test_the_confidence_gate_refuses_trees_before_any_work(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    """--draft-confidence with --tree was once accepted and silently ignored."""
+    hybrid = drafters.from_spec(f"hybrid:{trained['eagle']}", target).with_confidence(0.05)
+    for drafter in (gated(target, trained, 0.05), hybrid):
+        drafter.start = lambda *a: pytest.fail("the generation started")  # type: ignore[method-assign]
+        with pytest.raises(ValueError, match="drafts chains only"):
+            sd.generate(target, drafter, prompt(0), max_new_tokens=4, temperature=0, tree=4)
+    ungated = gated(target, trained, 0.0)
+    out = sd.generate(target, ungated, prompt(0), max_new_tokens=4, temperature=0, tree=4)
+    assert out.new_tokens == 4
+
+
 def test_training_lowers_the_loss(trained: dict[str, Path]) -> None:
     for kind, path in trained.items():
         result = heads.files.read_header(path)["info"]["result"]
@@ -527,6 +558,10 @@ def test_per_source_policy_errors(target: Any, trained: dict[str, Path]) -> None
     with pytest.raises(ValueError, match="has no source"):
         sd.generate(target, lookup, prompt(0), max_new_tokens=4, k=policy, temperature=0)
     hybrid = drafters.from_spec(f"hybrid:{trained['eagle']}", target)
+    with pytest.raises(ValueError, match="named source 'eagle'"):
+        sd.generate(target, hybrid, prompt(0), max_new_tokens=4, k=policy, temperature=0)
+    # before any work: a source without a policy once failed only mid-generation
+    hybrid.start = lambda *a: pytest.fail("the generation started")  # type: ignore[method-assign]
     with pytest.raises(ValueError, match="named source 'eagle'"):
         sd.generate(target, hybrid, prompt(0), max_new_tokens=4, k=policy, temperature=0)
 

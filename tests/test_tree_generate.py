@@ -139,6 +139,13 @@ class BadTrees:
         (TreeDraft(torch.tensor([1, 999]), [-1, 0], None), "outside the vocabulary"),
         (TreeDraft(torch.tensor([1, 2]), [-1, 0], None, "iid"), "expected \\(3, 64\\)"),
         (TreeDraft(torch.tensor([1, 2]), [-1, 0], None, "beam"), "children"),
+        (TreeDraft(torch.tensor([1, 2]), [-1, 0.0], None), "parents\\[1\\] = 0.0"),  # type: ignore[list-item]
+        (TreeDraft(torch.tensor([1, 2]), "ab", None), "parents = 'ab' is a string"),  # type: ignore[arg-type]
+        (TreeDraft(torch.tensor([True, False]), [-1, 0], None), "dtype torch.bool"),
+        (
+            TreeDraft(torch.tensor([1, 2]), [-1, 0], np.full((3, 64), 1 / 64), "iid"),  # type: ignore[arg-type]
+            "returned q as a ndarray",
+        ),
     ],
 )
 def test_bad_trees_are_value_errors_before_the_target_runs(

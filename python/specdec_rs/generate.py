@@ -29,6 +29,8 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
+from specdec_rs._files import json_safe
+from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.policy import FixedK, KPolicy, as_policy, as_tree_policy
 from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.timing import Throughput
@@ -94,7 +96,7 @@ class GenerationResult(Throughput):
 
     def summary(self) -> dict[str, Any]:
         """The statistics as a flat JSON-ready dict."""
-        summary: dict[str, Any] = _json_safe(
+        summary: dict[str, Any] = json_safe(
             {
                 "drafter": self.drafter,
                 "k": self.k,
@@ -117,17 +119,6 @@ class GenerationResult(Throughput):
             }
         )
         return summary
-
-
-def _json_safe(x: Any) -> Any:
-    """nan -> None, recursively (JSON has no nan)."""
-    if isinstance(x, float) and x != x:
-        return None
-    if isinstance(x, dict):
-        return {key: _json_safe(v) for key, v in x.items()}
-    if isinstance(x, list):
-        return [_json_safe(v) for v in x]
-    return x
 
 
 def prompt_tensor(input_ids: Any, vocab_size: int) -> torch.Tensor:
@@ -299,7 +290,7 @@ def generate(
     config = SamplingConfig(temperature, top_k, top_p, min_p)
     policy = as_policy(k)
     policy.reset()
-    max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
+    max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     seed = secrets.randbits(63) if seed is None else _checks.seed(seed)
     eos = eos_set(eos_token_id, target)
     if on_tokens is not None:
@@ -360,6 +351,10 @@ def source_router(policy: KPolicy, drafter: Any) -> Callable[[Any], None] | None
             f"{getattr(drafter, 'name', drafter)!r} has no source(seq); use it with a drafter "
             "that mixes sources (e.g. hybrid) or give a single policy"
         )
+    parts = getattr(drafter, "parts", None)
+    for name in parts if isinstance(parts, dict) else ():
+        use(name)  # every source the drafter may name has a policy (checked before any work)
+    policy.reset()
 
     def route(seq: Any) -> None:
         use(source(seq))
@@ -376,13 +371,17 @@ def check_tree_drafter(drafter: Any, tree: Any) -> Any:
             f"tree = {tree!r} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
             f"eagle, medusa or hybrid; got {name or drafter!r}"
         )
+    check = getattr(drafter, "check_tree", None)
+    if callable(check):
+        check()  # a drafter configured for chains only says so here, before any work
     return budget
 
 
 def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
     """A drafter's TreeDraft, checked before the target runs: at most `budget`
-    integer ids in [0, V), parents in topological order, a known children
-    kind, and q of shape (n + 1, V) unless children="fixed"."""
+    integer ids in [0, V) (not bools), integer parents in topological order,
+    a known children kind, and a float q tensor of shape (n + 1, V) unless
+    children="fixed". Returned as a TreeDraft of int64 tokens and int parents."""
     import torch
 
     from specdec_rs.models import tree_depths
@@ -394,24 +393,37 @@ def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
             f"drafter {name} returned {type(draft).__name__} from propose_tree; expected a "
             "TreeDraft(tokens, parents, q, children)"
         )
+    parents = _checks.integers(parents, f"drafter {name}'s tree parents", minimum=-1)
     n = len(tokens)
-    if tokens.ndim != 1 or tokens.dtype.is_floating_point or n > budget or len(parents) != n:
+    integer = not tokens.dtype.is_floating_point and tokens.dtype != torch.bool
+    if tokens.ndim != 1 or not integer or n > budget or len(parents) != n:
         raise ValueError(
-            f"drafter {name} proposed a tree of {n} tokens (shape {tuple(tokens.shape)}) with "
-            f"{len(parents)} parents; expected at most {budget} integer ids and one parent each"
+            f"drafter {name} proposed a tree of {n} tokens (shape {tuple(tokens.shape)}, dtype "
+            f"{tokens.dtype}) with {len(parents)} parents; expected at most {budget} integer "
+            "ids and one parent each"
         )
-    tree_depths([int(x) for x in parents])
+    tree_depths(parents)
     _checks.choice(children, f"drafter {name}'s children", CHILDREN)
     if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
         raise ValueError(f"drafter {name} proposed ids outside the vocabulary [0, {vocab})")
     if children == "fixed" and q is not None:
         raise ValueError(f'drafter {name}: children="fixed" trees carry q=None')
-    if children != "fixed" and (not isinstance(q, torch.Tensor) or q.shape != (n + 1, vocab)):
-        raise ValueError(
-            f"drafter {name} returned q of shape {getattr(q, 'shape', None)}; expected "
-            f"({n + 1}, {vocab}): the rows each node's children were drawn from"
-        )
-    return draft
+    if children != "fixed":
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+            dtype = f" of {q.dtype}" if hasattr(q, "dtype") else ""
+            raise ValueError(
+                f"drafter {name} returned q as a {type(q).__name__}{dtype}; expected "
+                f"({n + 1}, {vocab}) as a float torch tensor: the rows each node's children "
+                "were drawn from"
+            )
+        if q.shape != (n + 1, vocab):
+            raise ValueError(
+                f"drafter {name} returned q of shape {tuple(q.shape)}; expected "
+                f"({n + 1}, {vocab}): the rows each node's children were drawn from"
+            )
+    from specdec_rs.drafters.base import TreeDraft
+
+    return TreeDraft(tokens.long(), parents, q, str(children))
 
 
 Flag = tuple["torch.Tensor", str]  # a 0-d bool tensor on the device, and what it means

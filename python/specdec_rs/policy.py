@@ -24,6 +24,7 @@ from typing import Any, Protocol
 from specdec_rs import _checks
 
 MAX_K = 1024  # the most drafts a policy may ask for in one round
+MAX_TREE = 4096  # the most nodes of a draft tree
 
 
 class KPolicy(Protocol):
@@ -302,4 +303,4 @@ def as_tree_policy(tree: Any) -> Any:
         if not isinstance(getattr(tree, "name", None), str):
             raise ValueError(f"the tree policy {tree!r} needs a `name` string attribute")
         return tree
-    return _checks.integer(tree, "tree", minimum=1, maximum=4096)
+    return _checks.integer(tree, "tree", minimum=1, maximum=MAX_TREE)

@@ -19,7 +19,9 @@ from rich.console import Console
 from specdec_rs import _checks, drafters, models
 from specdec_rs.cli.show import fmt, progress_bars, table
 from specdec_rs.generate import GenerationResult, generate
+from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads
+from specdec_rs.policy import MAX_K, MAX_TREE
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -37,14 +39,15 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", parents=parents, help="speculative generation with statistics")
     g.add_argument("prompt")
     g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
-    g.add_argument("--k", type=int, default=4)
+    g.add_argument("--k", type=int, default=4, help=f"drafts per round (1..{MAX_K})")
     g.add_argument(
         "--tree",
         type=int,
         default=None,
-        help="draft trees of at most NODES nodes per round (prompt-lookup, eagle, medusa, hybrid)",
+        help=f"draft trees of at most NODES (1..{MAX_TREE}) nodes per round (prompt-lookup, "
+        "eagle, medusa, hybrid)",
     )
-    g.add_argument("--max-new-tokens", type=int, default=128)
+    g.add_argument("--max-new-tokens", type=int, default=128, help=f"at most {MAX_NEW_TOKENS:,}")
     g.add_argument("--greedy-draft", action="store_true", help="drafts are the drafter's argmax")
     g.add_argument(
         "--draft-confidence",
@@ -98,15 +101,34 @@ def check_model_flags(args: argparse.Namespace) -> None:
     _checks.seed(args.seed, "--seed")
 
 
+def check_text(text: str, what: str) -> str:
+    """Text from the command line, which must be valid Unicode: bytes that
+    are not UTF-8 reach Python as lone surrogates, which no tokenizer takes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raw = text[e.start].encode("utf-8", "surrogateescape")
+        raise ValueError(
+            f"{what} is not UTF-8 text (byte {raw!r} at character {e.start}); pass UTF-8 text"
+        ) from None
+    return text
+
+
 def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The text and the generation's statistics (`GenerationResult.summary()`), flat."""
     config = sampling(args)
     check_model_flags(args)
-    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
-    _checks.integer(args.k, "--k", minimum=1)
+    check_text(args.prompt, "the prompt")
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
+    _checks.integer(args.k, "--k", minimum=1, maximum=MAX_K)
     if args.tree is not None:
-        _checks.integer(args.tree, "--tree", minimum=1, maximum=4096)
+        _checks.integer(args.tree, "--tree", minimum=1, maximum=MAX_TREE)
     _checks.real(args.draft_confidence, "--draft-confidence", minimum=0.0, below=1.0)
+    if args.tree is not None and args.draft_confidence > 0:
+        raise ValueError(
+            "--draft-confidence gates chains only, and --tree already ranks its candidates by "
+            "the head's confidence; drop one of the two"
+        )
     drafters.parse_spec(args.drafter)
     target, tokenizer = load_target(args)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
@@ -195,7 +217,7 @@ def show_generate(r: dict[str, Any], console: Console) -> None:
 def run_demo(args: argparse.Namespace, console: Console) -> bench.DemoReport:
     config = sampling(args)
     check_model_flags(args)
-    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     _checks.integer(args.prompts, "--prompts", minimum=1, maximum=2 * len(workloads.CHAT_PROMPTS))
     target, tokenizer = load_target(args)
     with progress_bars(console) as progress:

@@ -28,6 +28,8 @@ A drafter is an object with these members (`generate` calls the first five,
   with it can run ``generate(..., tree=budget)``): a tree of at most
   `budget` draft nodes continuing `seq`, verified by `verify_tree`; `update`
   then gets the kept path's length and hidden states as after a chain.
+- ``check_tree()`` (optional): ValueError, before any work, when the
+  drafter as configured cannot draft trees (a confidence-gated head).
 - ``with_confidence(τ) -> drafter`` (optional; the EAGLE head and the
   hybrid): the same drafter behind a confidence gate, drafting each round only
   while its draft's probability exceeds τ (`gated`).

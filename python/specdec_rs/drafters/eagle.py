@@ -211,6 +211,17 @@ class Eagle:
             self.head, self.fingerprint, greedy=self.greedy, name=self.name, confidence=confidence
         )
 
+    def check_tree(self) -> None:
+        """ValueError when this drafter cannot draft trees as configured: the
+        confidence gate drafts chains only (a tree already ranks its
+        candidates by the head's confidence, EAGLE-2's reranking)."""
+        if self.confidence > 0.0:
+            raise ValueError(
+                f"drafter {self.name}: the confidence gate (τ = {self.confidence:g}) drafts "
+                "chains only, and a tree already ranks its candidates by the head's "
+                "confidence; use the tree without the gate, or the gate without the tree"
+            )
+
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
     ) -> None:
@@ -327,6 +338,7 @@ class Eagle:
         tree is drawn instead (see `_sampled_tree`)."""
         import torch
 
+        self.check_tree()
         if budget == 0 or len(seq) < 2:
             return fixed_tree([], [], sampler)
         if not (self.greedy or sampler.config.greedy):
@@ -352,7 +364,8 @@ class Eagle:
     sample_width = 2  # children per chain node in a sampled tree
 
     def _sampled_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
-        """A drawn tree for sampling: at each of budget // sample_width depths,
+        """A drawn tree for sampling: at each of min(budget // sample_width,
+        tree_depth) depths (head steps, capped as the greedy tree's are),
         sample_width children drawn without replacement from the head's
         processed distribution q at the chain node (recursive rejection
         sampling verifies them: children="without_replacement"); the first
@@ -361,7 +374,7 @@ class Eagle:
         import torch
 
         width = min(self.sample_width, budget)
-        depth = budget // width
+        depth = min(budget // width, self.tree_depth)
         tokens: list[torch.Tensor] = []
         parents: list[int] = []
         rows: dict[int, torch.Tensor] = {}

@@ -64,6 +64,10 @@ class Hybrid:
             name=self.name,
         )
 
+    def check_tree(self) -> None:
+        """The head's (its rounds' confidence gate drafts chains only)."""
+        self.eagle.check_tree()
+
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None
     ) -> None:
