@@ -14,6 +14,7 @@ from __future__ import annotations
 import copy
 import json
 import math
+import os
 import struct
 from collections.abc import Callable
 from pathlib import Path
@@ -29,7 +30,8 @@ from test_fuzz import deadline
 torch = pytest.importorskip("torch")
 
 V, H = 48, 32
-EXAMPLES = 40
+# generated examples per test; SPECDEC_FUZZ_EXAMPLES=2000 digs deeper (as in test_fuzz.py)
+EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "40"))
 
 
 @pytest.fixture(scope="module")
@@ -676,3 +678,201 @@ def test_an_explicit_draft_vocabulary_keeps_its_size(target: Any, data_dir: Path
     choice = choose_draft_vocab(seqs, _config(draft_vocab=V - 2), [], V)
     assert len(choice.ids) == V - 2 == len(set(choice.ids)) and max(choice.ids) < V
     refused(choose_draft_vocab, seqs, _config(draft_vocab=100_000), [], V, match="at most 48")
+
+
+# ---- generated cases: files, harness inputs, the CLI ---------------------------------------
+
+JSON_VALUES = st.recursive(
+    st.none() | st.booleans() | st.integers(-(2**70), 2**70) | st.floats() | st.text(max_size=8),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=8,
+)
+
+
+@settings(max_examples=EXAMPLES)
+@given(mutation=_mutations())
+def test_damaged_shard_bytes_are_refused(
+    data_dir: Path, tmp_path_factory: pytest.TempPathFactory, mutation: tuple[str, int, int]
+) -> None:
+    from specdec_rs.training.data import load_dataset
+
+    how, at, value = mutation
+    shard = sorted(data_dir.glob("shard-*"))[0]
+    body = bytearray(shard.read_bytes())
+    n = struct.unpack("<Q", body[:8])[0]
+    if how == "cut":
+        body = body[: at % len(body)]
+    elif how == "flip":
+        body[at % (8 + n)] ^= value
+    elif how == "append":
+        body += bytes([value]) * (1 + at % 64)
+    else:
+        body[:8] = struct.pack("<Q", at * 2**20 + value)
+    folder = tmp_path_factory.mktemp("shard")
+    (folder / shard.name).write_bytes(bytes(body))
+    with deadline():
+        try:
+            load_dataset(folder, vocab=V, hidden=H)
+        except ValueError as e:
+            assert "rebuilt on the next run" in str(e)
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    field=st.sampled_from(["step", "config", "processes", "data", "draft_vocab"]), value=JSON_VALUES
+)
+def test_crafted_checkpoint_progress_is_refused(
+    target: Any,
+    data_dir: Path,
+    checkpoint: Path,
+    tmp_path_factory: pytest.TempPathFactory,
+    field: str,
+    value: Any,
+) -> None:
+    """Any value in any field of progress.json: a ValueError naming the fix,
+    nothing written (or, for another valid step, a resumed run)."""
+    import shutil
+
+    from specdec_rs.training.train import train_drafter
+
+    folder = tmp_path_factory.mktemp("progress")
+    ckpt = folder / "head.ckpt"
+    shutil.copytree(checkpoint, ckpt)
+    marker = ckpt / "progress.json"
+    saved = json.loads(marker.read_text())
+    if saved.get(field) == value:
+        return
+    marker.write_text(json.dumps({**saved, field: value}))
+    out = folder / "head.safetensors"
+    with deadline():
+        try:
+            train_drafter(target, data_dir, out, _config(checkpoint_every=5))
+        except ValueError as e:
+            assert "delete it to start over" in str(e)
+            assert not out.exists() and not list(folder.glob("*.partial*"))
+            return
+    assert field == "step" and type(value) is int and value >= 1  # another valid step: resumed
+    assert out.exists()
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    text=st.lists(
+        st.characters(codec="utf-8", exclude_categories=["Cs"])
+        | st.sampled_from(["\n", "\r", "{", '"', '{"prompt": "', "\\ud800", '"}']),
+        max_size=24,
+    ).map("".join),
+    suffix=st.sampled_from([".jsonl", ".txt", ".JSONL"]),
+    bom=st.booleans(),
+)
+def test_generated_prompts_files(
+    tmp_path_factory: pytest.TempPathFactory, text: str, suffix: str, bom: bool
+) -> None:
+    """Any UTF-8 text: a list of prompts, each a non-empty string (or a
+    conversation) that encodes as UTF-8, or a ValueError naming the file."""
+    from specdec_rs.training.prompts import read_prompts_file
+
+    path = tmp_path_factory.mktemp("prompts") / f"p{suffix}"
+    path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))
+    with deadline():
+        try:
+            prompts = read_prompts_file(path)
+        except ValueError as e:
+            assert str(path) in str(e)
+            return
+    assert prompts
+    for p in prompts:
+        texts = [p] if isinstance(p, str) else [t["content"] for t in p]
+        for t in texts:
+            t.encode("utf-8")
+        assert texts[-1].strip()
+
+
+OUTPUTS = st.one_of(
+    st.lists(st.integers(-(2**64), 2**64), max_size=6),
+    st.tuples(st.lists(st.integers(0, 4), max_size=3), st.lists(st.integers(0, 4), max_size=3)),
+    st.lists(st.floats(), max_size=3),
+    st.sampled_from(
+        [None, "0 1", b"\x00", 3, 2.5, [[0, 1], [2]], {"tokens": [0]}, np_bool := [True]]
+    ),
+)
+
+
+@settings(max_examples=EXAMPLES)
+@given(output=OUTPUTS)
+def test_the_harness_takes_any_verifier_output(output: Any) -> None:
+    """Whatever a verifier returns, the audit gives a verdict (never passing
+    a constant or out-of-range answer) or a ValueError; nothing else."""
+    from specdec_rs import testing
+
+    def constant(p: Any, q: Any, d: Any, rng: Any) -> Any:
+        return output
+
+    with deadline():
+        audit = testing.audit_chain(constant, runs=100, cases=testing.default_cases()[:1])
+    assert not audit.passed
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    kwargs=st.fixed_dictionaries(
+        {},
+        optional={
+            "runs": st.integers(-5, 2**70) | st.floats() | st.text(max_size=3),
+            "seed": st.integers(-5, 2**70),
+            "significance": st.floats() | st.integers(-2, 2) | st.none(),
+            "cases": st.sampled_from([[], None, [1], "dense", ()]),
+        },
+    )
+)
+def test_the_harness_checks_its_own_arguments(kwargs: dict[str, Any]) -> None:
+    from specdec_rs import testing
+
+    own = testing.project_verifiers()["chain"]
+    small = {"runs": 100, "cases": testing.default_cases()[:1], **kwargs}
+    with deadline():
+        try:
+            audit = testing.audit_chain(own, **small)
+        except ValueError as e:
+            assert str(e)
+            return
+    assert audit.passed  # valid arguments: the exact verifier passes
+
+
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
+def test_the_cli_refuses_damaged_heads_with_one_line(
+    kind: str, head_files: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the command: exit 2 and one line naming the file (SmolLM2 is
+    the target here, so even a whole head of the tiny target is refused)."""
+    from specdec_rs.cli import main
+
+    damaged = tmp_path / "damaged.safetensors"
+    damaged.write_bytes(head_files[kind].read_bytes()[:-3])
+    for path in (damaged, head_files[kind]):
+        assert main(["generate", "hi", "--drafter", f"{kind}:{path}", "--max-new-tokens", "2"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and str(path) in err
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"prompt": "\\ud800"}\n', "lone surrogate"),
+        (b"\xff\n", "not UTF-8"),
+        (b"{\n", "not JSON"),
+    ],
+)
+def test_the_cli_refuses_damaged_prompts_files_with_one_line(
+    body: bytes, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specdec_rs.cli import main
+
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(body)
+    argv = ["train-drafter", "--prompts-file", str(path), "--model", str(tmp_path / "none")]
+    assert main(argv) == 2  # before the model loads (it does not exist)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and str(path) in err
