@@ -58,6 +58,7 @@ LONGEST_FIRST = (
     "test_power.py",
     "test_cli.py",
     "test_fuzz.py",
+    "test_fuzz_files.py",
     "test_verify.py",
     "test_tree.py",
     "test_measure.py",
