@@ -121,20 +121,27 @@ def test_tree_decoding_keeps_the_greedy_output(
             assert out.policy == f"tree:{budget}"
 
 
-def test_sampled_eagle_trees_are_drawn_without_replacement(
-    target: Any, trained: dict[str, Path]
-) -> None:
+def sampled_tree(
+    target: Any, trained: dict[str, Path], budget: int, temperature: float
+) -> tuple[Any, Any, Any]:
+    """(the EAGLE drafter, the prompt, its first sampled tree of `budget` nodes)."""
     from specdec_rs.processors import Sampler, SamplingConfig
 
     drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
     ids = prompt(3)
-    sampler = Sampler(SamplingConfig(0.8), V, torch.Generator().manual_seed(0))
+    sampler = Sampler(SamplingConfig(temperature), V, torch.Generator().manual_seed(0))
     with torch.inference_mode():
         _, hidden = sd.models.forward_with_hidden(
             target, ids[:-1], sd.models.new_cache(target), keep=1
         )
     drafter.start(ids, None, hidden)
-    tree = drafter.propose_tree(ids, 6, sampler)
+    return drafter, ids, drafter.propose_tree(ids, budget, sampler)
+
+
+def test_sampled_eagle_trees_are_drawn_without_replacement(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    drafter, ids, tree = sampled_tree(target, trained, 6, 0.8)
     assert tree.children == "without_replacement" and tree.parents == [-1, -1, 0, 0, 2, 2]
     assert tree.q is not None and tree.q.shape == (7, V)
     for r, kids in ((0, [0, 1]), (1, [2, 3]), (3, [4, 5])):
@@ -146,17 +153,7 @@ def test_sampled_eagle_trees_are_drawn_without_replacement(
 
 def test_sampled_eagle_trees_keep_the_depth_cap(target: Any, trained: dict[str, Path]) -> None:
     """A budget of 4,096 once ran 2,048 head steps a round when sampling."""
-    from specdec_rs.processors import Sampler, SamplingConfig
-
-    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
-    ids = prompt(3)
-    sampler = Sampler(SamplingConfig(0.7), V, torch.Generator().manual_seed(0))
-    with torch.inference_mode():
-        _, hidden = sd.models.forward_with_hidden(
-            target, ids[:-1], sd.models.new_cache(target), keep=1
-        )
-    drafter.start(ids, None, hidden)
-    tree = drafter.propose_tree(ids, 4096, sampler)
+    drafter, _, tree = sampled_tree(target, trained, 4096, 0.7)
     assert tree.depth == drafter.tree_depth
     assert len(tree.tokens) == drafter.sample_width * drafter.tree_depth
 
