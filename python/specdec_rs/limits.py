@@ -12,3 +12,4 @@ MAX_EPOCHS = 10_000.0
 MAX_LR = 10.0
 MAX_MEDUSA_HEADS = 16
 MAX_LAYER_SIZE = 1 << 20  # any size in a head's layer shape, and a draft vocabulary
+MAX_TOP_K = 1 << 31  # top-k filtering (any larger k keeps every token of any real vocabulary)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
+from specdec_rs.limits import MAX_TOP_K
 
 if TYPE_CHECKING:
     import torch
@@ -44,7 +45,7 @@ class SamplingConfig:
             "temperature": _checks.real(
                 self.temperature, "temperature", minimum=0.0, hint=" (0 means greedy)"
             ),
-            "top_k": _checks.optional_integer(self.top_k, "top_k", minimum=1),
+            "top_k": _checks.optional_integer(self.top_k, "top_k", minimum=1, maximum=MAX_TOP_K),
             "top_p": _checks.optional_real(
                 self.top_p, "top_p", above=0.0, maximum=1.0, hint="; pass e.g. 0.9, or None"
             ),

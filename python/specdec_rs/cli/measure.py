@@ -18,6 +18,7 @@ from rich.console import Console
 from specdec_rs import _checks, drafters
 from specdec_rs.cli.models import check_model_flags, load_target
 from specdec_rs.cli.show import progress_bars, table
+from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads
 from specdec_rs.measure.predict import (
     DEFAULT_DRAFTERS,
@@ -81,7 +82,7 @@ def check_arguments(args: argparse.Namespace) -> None:
         _checks.integer(args.prompts, "--prompts", minimum=1, maximum=available)
     for t in args.temperatures:
         _checks.real(t, "--temperatures", minimum=0.0)
-    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1)
+    _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     _checks.integer(args.k_max, "--k-max", minimum=1, maximum=64)
     _checks.integer(args.repeats, "--repeats", minimum=1, maximum=100_000)
     check_drafter_specs(args.drafters)

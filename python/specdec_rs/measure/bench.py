@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters
 from specdec_rs.generate import GenerationResult, eos_set, generate
+from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.costs import Costs
 from specdec_rs.measure.hf import hf_generate, strategy
@@ -31,7 +32,7 @@ from specdec_rs.measure.predict import (
     no_progress,
     predict,
 )
-from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, HeuristicK, KPolicy
+from specdec_rs.policy import MAX_K, AdaptiveK, AdaptiveTree, BySource, HeuristicK, KPolicy
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -388,10 +389,14 @@ def run_bench(
     configs = [SamplingConfig(t) for t in temperatures]
     workloads = workloads_mod.check_names(workloads)
     prompt_sets = {w: workloads_mod.prompt_set(tokenizer, w, prompts) for w in workloads}
-    max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
+    max_new_tokens = _checks.integer(
+        max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
+    )
     k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=64)
-    ks_hf = [_checks.integer(k, "transformers_ks", minimum=1) for k in transformers_ks]
-    fixed = None if ks is None else [_checks.integer(k, "ks", minimum=1) for k in ks]
+    ks_hf = [
+        _checks.integer(k, "transformers_ks", minimum=1, maximum=MAX_K) for k in transformers_ks
+    ]
+    fixed = None if ks is None else [_checks.integer(k, "ks", minimum=1, maximum=MAX_K) for k in ks]
     policies = [_checks.choice(p, "policies", POLICIES) for p in policies]
     trees = [_checks.integer(n, "trees", minimum=1, maximum=256) for n in trees]
     seed = _checks.seed(seed)
@@ -498,7 +503,9 @@ def demo(
     interleaved = [m for pair in zip(chat, code, strict=False) for m in pair]
     count = _checks.integer(prompts, "prompts", minimum=1, maximum=len(interleaved))
     config = SamplingConfig(temperature)
-    max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
+    max_new_tokens = _checks.integer(
+        max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
+    )
     seed = _checks.seed(seed)
     built, skipped = {}, []
     for spec, _ in drafter_ks:
