@@ -8,6 +8,7 @@ pub mod block;
 pub mod error;
 pub mod linear;
 pub mod prob;
+pub mod quant;
 pub mod rng;
 pub mod sim;
 pub mod tree;

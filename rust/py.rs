@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use ndarray::Array2;
 use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3, PyReadwriteArray2,
-    PyUntypedArrayMethods,
+    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
+    PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -531,6 +531,115 @@ fn linear_f32(
     Ok(())
 }
 
+fn qtype_of(id: u32) -> PyResult<crate::quant::QType> {
+    crate::quant::QType::from_ggml(id).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "ggml type {id} has no native kernel; expected F32 (0), F16 (1), Q4_0 (2), Q4_1 (3), Q8_0 (8) or BF16 (30)"
+        ))
+    })
+}
+
+fn c_slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
+    a: &'a PyReadonlyArray<'_, T, D>,
+    what: &str,
+) -> PyResult<&'a [T]> {
+    if !a.is_c_contiguous() {
+        return Err(PyValueError::new_err(format!(
+            "{what} must be C-contiguous (pass np.ascontiguousarray(...))"
+        )));
+    }
+    a.as_slice()
+        .map_err(|_| PyValueError::new_err(format!("{what} must be C-contiguous")))
+}
+
+/// `out = x · dequant(w)ᵀ` for float32 `x` (n, k), a weight `w` (m, row
+/// bytes) of ggml type `qtype` holding rows of k values, and a writable
+/// float32 `out` (n, m), on `threads` threads with the GIL released, on the
+/// instruction `path` ("portable", "avx2", "avx512"; None: the best this CPU
+/// runs). See `quant.rs`: bitwise `linear_f32(x, dequantize(w))` on every path.
+#[pyfunction]
+#[pyo3(signature = (x, w, qtype, out, threads, path=None))]
+fn qlinear(
+    py: Python<'_>,
+    x: PyReadonlyArray2<'_, f32>,
+    w: PyReadonlyArray2<'_, u8>,
+    qtype: u32,
+    mut out: PyReadwriteArray2<'_, f32>,
+    threads: usize,
+    path: Option<&str>,
+) -> PyResult<()> {
+    let q = qtype_of(qtype)?;
+    let path = match path {
+        None => crate::quant::best_path(),
+        Some(name) => crate::quant::Path::from_name(name).ok_or_else(|| {
+            PyValueError::new_err(format!("path = {name:?}; expected 'portable', 'avx2' or 'avx512'"))
+        })?,
+    };
+    let (n, k, m) = (x.shape()[0], x.shape()[1], w.shape()[0]);
+    let rb = q.row_bytes(k)?;
+    if w.shape()[1] != rb || out.shape() != [n, m] {
+        return Err(PyValueError::new_err(format!(
+            "qlinear: x is {:?}, w {:?} and out {:?}; expected x (n, k), w (m, {rb}) (rows of k = {k} {} values) and out (n, m)",
+            x.shape(),
+            w.shape(),
+            out.shape(),
+            q.name()
+        )));
+    }
+    let (xs, ws) = (c_slice(&x, "qlinear: x")?, c_slice(&w, "qlinear: w")?);
+    if !out.is_c_contiguous() {
+        return Err(PyValueError::new_err("qlinear: out must be C-contiguous"));
+    }
+    let os = out
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("qlinear: out must be C-contiguous"))?;
+    py.detach(|| crate::quant::qlinear(xs, ws, q, os, n, k, m, threads, path))?;
+    Ok(())
+}
+
+/// Rows `rows` (int64) of a weight `w` (m, row bytes) of ggml type `qtype`
+/// and row length k, dequantized into float32 `out` (len(rows), k) exactly
+/// as gguf-py's `dequantize` gives them.
+#[pyfunction]
+fn dequantize_rows(
+    py: Python<'_>,
+    w: PyReadonlyArray2<'_, u8>,
+    qtype: u32,
+    k: usize,
+    rows: PyReadonlyArray1<'_, i64>,
+    mut out: PyReadwriteArray2<'_, f32>,
+) -> PyResult<()> {
+    let q = qtype_of(qtype)?;
+    let rb = q.row_bytes(k)?;
+    if w.shape()[1] != rb || out.shape() != [rows.len(), k] {
+        return Err(PyValueError::new_err(format!(
+            "dequantize_rows: w is {:?} and out {:?}; expected w (m, {rb}) and out ({}, {k})",
+            w.shape(),
+            out.shape(),
+            rows.len()
+        )));
+    }
+    let m = w.shape()[0];
+    let (ws, rs) = (
+        c_slice(&w, "dequantize_rows: w")?,
+        c_slice(&rows, "dequantize_rows: rows")?,
+    );
+    if !out.is_c_contiguous() {
+        return Err(PyValueError::new_err("dequantize_rows: out must be C-contiguous"));
+    }
+    let os = out
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("dequantize_rows: out must be C-contiguous"))?;
+    py.detach(|| crate::quant::dequantize_rows(ws, q, k, m, rs, os))?;
+    Ok(())
+}
+
+/// The widest instruction path `qlinear` runs on this CPU: "avx512", "avx2" or "portable".
+#[pyfunction]
+fn qlinear_path() -> &'static str {
+    crate::quant::best_path().name()
+}
+
 /// Whether `linear_f32` runs on this CPU's AVX2 + FMA path (else a slow portable one).
 #[pyfunction]
 fn linear_vectorized() -> bool {
@@ -557,6 +666,9 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(finish_round, m)?)?;
     m.add_function(wrap_pyfunction!(linear_f32, m)?)?;
     m.add_function(wrap_pyfunction!(linear_vectorized, m)?)?;
+    m.add_function(wrap_pyfunction!(qlinear, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(qlinear_path, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;
     m.add("CHILDREN", Children::names().collect::<Vec<_>>())?;

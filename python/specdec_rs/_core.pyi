@@ -13,6 +13,9 @@ __all__ = [
     "finish_round",
     "linear_f32",
     "linear_vectorized",
+    "dequantize_rows",
+    "qlinear",
+    "qlinear_path",
     "VARIANTS",
     "__version__",
     "row_seed",
@@ -136,3 +139,19 @@ def linear_f32(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], out: npt.NDArray[np.float32]
 ) -> None: ...
 def linear_vectorized() -> bool: ...
+def qlinear(
+    x: npt.NDArray[np.float32],
+    w: npt.NDArray[np.uint8],
+    qtype: int,
+    out: npt.NDArray[np.float32],
+    threads: int,
+    path: str | None = None,
+) -> None: ...
+def dequantize_rows(
+    w: npt.NDArray[np.uint8],
+    qtype: int,
+    k: int,
+    rows: npt.NDArray[np.int64],
+    out: npt.NDArray[np.float32],
+) -> None: ...
+def qlinear_path() -> str: ...

@@ -1,0 +1,926 @@
+//! Products with weights kept at a GGUF file's own precision:
+//! `out = x · dequant(W)ᵀ` for float32 rows `x` (n, k) and a weight `W`
+//! (m rows of k values) stored as the file stores it.
+//!
+//! Formats (ggml's block layouts, little-endian; d and m are float16):
+//! - F32, F16, BF16: one value per element.
+//! - Q8_0: blocks of 32: d, then 32 int8 q; w = q · d.
+//! - Q4_0: blocks of 32: d, then 16 bytes; byte j holds element j in its
+//!   low nibble and element j + 16 in its high one; w = d · (q − 8).
+//! - Q4_1: blocks of 32: d, m, then 16 bytes as in Q4_0; w = d · q + m.
+//!
+//! Each weight dequantizes to exactly the float32 value gguf-py's
+//! `dequantize` gives: the same float32 operations in the same order (a
+//! product, then for Q4_1 a separate sum; never a fused multiply-add).
+//!
+//! The weights are dequantized in registers, block by block, and the
+//! activations stay float32; nothing is quantized on the way. Every output
+//! entry is summed in the order of `linear.rs`: 8 lanes of fused
+//! multiply-adds over k in steps of 8, the lanes added pairwise, then the
+//! last `k mod 8` terms (float formats only; the block formats have k a
+//! multiple of 32). So `qlinear(x, W)` is bitwise `linear(x, dequant(W))`,
+//! and a row's result is the same alone or among up to any n rows, on any
+//! thread count, on the AVX2 path or the portable one.
+
+use crate::error::SpecError;
+
+/// Lanes per accumulator (one 256-bit vector of f32), as in `linear.rs`.
+const LANES: usize = 8;
+/// Accumulators of a tile: weight rows × x rows.
+const TILE: usize = 8;
+/// Elements of a quantized block.
+const QK: usize = 32;
+
+/// A weight format of a GGUF file that the kernels read natively.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl QType {
+    /// The format of ggml type id `id` (as gguf-py's `GGMLQuantizationType`).
+    pub fn from_ggml(id: u32) -> Option<QType> {
+        Some(match id {
+            0 => QType::F32,
+            1 => QType::F16,
+            2 => QType::Q4_0,
+            3 => QType::Q4_1,
+            8 => QType::Q8_0,
+            30 => QType::BF16,
+            _ => return None,
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            QType::F32 => "F32",
+            QType::F16 => "F16",
+            QType::BF16 => "BF16",
+            QType::Q8_0 => "Q8_0",
+            QType::Q4_0 => "Q4_0",
+            QType::Q4_1 => "Q4_1",
+        }
+    }
+
+    /// (elements, bytes) of one block.
+    pub fn block(self) -> (usize, usize) {
+        match self {
+            QType::F32 => (1, 4),
+            QType::F16 | QType::BF16 => (1, 2),
+            QType::Q8_0 => (QK, 34),
+            QType::Q4_0 => (QK, 18),
+            QType::Q4_1 => (QK, 20),
+        }
+    }
+
+    /// Bytes of a row of `k` values; an error when k is not whole blocks.
+    pub fn row_bytes(self, k: usize) -> crate::Result<usize> {
+        let (elems, bytes) = self.block();
+        if k == 0 || !k.is_multiple_of(elems) {
+            return Err(SpecError::Invalid(format!(
+                "a {} row holds whole blocks of {elems} values; k = {k} is not a positive \
+                 multiple of {elems}",
+                self.name()
+            )));
+        }
+        Ok(k / elems * bytes)
+    }
+}
+
+/// float16 bits as float32, exactly (subnormals, infinities and NaN
+/// payloads included, as NumPy's conversion gives them).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) >> 15) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    if exp == 0 {
+        let v = man as f32 * f32::from_bits(0x3380_0000); // man · 2^-24, exact
+        return f32::from_bits(v.to_bits() | sign);
+    }
+    if exp == 31 {
+        return f32::from_bits(sign | 0x7f80_0000 | (man << 13));
+    }
+    f32::from_bits(sign | ((exp + 112) << 23) | (man << 13))
+}
+
+#[inline(always)]
+fn half(b: &[u8], at: usize) -> f32 {
+    f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
+}
+
+/// One block of a row (`bytes` starting at the block) dequantized into
+/// `out` (its elements), as gguf-py computes it.
+#[inline(always)]
+fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
+    match q {
+        QType::F32 => out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
+        QType::F16 => out[0] = half(bytes, 0),
+        QType::BF16 => out[0] = f32::from_bits((u16::from_le_bytes([bytes[0], bytes[1]]) as u32) << 16),
+        QType::Q8_0 => {
+            let d = half(bytes, 0);
+            for j in 0..QK {
+                out[j] = (bytes[2 + j] as i8) as f32 * d;
+            }
+        }
+        QType::Q4_0 => {
+            let d = half(bytes, 0);
+            for j in 0..QK / 2 {
+                let b = bytes[2 + j];
+                out[j] = d * ((b & 0x0f) as i32 - 8) as f32;
+                out[j + QK / 2] = d * ((b >> 4) as i32 - 8) as f32;
+            }
+        }
+        QType::Q4_1 => {
+            let (d, m) = (half(bytes, 0), half(bytes, 2));
+            for j in 0..QK / 2 {
+                let b = bytes[4 + j];
+                out[j] = d * (b & 0x0f) as f32 + m;
+                out[j + QK / 2] = d * (b >> 4) as f32 + m;
+            }
+        }
+    }
+}
+
+/// Rows `rows` of a weight (m rows of `k` values in format `q`) as float32
+/// into `out` (rows.len(), k). Ids out of range are an error.
+pub fn dequantize_rows(w: &[u8], q: QType, k: usize, m: usize, rows: &[i64], out: &mut [f32]) -> crate::Result<()> {
+    let rb = q.row_bytes(k)?;
+    check_len("dequantize", w.len(), m * rb, "w", "m · row bytes")?;
+    check_len("dequantize", out.len(), rows.len() * k, "out", "len(rows) · k")?;
+    let (elems, bytes) = q.block();
+    for (i, &r) in rows.iter().enumerate() {
+        if r < 0 || r as usize >= m {
+            return Err(SpecError::Invalid(format!(
+                "dequantize: rows[{i}] = {r} is out of range; the weight has rows 0..{m}"
+            )));
+        }
+        let row = &w[r as usize * rb..(r as usize + 1) * rb];
+        let dst = &mut out[i * k..(i + 1) * k];
+        for (b, chunk) in dst.chunks_mut(elems).enumerate() {
+            dequant_block(q, &row[b * bytes..], chunk);
+        }
+    }
+    Ok(())
+}
+
+fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) -> crate::Result<()> {
+    if got != want {
+        return Err(SpecError::Invalid(format!(
+            "{what}: {name} has {got} entries (bytes for w); expected {expected} = {want}"
+        )));
+    }
+    Ok(())
+}
+
+/// A tile: weight rows `o..o + ow` against x rows `r0..r0 + xr`.
+#[derive(Clone, Copy)]
+struct Tile {
+    k: usize,
+    r0: usize,
+    xr: usize,
+    o: usize,
+    ow: usize,
+}
+
+/// Raw output pointer shared by the threads, each writing its own columns.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// `out[r, o] = Σ_j x[r, j] · dequant(w)[o, j]` for row-major `x` (n, k),
+/// `w` (m rows of k values in format `q`) and `out` (n, m), on `threads`
+/// threads (1: the calling thread) each taking a range of weight rows, on
+/// the instruction `path` (`best_path()` unless measured otherwise; a path
+/// this CPU lacks is an error).
+#[allow(clippy::too_many_arguments)]
+pub fn qlinear(
+    x: &[f32],
+    w: &[u8],
+    q: QType,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+    path: Path,
+) -> crate::Result<()> {
+    if !path_available(path) {
+        return Err(SpecError::Invalid(format!(
+            "qlinear: this CPU cannot run the {} path (its best is {})",
+            path.name(),
+            best_path().name()
+        )));
+    }
+    let rb = q.row_bytes(k)?;
+    check_len("qlinear", x.len(), n * k, "x", "n · k")?;
+    check_len("qlinear", w.len(), m * rb, "w", "m · row bytes")?;
+    check_len("qlinear", out.len(), n * m, "out", "n · m")?;
+    if threads == 0 || threads > 256 {
+        return Err(SpecError::Invalid(format!(
+            "qlinear: threads = {threads}; expected 1..256"
+        )));
+    }
+    let ptr = Out(out.as_mut_ptr());
+    let parts = threads.min(m.div_ceil(TILE)).max(1);
+    // ranges of weight rows, multiples of TILE, one per thread
+    let per = m.div_ceil(parts).div_ceil(TILE) * TILE;
+    let run = |part: usize| {
+        let (lo, hi) = (part * per, ((part + 1) * per).min(m));
+        if lo < hi {
+            // SAFETY: each part writes only the columns lo..hi of `out`, which
+            // holds n · m entries (checked above); the parts are disjoint.
+            unsafe { rows_range(x, w, q, ptr, n, k, m, lo, hi, rb, path) };
+        }
+    };
+    if parts == 1 {
+        run(0);
+    } else {
+        rayon::scope(|s| {
+            for part in 1..parts {
+                let run = &run;
+                s.spawn(move |_| run(part));
+            }
+            run(0);
+        });
+    }
+    Ok(())
+}
+
+/// Weight rows lo..hi against every x row, written into `out` (n, m).
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_range(
+    x: &[f32],
+    w: &[u8],
+    q: QType,
+    out: Out,
+    n: usize,
+    k: usize,
+    m: usize,
+    lo: usize,
+    hi: usize,
+    rb: usize,
+    path: Path,
+) {
+    let paired = path == Path::Avx512 && q.block().0 == QK;
+    let mut r0 = 0;
+    while r0 < n {
+        // x rows per tile: 8, 4, 2 or 1, and TILE / xr weight rows with them
+        let left = n - r0;
+        let xr = if left >= 8 {
+            8
+        } else if left >= 4 {
+            4
+        } else if left >= 2 {
+            2
+        } else {
+            1
+        };
+        let mut o = lo;
+        while o < hi {
+            // accumulators: 8 of 8 lanes (AVX2), or 8 of 16 lanes holding two rows each
+            let width = if paired { (2 * TILE / xr).min(TILE) } else { TILE / xr };
+            let ow = width.min(hi - o);
+            let t = Tile { k, r0, xr, o, ow };
+            let sums = tile(x, w, q, t, rb, path);
+            for (i, row) in sums.iter().enumerate().take(ow) {
+                for (r, &v) in row.iter().enumerate().take(xr) {
+                    *out.0.add((r0 + r) * m + o + i) = v;
+                }
+            }
+            o += ow;
+        }
+        r0 += xr;
+    }
+}
+
+/// The tile's dot products, as `sums[weight row][x row]`.
+fn tile(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, path: Path) -> [[f32; TILE]; TILE] {
+    let mut lanes = [[[0.0f32; LANES]; TILE]; TILE];
+    match path {
+        // SAFETY (both): the path's instructions are present (`qlinear`
+        // checked `path_available`); the tile lies inside x and w by construction.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 if q.block().0 == QK => unsafe { lanes_avx512(x, w, q, t, rb, &mut lanes) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 | Path::Avx512 => unsafe { lanes_avx2(x, w, q, t, rb, &mut lanes) },
+        _ => lanes_portable(x, w, q, t, rb, &mut lanes),
+    }
+    let full = t.k - t.k % LANES;
+    let mut sums = [[0.0f32; TILE]; TILE];
+    let mut tail = [0.0f32; LANES];
+    for i in 0..t.ow {
+        let row = &w[(t.o + i) * rb..(t.o + i + 1) * rb];
+        let (elems, bytes) = q.block();
+        for j in full..t.k {
+            dequant_block(q, &row[j / elems * bytes..], &mut tail[j - full..]);
+        }
+        for r in 0..t.xr {
+            let xrow = &x[(t.r0 + r) * t.k..(t.r0 + r + 1) * t.k];
+            let l = &lanes[i][r];
+            let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+            for j in full..t.k {
+                s = tail[j - full].mul_add(xrow[j], s);
+            }
+            sums[i][r] = s;
+        }
+    }
+    sums
+}
+
+/// The lanes of a tile's accumulators, in portable code: each weight row's
+/// next 32 (or 8) values dequantized into a buffer, then multiplied in.
+fn lanes_portable(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+    let (elems, bytes) = q.block();
+    let step = elems.max(LANES);
+    let full = t.k - t.k % LANES;
+    let mut buf = [[0.0f32; QK]; TILE];
+    let mut j = 0;
+    while j < full {
+        let span = step.min(full - j);
+        for i in 0..t.ow {
+            let row = &w[(t.o + i) * rb..];
+            for e in (0..span).step_by(elems) {
+                dequant_block(q, &row[(j + e) / elems * bytes..], &mut buf[i][e..]);
+            }
+        }
+        for c in (0..span).step_by(LANES) {
+            for r in 0..t.xr {
+                let xv = &x[(t.r0 + r) * t.k + j + c..(t.r0 + r) * t.k + j + c + LANES];
+                for i in 0..t.ow {
+                    for l in 0..LANES {
+                        lanes[i][r][l] = buf[i][c + l].mul_add(xv[l], lanes[i][r][l]);
+                    }
+                }
+            }
+        }
+        j += span;
+    }
+}
+
+/// The instruction paths, chosen at run time. All three sum every output
+/// in the same order, so they give the same bits; only the speed differs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Path {
+    Portable,
+    /// AVX2 + FMA + F16C: one weight row per 8-lane vector.
+    Avx2,
+    /// AVX-512 (F, BW, VL, DQ) on top: two weight rows per 16-lane vector, each
+    /// half an 8-lane accumulator of its own row (so the order stays that of
+    /// 8 lanes), and Q4 values looked up in a 16-entry table per block.
+    Avx512,
+}
+
+impl Path {
+    pub fn name(self) -> &'static str {
+        match self {
+            Path::Portable => "portable",
+            Path::Avx2 => "avx2",
+            Path::Avx512 => "avx512",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Path> {
+        [Path::Portable, Path::Avx2, Path::Avx512]
+            .into_iter()
+            .find(|p| p.name() == name)
+    }
+}
+
+/// The widest path this CPU runs (checked once by std, then cached).
+pub fn best_path() -> Path {
+    #[cfg(target_arch = "x86_64")]
+    {
+        let avx2 = std::is_x86_feature_detected!("avx2")
+            && std::is_x86_feature_detected!("fma")
+            && std::is_x86_feature_detected!("f16c");
+        let avx512 = std::is_x86_feature_detected!("avx512f")
+            && std::is_x86_feature_detected!("avx512bw")
+            && std::is_x86_feature_detected!("avx512vl")
+            && std::is_x86_feature_detected!("avx512dq");
+        if avx2 && avx512 {
+            return Path::Avx512;
+        }
+        if avx2 {
+            return Path::Avx2;
+        }
+    }
+    Path::Portable
+}
+
+/// Whether `path` runs on this CPU.
+pub fn path_available(path: Path) -> bool {
+    match (path, best_path()) {
+        (Path::Portable, _) | (_, Path::Avx512) => true,
+        (Path::Avx2, b) => b == Path::Avx2,
+        (Path::Avx512, _) => false,
+    }
+}
+
+/// Whether this CPU runs `qlinear` on a vector path.
+pub fn vector_path() -> bool {
+    best_path() != Path::Portable
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn lanes_avx2(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+    macro_rules! go {
+        ($ow:literal, $xr:literal) => {
+            avx2_tile::<$ow, $xr>(x, w, q, t, rb, lanes)
+        };
+    }
+    match (t.ow, t.xr) {
+        (8, 1) => go!(8, 1),
+        (4, 2) => go!(4, 2),
+        (2, 4) => go!(2, 4),
+        (1, 8) => go!(1, 8),
+        (_, xr) => {
+            // the last weight rows of a range, one at a time
+            for (i, slot) in lanes.iter_mut().enumerate().take(t.ow) {
+                let one = Tile { o: t.o + i, ow: 1, ..t };
+                let mut part = [[[0.0f32; LANES]; TILE]; TILE];
+                match xr {
+                    1 => avx2_tile::<1, 1>(x, w, q, one, rb, &mut part),
+                    2 => avx2_tile::<1, 2>(x, w, q, one, rb, &mut part),
+                    4 => avx2_tile::<1, 4>(x, w, q, one, rb, &mut part),
+                    _ => avx2_tile::<1, 8>(x, w, q, one, rb, &mut part),
+                }
+                *slot = part[0];
+            }
+        }
+    }
+}
+
+/// `OW` weight rows times `XR` x rows with the accumulators in registers:
+/// per block, each weight row's values are dequantized into 8-lane vectors
+/// (the gguf-py operations, lane-wise), then multiplied into every x row.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn avx2_tile<const OW: usize, const XR: usize>(
+    x: &[f32],
+    w: &[u8],
+    q: QType,
+    t: Tile,
+    rb: usize,
+    lanes: &mut [[[f32; LANES]; TILE]; TILE],
+) {
+    use std::arch::x86_64 as v;
+    let (k, full) = (t.k, t.k - t.k % LANES);
+    debug_assert!((t.o + OW) * rb <= w.len() && (t.r0 + XR) * k <= x.len());
+    let mut acc = [[v::_mm256_setzero_ps(); XR]; OW];
+    let wp = w.as_ptr().add(t.o * rb);
+    let xp = x.as_ptr().add(t.r0 * k);
+    match q {
+        QType::F32 | QType::F16 | QType::BF16 => {
+            let size = q.block().1;
+            let mut j = 0;
+            while j < full {
+                let mut wv = [v::_mm256_setzero_ps(); OW];
+                for i in 0..OW {
+                    let p = wp.add(i * rb + j * size);
+                    wv[i] = match q {
+                        QType::F32 => v::_mm256_loadu_ps(p as *const f32),
+                        QType::F16 => v::_mm256_cvtph_ps(v::_mm_loadu_si128(p as *const v::__m128i)),
+                        _ => {
+                            let h = v::_mm256_cvtepu16_epi32(v::_mm_loadu_si128(p as *const v::__m128i));
+                            v::_mm256_castsi256_ps(v::_mm256_slli_epi32::<16>(h))
+                        }
+                    };
+                }
+                for r in 0..XR {
+                    let xv = v::_mm256_loadu_ps(xp.add(r * k + j));
+                    for i in 0..OW {
+                        acc[i][r] = v::_mm256_fmadd_ps(wv[i], xv, acc[i][r]);
+                    }
+                }
+                j += LANES;
+            }
+        }
+        _ => {
+            let bytes = q.block().1;
+            let low = v::_mm256_set1_epi32(0x0f);
+            let eight = v::_mm256_set1_epi32(8);
+            let qs = match q {
+                QType::Q4_1 => 4,
+                _ => 2,
+            };
+            for b in 0..k / QK {
+                // the block's scales of the OW rows, converted together (F16C)
+                let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+                for i in 0..OW {
+                    let p = wp.add(i * rb + b * bytes);
+                    dh[i] = u16::from_le_bytes([*p, *p.add(1)]);
+                    mh[i] = u16::from_le_bytes([*p.add(2), *p.add(3)]);
+                }
+                let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+                v::_mm256_storeu_ps(
+                    d.as_mut_ptr(),
+                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(dh.as_ptr() as *const v::__m128i)),
+                );
+                v::_mm256_storeu_ps(
+                    m.as_mut_ptr(),
+                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(mh.as_ptr() as *const v::__m128i)),
+                );
+                // chunk c: elements 8c..8c + 8 of the block, one vector per row at a time
+                for c in 0..4 {
+                    let mut xv = [v::_mm256_setzero_ps(); XR];
+                    for r in 0..XR {
+                        xv[r] = v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c));
+                    }
+                    for i in 0..OW {
+                        let p = wp.add(i * rb + b * bytes);
+                        let dv = v::_mm256_broadcast_ss(&d[i]);
+                        let wv = if q == QType::Q8_0 {
+                            let raw = v::_mm_loadl_epi64(p.add(2 + 8 * c) as *const v::__m128i);
+                            v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(v::_mm256_cvtepi8_epi32(raw)), dv)
+                        } else {
+                            // bytes 0-7 (c = 0, 2) or 8-15 (c = 1, 3): low nibbles, then high ones
+                            let raw = v::_mm_loadl_epi64(p.add(qs + 8 * (c % 2)) as *const v::__m128i);
+                            let wide = v::_mm256_cvtepu8_epi32(raw);
+                            let nib = if c < 2 {
+                                v::_mm256_and_si256(wide, low)
+                            } else {
+                                v::_mm256_srli_epi32::<4>(wide)
+                            };
+                            if q == QType::Q4_1 {
+                                let prod = v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(nib));
+                                v::_mm256_add_ps(prod, v::_mm256_broadcast_ss(&m[i]))
+                            } else {
+                                v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(v::_mm256_sub_epi32(nib, eight)))
+                            }
+                        };
+                        for r in 0..XR {
+                            acc[i][r] = v::_mm256_fmadd_ps(wv, xv[r], acc[i][r]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    for i in 0..OW {
+        for r in 0..XR {
+            v::_mm256_storeu_ps(lanes[i][r].as_mut_ptr(), acc[i][r]);
+        }
+    }
+}
+
+/// AVX-512 tiles of the block formats: pairs of weight rows, then a last
+/// single row on the AVX2 path.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn lanes_avx512(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+    let pairs = t.ow / 2;
+    let pt = Tile { ow: 2 * pairs, ..t };
+    match (pairs, t.xr) {
+        (0, _) => {}
+        (4, 1) => avx512_tile::<4, 1>(x, w, q, pt, rb, lanes),
+        (4, 2) => avx512_tile::<4, 2>(x, w, q, pt, rb, lanes),
+        (2, 4) => avx512_tile::<2, 4>(x, w, q, pt, rb, lanes),
+        (1, 8) => avx512_tile::<1, 8>(x, w, q, pt, rb, lanes),
+        (_, xr) => {
+            for p in 0..pairs {
+                let two = Tile {
+                    o: t.o + 2 * p,
+                    ow: 2,
+                    ..t
+                };
+                let mut part = [[[0.0f32; LANES]; TILE]; TILE];
+                match xr {
+                    1 => avx512_tile::<1, 1>(x, w, q, two, rb, &mut part),
+                    2 => avx512_tile::<1, 2>(x, w, q, two, rb, &mut part),
+                    4 => avx512_tile::<1, 4>(x, w, q, two, rb, &mut part),
+                    _ => avx512_tile::<1, 8>(x, w, q, two, rb, &mut part),
+                }
+                lanes[2 * p] = part[0];
+                lanes[2 * p + 1] = part[1];
+            }
+        }
+    }
+    if t.ow % 2 == 1 {
+        let last = Tile {
+            o: t.o + t.ow - 1,
+            ow: 1,
+            ..t
+        };
+        let mut part = [[[0.0f32; LANES]; TILE]; TILE];
+        lanes_avx2(x, w, q, last, rb, &mut part);
+        lanes[t.ow - 1] = part[0];
+    }
+}
+
+/// `P` pairs of weight rows times `XR` x rows. Accumulator p holds row
+/// o + 2p in lanes 0-7 and row o + 2p + 1 in lanes 8-15; the x vector is
+/// the same 8 values in both halves. Per block, a Q4 row's 16 possible
+/// values (d·q + m, or d·(q − 8)) are computed once, as gguf-py computes
+/// them, and each nibble picks its value (vpermt2ps over both rows' tables).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+#[allow(clippy::needless_range_loop)]
+unsafe fn avx512_tile<const P: usize, const XR: usize>(
+    x: &[f32],
+    w: &[u8],
+    q: QType,
+    t: Tile,
+    rb: usize,
+    lanes: &mut [[[f32; LANES]; TILE]; TILE],
+) {
+    use std::arch::x86_64 as v;
+    let k = t.k;
+    debug_assert!((t.o + 2 * P) * rb <= w.len() && (t.r0 + XR) * k <= x.len());
+    let bytes = q.block().1;
+    let wp = w.as_ptr().add(t.o * rb);
+    let xp = x.as_ptr().add(t.r0 * k);
+    let mut acc = [[v::_mm512_setzero_ps(); XR]; P];
+    let iota = v::_mm512_set_ps(15., 14., 13., 12., 11., 10., 9., 8., 7., 6., 5., 4., 3., 2., 1., 0.);
+    let centered = v::_mm512_sub_ps(iota, v::_mm512_set1_ps(8.0));
+    let low = v::_mm512_set1_epi32(0x0f);
+    let upper = v::_mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
+    let qs = if q == QType::Q4_1 { 4 } else { 2 };
+    // two 8-byte runs (row a, row b) as 16 bytes
+    let pair = |pa: *const u8, pb: *const u8| {
+        v::_mm_unpacklo_epi64(
+            v::_mm_loadl_epi64(pa as *const v::__m128i),
+            v::_mm_loadl_epi64(pb as *const v::__m128i),
+        )
+    };
+    for b in 0..k / QK {
+        let (mut dh, mut mh) = ([0u16; 16], [0u16; 16]);
+        for i in 0..2 * P {
+            let p = wp.add(i * rb + b * bytes);
+            dh[i] = u16::from_le_bytes([*p, *p.add(1)]);
+            mh[i] = u16::from_le_bytes([*p.add(2), *p.add(3)]);
+        }
+        let (mut d, mut m) = ([0.0f32; 16], [0.0f32; 16]);
+        v::_mm512_storeu_ps(
+            d.as_mut_ptr(),
+            v::_mm512_cvtph_ps(v::_mm256_loadu_si256(dh.as_ptr() as *const v::__m256i)),
+        );
+        v::_mm512_storeu_ps(
+            m.as_mut_ptr(),
+            v::_mm512_cvtph_ps(v::_mm256_loadu_si256(mh.as_ptr() as *const v::__m256i)),
+        );
+        // wv[p][c]: elements 8c..8c + 8 of rows a = o + 2p and b = a + 1
+        let mut wv = [[v::_mm512_setzero_ps(); 4]; P];
+        for p in 0..P {
+            let (a, bb) = (2 * p, 2 * p + 1);
+            let (pa, pb) = (wp.add(a * rb + b * bytes), wp.add(bb * rb + b * bytes));
+            if q == QType::Q8_0 {
+                let dd = v::_mm512_mask_blend_ps(0xff00, v::_mm512_set1_ps(d[a]), v::_mm512_set1_ps(d[bb]));
+                for c in 0..4 {
+                    let raw = pair(pa.add(2 + 8 * c), pb.add(2 + 8 * c));
+                    let qv = v::_mm512_cvtepi32_ps(v::_mm512_cvtepi8_epi32(raw));
+                    wv[p][c] = v::_mm512_mul_ps(qv, dd);
+                }
+                continue;
+            }
+            let (ta, tb) = if q == QType::Q4_1 {
+                (
+                    v::_mm512_add_ps(v::_mm512_mul_ps(v::_mm512_set1_ps(d[a]), iota), v::_mm512_set1_ps(m[a])),
+                    v::_mm512_add_ps(
+                        v::_mm512_mul_ps(v::_mm512_set1_ps(d[bb]), iota),
+                        v::_mm512_set1_ps(m[bb]),
+                    ),
+                )
+            } else {
+                (
+                    v::_mm512_mul_ps(v::_mm512_set1_ps(d[a]), centered),
+                    v::_mm512_mul_ps(v::_mm512_set1_ps(d[bb]), centered),
+                )
+            };
+            for half in 0..2 {
+                let wide = v::_mm512_cvtepu8_epi32(pair(pa.add(qs + 8 * half), pb.add(qs + 8 * half)));
+                let lo = v::_mm512_or_si512(v::_mm512_and_si512(wide, low), upper);
+                let hi = v::_mm512_or_si512(v::_mm512_srli_epi32::<4>(wide), upper);
+                wv[p][half] = v::_mm512_permutex2var_ps(ta, lo, tb);
+                wv[p][2 + half] = v::_mm512_permutex2var_ps(ta, hi, tb);
+            }
+        }
+        for c in 0..4 {
+            for r in 0..XR {
+                let xv = v::_mm512_broadcast_f32x8(v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c)));
+                for p in 0..P {
+                    acc[p][r] = v::_mm512_fmadd_ps(wv[p][c], xv, acc[p][r]);
+                }
+            }
+        }
+    }
+    let mut both = [0.0f32; 16];
+    for p in 0..P {
+        for r in 0..XR {
+            v::_mm512_storeu_ps(both.as_mut_ptr(), acc[p][r]);
+            lanes[2 * p][r].copy_from_slice(&both[..8]);
+            lanes[2 * p + 1][r].copy_from_slice(&both[8..]);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::linear::linear;
+
+    fn data(len: usize, seed: u32) -> Vec<f32> {
+        (0..len)
+            .map(|i| {
+                let h = (i as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(seed.wrapping_mul(40_503));
+                ((h >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (h % 7) as f32)
+            })
+            .collect()
+    }
+
+    /// Random bytes of m rows in format q (scales as arbitrary float16
+    /// bit patterns of finite, modest values, including 0 and negatives).
+    fn weight(q: QType, m: usize, k: usize, seed: u32) -> Vec<u8> {
+        let rb = q.row_bytes(k).unwrap();
+        let mut b: Vec<u8> = (0..m * rb)
+            .map(|i| ((i as u32).wrapping_mul(2_246_822_519).wrapping_add(seed * 97) >> 13) as u8)
+            .collect();
+        let (elems, bytes) = q.block();
+        let scales = match q {
+            QType::Q8_0 | QType::Q4_0 => 1,
+            QType::Q4_1 => 2,
+            _ => 0,
+        };
+        for blk in 0..m * (k / elems) {
+            for s in 0..scales {
+                // |d| around 2^-7..2^-3, some zero
+                let h: u16 = if blk % 11 == 3 {
+                    0
+                } else {
+                    0x2000 + ((blk * 37 + s * 5) % 0x0c00) as u16
+                };
+                let h = if (blk + s) % 3 == 0 { h | 0x8000 } else { h };
+                b[blk * bytes + 2 * s..blk * bytes + 2 * s + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        if q == QType::F32 {
+            for (i, c) in b.chunks_mut(4).enumerate() {
+                c.copy_from_slice(&data(1, i as u32)[0].to_le_bytes());
+            }
+        }
+        if q == QType::F16 {
+            for c in b.chunks_mut(2) {
+                c[1] &= 0x3f; // finite, modest
+            }
+        }
+        if q == QType::BF16 {
+            for c in b.chunks_mut(2) {
+                c[1] = 0x3c | (c[1] & 0x81); // exponent near 1, both signs
+            }
+        }
+        b
+    }
+
+    fn dequant(q: QType, w: &[u8], m: usize, k: usize) -> Vec<f32> {
+        let mut out = vec![0.0; m * k];
+        let rows: Vec<i64> = (0..m as i64).collect();
+        dequantize_rows(w, q, k, m, &rows, &mut out).unwrap();
+        out
+    }
+
+    const ALL: [QType; 6] = [
+        QType::F32,
+        QType::F16,
+        QType::BF16,
+        QType::Q8_0,
+        QType::Q4_0,
+        QType::Q4_1,
+    ];
+
+    /// (threads, path) pairs: every path this CPU runs, on 1, 2 and 3 threads.
+    fn runs() -> Vec<(usize, Path)> {
+        let paths = [Path::Portable, Path::Avx2, Path::Avx512];
+        let available: Vec<Path> = paths.into_iter().filter(|p| path_available(*p)).collect();
+        available.iter().flat_map(|&p| [(1, p), (2, p), (3, p)]).collect()
+    }
+
+    #[test]
+    fn equals_the_float_product_of_the_dequantized_weight_bitwise() {
+        for q in ALL {
+            let k_list: &[usize] = if q.block().0 == 1 {
+                &[1, 7, 45, 576]
+            } else {
+                &[32, 96, 576]
+            };
+            for &k in k_list {
+                for &(n, m) in &[(1, 1), (1, 19), (3, 8), (5, 33), (8, 9), (13, 70), (16, 8)] {
+                    let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
+                    let wf = dequant(q, &w, m, k);
+                    let mut want = vec![0.0f32; n * m];
+                    linear(&x, &wf, &mut want, n, k, m).unwrap();
+                    for (threads, path) in runs() {
+                        let mut out = vec![f32::NAN; n * m];
+                        qlinear(&x, &w, q, &mut out, n, k, m, threads, path).unwrap();
+                        assert!(
+                            out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
+                        );
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_row_gives_the_same_bits_alone_or_in_a_batch() {
+        for q in [QType::Q4_1, QType::Q4_0, QType::Q8_0, QType::F16] {
+            let (n, k, m) = (16, 64, 37);
+            let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
+            let mut all = vec![0.0f32; n * m];
+            qlinear(&x, &w, q, &mut all, n, k, m, 1, best_path()).unwrap();
+            for r in 0..n {
+                for (threads, path) in runs() {
+                    let mut one = vec![0.0f32; m];
+                    qlinear(&x[r * k..(r + 1) * k], &w, q, &mut one, 1, k, m, threads, path).unwrap();
+                    assert_eq!(
+                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        all[r * m..(r + 1) * m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                        "{q:?} row {r} {path:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn every_path_gives_the_lanes_of_the_portable_one_bitwise() {
+        for q in ALL {
+            let k = if q.block().0 == 1 { 45 } else { 64 };
+            let rb = q.row_bytes(k).unwrap();
+            let (x, w) = (data(8 * k, 5), weight(q, 8, k, 6));
+            let full = k - k % LANES;
+            let wf = dequant(q, &w, 8, k);
+            for path in [Path::Avx2, Path::Avx512].into_iter().filter(|p| path_available(*p)) {
+                for xr in [1, 2, 4, 8] {
+                    for ow in 1..=8 {
+                        let t = Tile { k, r0: 0, xr, o: 0, ow };
+                        let mut a = [[[0.0f32; LANES]; TILE]; TILE];
+                        lanes_portable(&x, &w, q, t, rb, &mut a);
+                        let b = tile(&x, &w, q, t, rb, path);
+                        for i in 0..ow {
+                            for r in 0..xr {
+                                let l = &a[i][r];
+                                let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+                                for j in full..k {
+                                    s = wf[i * k + j].mul_add(x[r * k + j], s);
+                                }
+                                assert_eq!(
+                                    s.to_bits(),
+                                    b[i][r].to_bits(),
+                                    "{q:?} {path:?} xr={xr} ow={ow} i={i} r={r}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            let want = if (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0 {
+                continue; // NaN payloads: checked to stay NaN below
+            } else {
+                // the value from its parts, in f64
+                let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
+                let e = ((h >> 10) & 0x1f) as i32;
+                let m = (h & 0x3ff) as f64;
+                if e == 0 {
+                    s * m * 2f64.powi(-24)
+                } else if e == 31 {
+                    s * f64::INFINITY
+                } else {
+                    s * (1.0 + m / 1024.0) * 2f64.powi(e - 15)
+                }
+            };
+            assert_eq!(f16_to_f32(h) as f64, want, "{h:#06x}");
+            assert_eq!(f16_to_f32(h).is_sign_negative(), h >> 15 == 1);
+        }
+        assert!(f16_to_f32(0x7e01).is_nan());
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let mut out = vec![0.0f32; 2];
+        let p = best_path();
+        assert!(qlinear(&[0.0; 64], &[0; 20], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_ok());
+        assert!(qlinear(&[0.0; 60], &[0; 20], QType::Q4_1, &mut out, 2, 30, 1, 1, p).is_err());
+        assert!(qlinear(&[0.0; 64], &[0; 19], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_err());
+        assert!(qlinear(&[0.0; 64], &[0; 20], QType::Q4_1, &mut out, 2, 32, 1, 0, p).is_err());
+        let mut one = vec![0.0f32; 32];
+        assert!(dequantize_rows(&[0; 20], QType::Q4_1, 32, 1, &[1], &mut one).is_err());
+        assert!(dequantize_rows(&[0; 20], QType::Q4_1, 32, 1, &[-1], &mut one).is_err());
+    }
+}
