@@ -288,10 +288,11 @@ def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
 
 
 def new_cache(model: PreTrainedModel) -> Cache:
-    """An empty DynamicCache sized for `model`."""
-    from transformers import DynamicCache
+    """An empty cache for `model`, written in place (`kv_cache.PreallocatedCache`:
+    no copy of the cache per step; crops and tree compaction in place)."""
+    from specdec_rs.kv_cache import PreallocatedCache
 
-    return DynamicCache(config=model.config)
+    return PreallocatedCache(int(model.config.num_hidden_layers))
 
 
 @cache
@@ -452,8 +453,12 @@ def forward_tree(
 
 
 def keep_positions(cache: Cache, keep: torch.Tensor) -> None:
-    """Keep only the cache entries at positions `keep` (ascending), in every layer."""
+    """Keep only the cache entries at positions `keep` (ascending), in every
+    layer (in place where the layer can: `PreallocatedLayer.keep`)."""
     for layer in cache.layers:
+        if callable(getattr(layer, "keep", None)):
+            layer.keep(keep)
+            continue
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if keys is None or values is None or keys.numel() == 0:
             continue
