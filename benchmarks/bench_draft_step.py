@@ -40,11 +40,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     product_table(args.repeats)
-    target, tokenizer = models.load_smollm2()
+    # the float32 target: this compares the layouts of float rows
+    target, tokenizer = models.load_smollm2(weights="float32")
     context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     drafter: Any = drafters.from_spec("eagle", target, tokenizer)
     head = drafter.head
-    cols = head.head_cols
+    cols = head.vocab_rows.head_cols
     rows = cols.T.contiguous()
 
     def rows_logits(features: torch.Tensor) -> torch.Tensor:

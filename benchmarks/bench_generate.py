@@ -44,13 +44,14 @@ def main() -> None:
         "--trees", nargs="*", type=int, default=[], help="tree sizes (nodes per round) to run"
     )
     parser.add_argument("--no-transformers", action="store_true", help="skip transformers' runs")
+    parser.add_argument("--weights", default="auto", choices=("auto", "gguf", "float32"))
     parser.add_argument("--out", default=None, help="folder for report.md, results.json, plot")
     args = parser.parse_args()
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     logging.set_verbosity_error()
-    target, tokenizer = models.load_smollm2(dtype=args.dtype)
+    target, tokenizer = models.load_smollm2(dtype=args.dtype, weights=args.weights)
     start = time.perf_counter()
     with progress_bars(Console()) as progress:
         report = run_bench(

@@ -184,7 +184,7 @@ def main() -> None:
     if not args.skip_products:
         product_table(args.repeats)
         print()
-    target, tokenizer = models.load_smollm2(linear="torch")
+    target, tokenizer = models.load_smollm2(linear="torch", weights="float32")
     forward_table(target, args.repeats // 4)
     print()
     if not args.skip_generation:

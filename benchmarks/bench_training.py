@@ -67,7 +67,7 @@ def agreement(
 ) -> dict[str, list[float]]:
     """Argmax agreement by draft depth 1..depth on each workload's answers."""
     head = heads.load(path, target, "eagle").float().eval()
-    index = draft_vocab_index(head.draft_vocab, target.get_output_embeddings().weight.shape[0])
+    index = draft_vocab_index(head.draft_vocab, models.vocab_of(target))
     config = TrainConfig(depth=depth)
     return {name: holdout_agreement(head, seqs, config, index) for name, seqs in answers.items()}
 
@@ -125,7 +125,7 @@ def main() -> None:
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    target, tokenizer = models.load_smollm2(linear="torch")
+    target, tokenizer = models.load_smollm2(linear="torch", weights="float32")
     counts = {"chat": args.chat_prompts, "code": args.code_prompts}
     answers = evaluation_answers(target, tokenizer, counts, args.new_tokens)
     if args.topic_split:

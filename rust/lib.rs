@@ -7,6 +7,8 @@
 pub mod block;
 pub mod error;
 pub mod linear;
+pub mod llama;
+pub mod pool;
 pub mod prob;
 pub mod quant;
 pub mod rng;

@@ -552,76 +552,101 @@ fn c_slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
         .map_err(|_| PyValueError::new_err(format!("{what} must be C-contiguous")))
 }
 
-/// `out = x · dequant(w)ᵀ` for float32 `x` (n, k), a weight `w` (m, row
-/// bytes) of ggml type `qtype` holding rows of k values, and a writable
-/// float32 `out` (n, m), on `threads` threads with the GIL released, on the
-/// instruction `path` ("portable", "avx2", "avx512"; None: the best this CPU
-/// runs). See `quant.rs`: bitwise `linear_f32(x, dequantize(w))` on every path.
+fn path_of(path: Option<&str>) -> PyResult<crate::quant::Path> {
+    match path {
+        None => Ok(crate::quant::best_path()),
+        Some(name) => crate::quant::Path::from_name(name)
+            .ok_or_else(|| PyValueError::new_err(format!("path = {name:?}; expected 'portable', 'avx2' or 'avx512'"))),
+    }
+}
+
+/// A row-major weight `w` (m, row bytes) of ggml type `qtype` and row
+/// length k in the kernel's packed layout (`quant.rs`: panels of 8 rows),
+/// as a 1-D uint8 array.
 #[pyfunction]
-#[pyo3(signature = (x, w, qtype, out, threads, path=None))]
+fn pack_weight<'py>(
+    py: Python<'py>,
+    w: PyReadonlyArray2<'py, u8>,
+    qtype: u32,
+    k: usize,
+) -> PyResult<Bound<'py, PyArray1<u8>>> {
+    let q = qtype_of(qtype)?;
+    let rb = q.row_bytes(k)?;
+    if w.shape()[1] != rb {
+        return Err(PyValueError::new_err(format!(
+            "pack_weight: w is {:?}; expected (m, {rb}): rows of k = {k} {} values",
+            w.shape(),
+            q.name()
+        )));
+    }
+    let m = w.shape()[0];
+    let ws = c_slice(&w, "pack_weight: w")?;
+    let packed = py.detach(|| crate::quant::pack(ws, q, m, k))?;
+    Ok(packed.into_pyarray(py))
+}
+
+/// `out = x · dequant(W)ᵀ` for float32 `x` (n, k), a packed weight
+/// (`pack_weight`) of m rows of ggml type `qtype`, and a writable float32
+/// `out` (n, m), on `threads` threads with the GIL released, on the
+/// instruction `path` ("portable", "avx2", "avx512"; None: the best this CPU
+/// runs). See `quant.rs`: bitwise `linear_f32(x, dequantize(W))` on every path.
+#[pyfunction]
+#[pyo3(signature = (x, packed, qtype, m, out, threads, path=None))]
+#[allow(clippy::too_many_arguments)]
 fn qlinear(
     py: Python<'_>,
     x: PyReadonlyArray2<'_, f32>,
-    w: PyReadonlyArray2<'_, u8>,
+    packed: PyReadonlyArray1<'_, u8>,
     qtype: u32,
+    m: usize,
     mut out: PyReadwriteArray2<'_, f32>,
     threads: usize,
     path: Option<&str>,
 ) -> PyResult<()> {
     let q = qtype_of(qtype)?;
-    let path = match path {
-        None => crate::quant::best_path(),
-        Some(name) => crate::quant::Path::from_name(name).ok_or_else(|| {
-            PyValueError::new_err(format!("path = {name:?}; expected 'portable', 'avx2' or 'avx512'"))
-        })?,
-    };
-    let (n, k, m) = (x.shape()[0], x.shape()[1], w.shape()[0]);
-    let rb = q.row_bytes(k)?;
-    if w.shape()[1] != rb || out.shape() != [n, m] {
+    let path = path_of(path)?;
+    let (n, k) = (x.shape()[0], x.shape()[1]);
+    if out.shape() != [n, m] {
         return Err(PyValueError::new_err(format!(
-            "qlinear: x is {:?}, w {:?} and out {:?}; expected x (n, k), w (m, {rb}) (rows of k = {k} {} values) and out (n, m)",
+            "qlinear: x is {:?} and out {:?}; expected x (n, k) and out (n, m = {m})",
             x.shape(),
-            w.shape(),
-            out.shape(),
-            q.name()
+            out.shape()
         )));
     }
-    let (xs, ws) = (c_slice(&x, "qlinear: x")?, c_slice(&w, "qlinear: w")?);
+    let (xs, ps) = (c_slice(&x, "qlinear: x")?, c_slice(&packed, "qlinear: packed")?);
     if !out.is_c_contiguous() {
         return Err(PyValueError::new_err("qlinear: out must be C-contiguous"));
     }
     let os = out
         .as_slice_mut()
         .map_err(|_| PyValueError::new_err("qlinear: out must be C-contiguous"))?;
-    py.detach(|| crate::quant::qlinear(xs, ws, q, os, n, k, m, threads, path))?;
+    py.detach(|| crate::quant::qlinear(xs, ps, q, os, n, k, m, threads, path))?;
     Ok(())
 }
 
-/// Rows `rows` (int64) of a weight `w` (m, row bytes) of ggml type `qtype`
-/// and row length k, dequantized into float32 `out` (len(rows), k) exactly
-/// as gguf-py's `dequantize` gives them.
+/// Rows `rows` (int64) of a packed weight (m rows of k values of ggml type
+/// `qtype`), dequantized into float32 `out` (len(rows), k) exactly as
+/// gguf-py's `dequantize` gives them.
 #[pyfunction]
 fn dequantize_rows(
     py: Python<'_>,
-    w: PyReadonlyArray2<'_, u8>,
+    packed: PyReadonlyArray1<'_, u8>,
     qtype: u32,
     k: usize,
+    m: usize,
     rows: PyReadonlyArray1<'_, i64>,
     mut out: PyReadwriteArray2<'_, f32>,
 ) -> PyResult<()> {
     let q = qtype_of(qtype)?;
-    let rb = q.row_bytes(k)?;
-    if w.shape()[1] != rb || out.shape() != [rows.len(), k] {
+    if out.shape() != [rows.len(), k] {
         return Err(PyValueError::new_err(format!(
-            "dequantize_rows: w is {:?} and out {:?}; expected w (m, {rb}) and out ({}, {k})",
-            w.shape(),
+            "dequantize_rows: out is {:?}; expected ({}, {k})",
             out.shape(),
             rows.len()
         )));
     }
-    let m = w.shape()[0];
-    let (ws, rs) = (
-        c_slice(&w, "dequantize_rows: w")?,
+    let (ps, rs) = (
+        c_slice(&packed, "dequantize_rows: packed")?,
         c_slice(&rows, "dequantize_rows: rows")?,
     );
     if !out.is_c_contiguous() {
@@ -630,7 +655,115 @@ fn dequantize_rows(
     let os = out
         .as_slice_mut()
         .map_err(|_| PyValueError::new_err("dequantize_rows: out must be C-contiguous"))?;
-    py.detach(|| crate::quant::dequantize_rows(ws, q, k, m, rs, os))?;
+    py.detach(|| crate::quant::dequantize_rows(ps, q, k, m, rs, os))?;
+    Ok(())
+}
+
+/// Rows `rows` (int64) of a packed weight, in the file's row-major layout:
+/// (len(rows), row bytes) uint8.
+#[pyfunction]
+fn unpack_rows<'py>(
+    py: Python<'py>,
+    packed: PyReadonlyArray1<'py, u8>,
+    qtype: u32,
+    k: usize,
+    m: usize,
+    rows: PyReadonlyArray1<'py, i64>,
+) -> PyResult<Bound<'py, PyArray2<u8>>> {
+    let q = qtype_of(qtype)?;
+    let rb = q.row_bytes(k)?;
+    let (ps, rs) = (
+        c_slice(&packed, "unpack_rows: packed")?,
+        c_slice(&rows, "unpack_rows: rows")?,
+    );
+    let raw = py.detach(|| crate::quant::unpack_rows(ps, q, k, m, rs))?;
+    let array = Array2::from_shape_vec((rs.len(), rb), raw)
+        .map_err(|e| PyRuntimeError::new_err(format!("unpack_rows: {e}")))?;
+    Ok(array.into_pyarray(py))
+}
+
+/// One Llama decoder layer in place on `x` (n, hidden): see `llama.rs`.
+/// `cos`, `sin` (n, head_dim); `keys`, `values` (kv_heads, capacity,
+/// head_dim) with `past` positions filled (this step writes the next n);
+/// `mask` None (causal) or (n, past + n) uint8; `weights` the packed
+/// (qkv, o, gate_up, down) with their ggml types; `shape` (heads, kv_heads,
+/// head_dim, intermediate, eps).
+#[pyfunction]
+#[pyo3(signature = (x, cos, sin, keys, values, past, mask, weights, attn_norm, ffn_norm, shape, threads, path=None))]
+#[allow(clippy::too_many_arguments)]
+fn llama_layer(
+    py: Python<'_>,
+    mut x: PyReadwriteArray2<'_, f32>,
+    cos: PyReadonlyArray2<'_, f32>,
+    sin: PyReadonlyArray2<'_, f32>,
+    mut keys: numpy::PyReadwriteArray3<'_, f32>,
+    mut values: numpy::PyReadwriteArray3<'_, f32>,
+    past: usize,
+    mask: Option<PyReadonlyArray2<'_, u8>>,
+    weights: Vec<(PyReadonlyArray1<'_, u8>, u32)>,
+    attn_norm: PyReadonlyArray1<'_, f32>,
+    ffn_norm: PyReadonlyArray1<'_, f32>,
+    shape: (usize, usize, usize, usize, f32),
+    threads: usize,
+    path: Option<&str>,
+) -> PyResult<()> {
+    let path = path_of(path)?;
+    if weights.len() != 4 {
+        return Err(PyValueError::new_err(
+            "llama_layer: weights are (qkv, o, gate_up, down)",
+        ));
+    }
+    let (n, hidden) = (x.shape()[0], x.shape()[1]);
+    let (heads, kv_heads, head_dim, inter, eps) = shape;
+    let capacity = keys.shape()[1];
+    if keys.shape() != [kv_heads, capacity, head_dim] || values.shape() != keys.shape() {
+        return Err(PyValueError::new_err(format!(
+            "llama_layer: keys {:?} and values {:?}; expected ({kv_heads}, capacity, {head_dim})",
+            keys.shape(),
+            values.shape()
+        )));
+    }
+    let mut ws = Vec::with_capacity(4);
+    for (i, (packed, id)) in weights.iter().enumerate() {
+        ws.push(crate::llama::Weight {
+            packed: c_slice(packed, &format!("llama_layer: weights[{i}]"))?,
+            q: qtype_of(*id)?,
+        });
+    }
+    let w = crate::llama::Weights {
+        qkv: ws[0],
+        o: ws[1],
+        gate_up: ws[2],
+        down: ws[3],
+        attn_norm: c_slice(&attn_norm, "llama_layer: attn_norm")?,
+        ffn_norm: c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
+    };
+    let s = crate::llama::Shape {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        inter,
+        eps,
+    };
+    let (cs, ss) = (c_slice(&cos, "llama_layer: cos")?, c_slice(&sin, "llama_layer: sin")?);
+    let ms = match &mask {
+        Some(m) => Some(c_slice(m, "llama_layer: mask")?),
+        None => None,
+    };
+    let contiguous = |what: &str| PyValueError::new_err(format!("llama_layer: {what} must be C-contiguous"));
+    let xs = x.as_slice_mut().map_err(|_| contiguous("x"))?;
+    let ks = keys.as_slice_mut().map_err(|_| contiguous("keys"))?;
+    let vs = values.as_slice_mut().map_err(|_| contiguous("values"))?;
+    py.detach(|| {
+        let cache = crate::llama::Cache {
+            keys: ks,
+            values: vs,
+            capacity,
+            past,
+        };
+        crate::llama::layer(xs, n, cs, ss, cache, ms, w, s, threads, path)
+    })?;
     Ok(())
 }
 
@@ -667,7 +800,10 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(linear_f32, m)?)?;
     m.add_function(wrap_pyfunction!(linear_vectorized, m)?)?;
     m.add_function(wrap_pyfunction!(qlinear, m)?)?;
+    m.add_function(wrap_pyfunction!(llama_layer, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_weight, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(unpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(qlinear_path, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;

@@ -1,6 +1,6 @@
 //! Products with weights kept at a GGUF file's own precision:
 //! `out = x · dequant(W)ᵀ` for float32 rows `x` (n, k) and a weight `W`
-//! (m rows of k values) stored as the file stores it.
+//! (m rows of k values) in the file's format.
 //!
 //! Formats (ggml's block layouts, little-endian; d and m are float16):
 //! - F32, F16, BF16: one value per element.
@@ -13,20 +13,29 @@
 //! `dequantize` gives: the same float32 operations in the same order (a
 //! product, then for Q4_1 a separate sum; never a fused multiply-add).
 //!
+//! **Panels.** `pack` rearranges a block format's bytes (nothing is
+//! converted) so that the kernel reads memory in one sequential stream:
+//! rows in panels of 8 (the last padded with zero rows), and within a panel
+//! block by block: the 8 rows' d (then m), then their quant bytes in 16-byte
+//! runs, each the same 8 bytes of two neighbouring rows (the run one AVX-512
+//! register takes). A row of a small matrix is a few hundred bytes, too
+//! short for the hardware prefetcher to follow 8 of them at once; a panel
+//! is one stream. The float formats stay row-major.
+//!
 //! The weights are dequantized in registers, block by block, and the
 //! activations stay float32; nothing is quantized on the way. Every output
 //! entry is summed in the order of `linear.rs`: 8 lanes of fused
 //! multiply-adds over k in steps of 8, the lanes added pairwise, then the
 //! last `k mod 8` terms (float formats only; the block formats have k a
-//! multiple of 32). So `qlinear(x, W)` is bitwise `linear(x, dequant(W))`,
-//! and a row's result is the same alone or among up to any n rows, on any
-//! thread count, on the AVX2 path or the portable one.
+//! multiple of 32). So `qlinear(x, pack(W))` is bitwise `linear(x,
+//! dequant(W))`, and a row's result is the same alone or among any number
+//! of rows, on any thread count and on every instruction path.
 
 use crate::error::SpecError;
 
 /// Lanes per accumulator (one 256-bit vector of f32), as in `linear.rs`.
 const LANES: usize = 8;
-/// Accumulators of a tile: weight rows × x rows.
+/// Rows of a panel; also accumulators of a tile (weight rows × x rows, in 8-lane units).
 const TILE: usize = 8;
 /// Elements of a quantized block.
 const QK: usize = 32;
@@ -78,7 +87,13 @@ impl QType {
         }
     }
 
-    /// Bytes of a row of `k` values; an error when k is not whole blocks.
+    /// Whether the format is a block format (packed into panels).
+    pub fn blocked(self) -> bool {
+        self.block().0 == QK
+    }
+
+    /// Bytes of a row of `k` values (row-major, as in the file); an error
+    /// when k is not whole blocks.
     pub fn row_bytes(self, k: usize) -> crate::Result<usize> {
         let (elems, bytes) = self.block();
         if k == 0 || !k.is_multiple_of(elems) {
@@ -90,6 +105,147 @@ impl QType {
         }
         Ok(k / elems * bytes)
     }
+
+    /// Bytes of a packed weight of m rows of k values.
+    pub fn packed_len(self, m: usize, k: usize) -> crate::Result<usize> {
+        let rb = self.row_bytes(k)?;
+        Ok(if self.blocked() {
+            m.div_ceil(TILE) * TILE * rb
+        } else {
+            m * rb
+        })
+    }
+}
+
+/// Where a block format's pieces sit in the packed layout (see the module docs).
+#[derive(Clone, Copy)]
+struct Panels {
+    /// Blocks per row.
+    nb: usize,
+    /// Bytes of one block of a panel (8 rows).
+    unit: usize,
+    /// Offset of the quant bytes within a panel block (after d, and m).
+    qs: usize,
+    /// 16-byte runs per row pair and block: 4 (Q8_0), 2 (Q4).
+    runs: usize,
+}
+
+impl Panels {
+    fn of(q: QType, k: usize) -> Panels {
+        let bytes = q.block().1;
+        let (qs, runs) = match q {
+            QType::Q8_0 => (16, 4),
+            QType::Q4_1 => (32, 2),
+            _ => (16, 2),
+        };
+        Panels {
+            nb: k / QK,
+            unit: TILE * bytes,
+            qs,
+            runs,
+        }
+    }
+
+    /// Start of block `b` of the panel holding rows 8·panel ..
+    #[inline(always)]
+    fn base(self, panel: usize, b: usize) -> usize {
+        (panel * self.nb + b) * self.unit
+    }
+
+    /// Start of run `r` of row pair `p` (rows 2p, 2p + 1 of the panel).
+    #[inline(always)]
+    fn run(self, p: usize, r: usize) -> usize {
+        self.qs + (p * self.runs + r) * 16
+    }
+
+    /// Byte `j` of the quant bytes of panel row `row` in a panel block
+    /// starting at `base` (the row-major block's byte offset j after its scales).
+    #[inline(always)]
+    fn q_byte(self, base: usize, row: usize, j: usize) -> usize {
+        base + self.run(row / 2, j / 8) + 8 * (row % 2) + j % 8
+    }
+}
+
+/// A row-major weight (m rows of `row_bytes(k)`) in the packed layout.
+pub fn pack(w: &[u8], q: QType, m: usize, k: usize) -> crate::Result<Vec<u8>> {
+    let rb = q.row_bytes(k)?;
+    check_len("pack", w.len(), m * rb, "w", "m · row bytes")?;
+    if !q.blocked() {
+        return Ok(w.to_vec());
+    }
+    let lay = Panels::of(q, k);
+    let bytes = q.block().1;
+    let scales = if q == QType::Q4_1 { 2 } else { 1 };
+    let mut out = vec![0u8; q.packed_len(m, k)?];
+    for r in 0..m {
+        let (panel, row) = (r / TILE, r % TILE);
+        for b in 0..lay.nb {
+            let src = &w[r * rb + b * bytes..r * rb + (b + 1) * bytes];
+            let base = lay.base(panel, b);
+            for s in 0..scales {
+                out[base + 16 * s + 2 * row..base + 16 * s + 2 * row + 2].copy_from_slice(&src[2 * s..2 * s + 2]);
+            }
+            for (j, &byte) in src[2 * scales..].iter().enumerate() {
+                out[lay.q_byte(base, row, j)] = byte;
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Block `b` of row `r` of a packed weight, back in the file's row-major
+/// block layout (`out` has the block's bytes).
+fn row_block(p: &[u8], q: QType, lay: Panels, r: usize, b: usize, out: &mut [u8]) {
+    let (panel, row) = (r / TILE, r % TILE);
+    let base = lay.base(panel, b);
+    let scales = if q == QType::Q4_1 { 2 } else { 1 };
+    for s in 0..scales {
+        out[2 * s..2 * s + 2].copy_from_slice(&p[base + 16 * s + 2 * row..base + 16 * s + 2 * row + 2]);
+    }
+    let quant = q.block().1 - 2 * scales;
+    for j in 0..quant {
+        out[2 * scales + j] = p[lay.q_byte(base, row, j)];
+    }
+}
+
+/// Rows `rows` of a packed weight (m rows of k values), in the file's
+/// row-major layout: the bytes a row-major reader takes.
+pub fn unpack_rows(p: &[u8], q: QType, k: usize, m: usize, rows: &[i64]) -> crate::Result<Vec<u8>> {
+    let rb = q.row_bytes(k)?;
+    check_len(
+        "unpack_rows",
+        p.len(),
+        q.packed_len(m, k)?,
+        "packed",
+        "the packed length",
+    )?;
+    check_rows("unpack_rows", rows, m)?;
+    let mut out = vec![0u8; rows.len() * rb];
+    if !q.blocked() {
+        for (i, &r) in rows.iter().enumerate() {
+            out[i * rb..(i + 1) * rb].copy_from_slice(&p[r as usize * rb..(r as usize + 1) * rb]);
+        }
+        return Ok(out);
+    }
+    let (lay, bytes) = (Panels::of(q, k), q.block().1);
+    for (i, &r) in rows.iter().enumerate() {
+        for b in 0..lay.nb {
+            let at = i * rb + b * bytes;
+            row_block(p, q, lay, r as usize, b, &mut out[at..at + bytes]);
+        }
+    }
+    Ok(out)
+}
+
+fn check_rows(what: &str, rows: &[i64], m: usize) -> crate::Result<()> {
+    for (i, &r) in rows.iter().enumerate() {
+        if r < 0 || r as usize >= m {
+            return Err(SpecError::Invalid(format!(
+                "{what}: rows[{i}] = {r} is out of range; the weight has rows 0..{m}"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// float16 bits as float32, exactly (subnormals, infinities and NaN
@@ -114,7 +270,7 @@ fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
-/// One block of a row (`bytes` starting at the block) dequantized into
+/// One row-major block (`bytes` starting at the block) dequantized into
 /// `out` (its elements), as gguf-py computes it.
 #[inline(always)]
 fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
@@ -147,22 +303,16 @@ fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Rows `rows` of a weight (m rows of `k` values in format `q`) as float32
-/// into `out` (rows.len(), k). Ids out of range are an error.
-pub fn dequantize_rows(w: &[u8], q: QType, k: usize, m: usize, rows: &[i64], out: &mut [f32]) -> crate::Result<()> {
-    let rb = q.row_bytes(k)?;
-    check_len("dequantize", w.len(), m * rb, "w", "m · row bytes")?;
+/// Rows `rows` of a packed weight (m rows of `k` values in format `q`) as
+/// float32 into `out` (rows.len(), k). Ids out of range are an error.
+pub fn dequantize_rows(p: &[u8], q: QType, k: usize, m: usize, rows: &[i64], out: &mut [f32]) -> crate::Result<()> {
     check_len("dequantize", out.len(), rows.len() * k, "out", "len(rows) · k")?;
+    let raw = unpack_rows(p, q, k, m, rows)?;
     let (elems, bytes) = q.block();
-    for (i, &r) in rows.iter().enumerate() {
-        if r < 0 || r as usize >= m {
-            return Err(SpecError::Invalid(format!(
-                "dequantize: rows[{i}] = {r} is out of range; the weight has rows 0..{m}"
-            )));
-        }
-        let row = &w[r as usize * rb..(r as usize + 1) * rb];
-        let dst = &mut out[i * k..(i + 1) * k];
-        for (b, chunk) in dst.chunks_mut(elems).enumerate() {
+    let rb = q.row_bytes(k)?;
+    for i in 0..rows.len() {
+        let row = &raw[i * rb..(i + 1) * rb];
+        for (b, chunk) in out[i * k..(i + 1) * k].chunks_mut(elems).enumerate() {
             dequant_block(q, &row[b * bytes..], chunk);
         }
     }
@@ -172,13 +322,14 @@ pub fn dequantize_rows(w: &[u8], q: QType, k: usize, m: usize, rows: &[i64], out
 fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) -> crate::Result<()> {
     if got != want {
         return Err(SpecError::Invalid(format!(
-            "{what}: {name} has {got} entries (bytes for w); expected {expected} = {want}"
+            "{what}: {name} has {got} entries (bytes for a weight); expected {expected} = {want}"
         )));
     }
     Ok(())
 }
 
-/// A tile: weight rows `o..o + ow` against x rows `r0..r0 + xr`.
+/// A tile: weight rows `o..o + ow` against x rows `r0..r0 + xr` (for a block
+/// format the rows lie in one panel, o a multiple of ow).
 #[derive(Clone, Copy)]
 struct Tile {
     k: usize,
@@ -194,176 +345,6 @@ struct Out(*mut f32);
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
-/// `out[r, o] = Σ_j x[r, j] · dequant(w)[o, j]` for row-major `x` (n, k),
-/// `w` (m rows of k values in format `q`) and `out` (n, m), on `threads`
-/// threads (1: the calling thread) each taking a range of weight rows, on
-/// the instruction `path` (`best_path()` unless measured otherwise; a path
-/// this CPU lacks is an error).
-#[allow(clippy::too_many_arguments)]
-pub fn qlinear(
-    x: &[f32],
-    w: &[u8],
-    q: QType,
-    out: &mut [f32],
-    n: usize,
-    k: usize,
-    m: usize,
-    threads: usize,
-    path: Path,
-) -> crate::Result<()> {
-    if !path_available(path) {
-        return Err(SpecError::Invalid(format!(
-            "qlinear: this CPU cannot run the {} path (its best is {})",
-            path.name(),
-            best_path().name()
-        )));
-    }
-    let rb = q.row_bytes(k)?;
-    check_len("qlinear", x.len(), n * k, "x", "n · k")?;
-    check_len("qlinear", w.len(), m * rb, "w", "m · row bytes")?;
-    check_len("qlinear", out.len(), n * m, "out", "n · m")?;
-    if threads == 0 || threads > 256 {
-        return Err(SpecError::Invalid(format!(
-            "qlinear: threads = {threads}; expected 1..256"
-        )));
-    }
-    let ptr = Out(out.as_mut_ptr());
-    let parts = threads.min(m.div_ceil(TILE)).max(1);
-    // ranges of weight rows, multiples of TILE, one per thread
-    let per = m.div_ceil(parts).div_ceil(TILE) * TILE;
-    let run = |part: usize| {
-        let (lo, hi) = (part * per, ((part + 1) * per).min(m));
-        if lo < hi {
-            // SAFETY: each part writes only the columns lo..hi of `out`, which
-            // holds n · m entries (checked above); the parts are disjoint.
-            unsafe { rows_range(x, w, q, ptr, n, k, m, lo, hi, rb, path) };
-        }
-    };
-    if parts == 1 {
-        run(0);
-    } else {
-        rayon::scope(|s| {
-            for part in 1..parts {
-                let run = &run;
-                s.spawn(move |_| run(part));
-            }
-            run(0);
-        });
-    }
-    Ok(())
-}
-
-/// Weight rows lo..hi against every x row, written into `out` (n, m).
-#[allow(clippy::too_many_arguments)]
-unsafe fn rows_range(
-    x: &[f32],
-    w: &[u8],
-    q: QType,
-    out: Out,
-    n: usize,
-    k: usize,
-    m: usize,
-    lo: usize,
-    hi: usize,
-    rb: usize,
-    path: Path,
-) {
-    let paired = path == Path::Avx512 && q.block().0 == QK;
-    let mut r0 = 0;
-    while r0 < n {
-        // x rows per tile: 8, 4, 2 or 1, and TILE / xr weight rows with them
-        let left = n - r0;
-        let xr = if left >= 8 {
-            8
-        } else if left >= 4 {
-            4
-        } else if left >= 2 {
-            2
-        } else {
-            1
-        };
-        let mut o = lo;
-        while o < hi {
-            // accumulators: 8 of 8 lanes (AVX2), or 8 of 16 lanes holding two rows each
-            let width = if paired { (2 * TILE / xr).min(TILE) } else { TILE / xr };
-            let ow = width.min(hi - o);
-            let t = Tile { k, r0, xr, o, ow };
-            let sums = tile(x, w, q, t, rb, path);
-            for (i, row) in sums.iter().enumerate().take(ow) {
-                for (r, &v) in row.iter().enumerate().take(xr) {
-                    *out.0.add((r0 + r) * m + o + i) = v;
-                }
-            }
-            o += ow;
-        }
-        r0 += xr;
-    }
-}
-
-/// The tile's dot products, as `sums[weight row][x row]`.
-fn tile(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, path: Path) -> [[f32; TILE]; TILE] {
-    let mut lanes = [[[0.0f32; LANES]; TILE]; TILE];
-    match path {
-        // SAFETY (both): the path's instructions are present (`qlinear`
-        // checked `path_available`); the tile lies inside x and w by construction.
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if q.block().0 == QK => unsafe { lanes_avx512(x, w, q, t, rb, &mut lanes) },
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 | Path::Avx512 => unsafe { lanes_avx2(x, w, q, t, rb, &mut lanes) },
-        _ => lanes_portable(x, w, q, t, rb, &mut lanes),
-    }
-    let full = t.k - t.k % LANES;
-    let mut sums = [[0.0f32; TILE]; TILE];
-    let mut tail = [0.0f32; LANES];
-    for i in 0..t.ow {
-        let row = &w[(t.o + i) * rb..(t.o + i + 1) * rb];
-        let (elems, bytes) = q.block();
-        for j in full..t.k {
-            dequant_block(q, &row[j / elems * bytes..], &mut tail[j - full..]);
-        }
-        for r in 0..t.xr {
-            let xrow = &x[(t.r0 + r) * t.k..(t.r0 + r + 1) * t.k];
-            let l = &lanes[i][r];
-            let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-            for j in full..t.k {
-                s = tail[j - full].mul_add(xrow[j], s);
-            }
-            sums[i][r] = s;
-        }
-    }
-    sums
-}
-
-/// The lanes of a tile's accumulators, in portable code: each weight row's
-/// next 32 (or 8) values dequantized into a buffer, then multiplied in.
-fn lanes_portable(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
-    let (elems, bytes) = q.block();
-    let step = elems.max(LANES);
-    let full = t.k - t.k % LANES;
-    let mut buf = [[0.0f32; QK]; TILE];
-    let mut j = 0;
-    while j < full {
-        let span = step.min(full - j);
-        for i in 0..t.ow {
-            let row = &w[(t.o + i) * rb..];
-            for e in (0..span).step_by(elems) {
-                dequant_block(q, &row[(j + e) / elems * bytes..], &mut buf[i][e..]);
-            }
-        }
-        for c in (0..span).step_by(LANES) {
-            for r in 0..t.xr {
-                let xv = &x[(t.r0 + r) * t.k + j + c..(t.r0 + r) * t.k + j + c + LANES];
-                for i in 0..t.ow {
-                    for l in 0..LANES {
-                        lanes[i][r][l] = buf[i][c + l].mul_add(xv[l], lanes[i][r][l]);
-                    }
-                }
-            }
-        }
-        j += span;
-    }
-}
-
 /// The instruction paths, chosen at run time. All three sum every output
 /// in the same order, so they give the same bits; only the speed differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -371,9 +352,10 @@ pub enum Path {
     Portable,
     /// AVX2 + FMA + F16C: one weight row per 8-lane vector.
     Avx2,
-    /// AVX-512 (F, BW, VL, DQ) on top: two weight rows per 16-lane vector, each
-    /// half an 8-lane accumulator of its own row (so the order stays that of
-    /// 8 lanes), and Q4 values looked up in a 16-entry table per block.
+    /// AVX-512 (F, BW, VL, DQ) on top: two weight rows per 16-lane vector,
+    /// each half an 8-lane accumulator of its own row (so the order stays
+    /// that of 8 lanes), and Q4 values looked up in a 16-entry table per
+    /// block.
     Avx512,
 }
 
@@ -423,34 +405,208 @@ pub fn path_available(path: Path) -> bool {
     }
 }
 
-/// Whether this CPU runs `qlinear` on a vector path.
-pub fn vector_path() -> bool {
-    best_path() != Path::Portable
+/// `out[r, o] = Σ_j x[r, j] · dequant(w)[o, j]` for row-major `x` (n, k), a
+/// packed weight `p` (`pack`: m rows of k values in format `q`) and `out`
+/// (n, m), on `threads` threads (1: the calling thread; the others from
+/// `pool::global`) each taking a range of panels, on the instruction `path`
+/// (a path this CPU lacks is an error).
+#[allow(clippy::too_many_arguments)]
+pub fn qlinear(
+    x: &[f32],
+    p: &[u8],
+    q: QType,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    threads: usize,
+    path: Path,
+) -> crate::Result<()> {
+    if !path_available(path) {
+        return Err(SpecError::Invalid(format!(
+            "qlinear: this CPU cannot run the {} path (its best is {})",
+            path.name(),
+            best_path().name()
+        )));
+    }
+    let rb = q.row_bytes(k)?;
+    check_len("qlinear", x.len(), n * k, "x", "n · k")?;
+    check_len(
+        "qlinear",
+        p.len(),
+        q.packed_len(m, k)?,
+        "w",
+        "the packed length (see pack)",
+    )?;
+    check_len("qlinear", out.len(), n * m, "out", "n · m")?;
+    if threads == 0 || threads > crate::pool::MAX_WORKERS + 1 {
+        return Err(SpecError::Invalid(format!(
+            "qlinear: threads = {threads}; expected 1..{}",
+            crate::pool::MAX_WORKERS + 1
+        )));
+    }
+    let ptr = Out(out.as_mut_ptr());
+    let panels = m.div_ceil(TILE);
+    let parts = threads.min(panels).max(1);
+    let job = |part: usize| {
+        let (lo, hi) = (
+            part * panels / parts * TILE,
+            ((part + 1) * panels / parts * TILE).min(m),
+        );
+        if lo < hi {
+            // SAFETY: each part writes only the columns lo..hi of `out`, which
+            // holds n · m entries (checked above); the parts are disjoint.
+            unsafe { rows_range(x, p, q, ptr, n, k, m, lo, hi, rb, path) };
+        }
+    };
+    if parts == 1 {
+        job(0);
+    } else {
+        crate::pool::global(threads - 1).run(parts, &job);
+    }
+    Ok(())
+}
+
+/// Weight rows lo..hi (lo a multiple of TILE) against every x row, into `out` (n, m).
+#[allow(clippy::too_many_arguments)]
+unsafe fn rows_range(
+    x: &[f32],
+    p: &[u8],
+    q: QType,
+    out: Out,
+    n: usize,
+    k: usize,
+    m: usize,
+    lo: usize,
+    hi: usize,
+    rb: usize,
+    path: Path,
+) {
+    let paired = path == Path::Avx512 && q.blocked();
+    let mut sums = [[0.0f32; TILE]; TILE];
+    let mut r0 = 0;
+    while r0 < n {
+        // x rows per tile: 8, 4, 2 or 1
+        let left = n - r0;
+        let xr = if left >= 8 {
+            8
+        } else if left >= 4 {
+            4
+        } else if left >= 2 {
+            2
+        } else {
+            1
+        };
+        // weight rows per tile: 8 accumulators of 8 lanes (AVX2), or of 16
+        // lanes holding two rows each (AVX-512); a tile stays in one panel
+        let ow = if paired { (2 * TILE / xr).min(TILE) } else { TILE / xr };
+        let mut o = lo;
+        while o < hi {
+            // block formats: the padded panel rows are computed and dropped
+            let rows = if q.blocked() { ow } else { ow.min(hi - o) };
+            let t = Tile { k, r0, xr, o, ow: rows };
+            tile(x, p, q, t, rb, path, &mut sums);
+            for (i, row) in sums.iter().enumerate().take(rows.min(hi - o)) {
+                for (r, &v) in row.iter().enumerate().take(xr) {
+                    *out.0.add((r0 + r) * m + o + i) = v;
+                }
+            }
+            o += rows;
+        }
+        r0 += xr;
+    }
+}
+
+/// The tile's dot products, into `sums[weight row][x row]`.
+fn tile(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, path: Path, sums: &mut [[f32; TILE]; TILE]) {
+    let mut lanes = [[[0.0f32; LANES]; TILE]; TILE];
+    match path {
+        // SAFETY (both): the path's instructions are present (`qlinear`
+        // checked `path_available`); the tile lies inside x and p by construction.
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx512 if q.blocked() => unsafe { lanes_avx512(x, p, q, t, &mut lanes) },
+        #[cfg(target_arch = "x86_64")]
+        Path::Avx2 | Path::Avx512 => unsafe { lanes_avx2(x, p, q, t, rb, &mut lanes) },
+        _ => lanes_portable(x, p, q, t, rb, &mut lanes),
+    }
+    let full = t.k - t.k % LANES;
+    let mut tail = [0.0f32; LANES];
+    for i in 0..t.ow {
+        if full < t.k {
+            // float formats only: the last k mod 8 values, one by one
+            let row = &p[(t.o + i) * rb..(t.o + i + 1) * rb];
+            let size = q.block().1;
+            for j in full..t.k {
+                dequant_block(q, &row[j * size..], &mut tail[j - full..]);
+            }
+        }
+        for r in 0..t.xr {
+            let xrow = &x[(t.r0 + r) * t.k..(t.r0 + r + 1) * t.k];
+            let l = &lanes[i][r];
+            let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+            for j in full..t.k {
+                s = tail[j - full].mul_add(xrow[j], s);
+            }
+            sums[i][r] = s;
+        }
+    }
+}
+
+/// The lanes of a tile's accumulators, in portable code: each weight row's
+/// next 32 (or 8) values dequantized into a buffer, then multiplied in.
+fn lanes_portable(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+    let (elems, bytes) = q.block();
+    let full = t.k - t.k % LANES;
+    let lay = Panels::of(q, t.k.max(QK));
+    let mut buf = [[0.0f32; QK]; TILE];
+    let mut raw = [0u8; 34];
+    let step = elems.max(LANES);
+    let mut j = 0;
+    while j < full {
+        let span = step.min(full - j);
+        for i in 0..t.ow {
+            if q.blocked() {
+                row_block(p, q, lay, t.o + i, j / QK, &mut raw[..bytes]);
+                dequant_block(q, &raw, &mut buf[i]);
+            } else {
+                let row = &p[(t.o + i) * rb..];
+                for e in 0..span {
+                    dequant_block(q, &row[(j + e) * bytes..], &mut buf[i][e..]);
+                }
+            }
+        }
+        for c in (0..span).step_by(LANES) {
+            for r in 0..t.xr {
+                let xv = &x[(t.r0 + r) * t.k + j + c..(t.r0 + r) * t.k + j + c + LANES];
+                for i in 0..t.ow {
+                    for l in 0..LANES {
+                        lanes[i][r][l] = buf[i][c + l].mul_add(xv[l], lanes[i][r][l]);
+                    }
+                }
+            }
+        }
+        j += span;
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_avx2(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
-    macro_rules! go {
-        ($ow:literal, $xr:literal) => {
-            avx2_tile::<$ow, $xr>(x, w, q, t, rb, lanes)
-        };
-    }
+unsafe fn lanes_avx2(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
     match (t.ow, t.xr) {
-        (8, 1) => go!(8, 1),
-        (4, 2) => go!(4, 2),
-        (2, 4) => go!(2, 4),
-        (1, 8) => go!(1, 8),
+        (8, 1) => avx2_tile::<8, 1>(x, p, q, t, rb, lanes),
+        (4, 2) => avx2_tile::<4, 2>(x, p, q, t, rb, lanes),
+        (2, 4) => avx2_tile::<2, 4>(x, p, q, t, rb, lanes),
+        (1, 8) => avx2_tile::<1, 8>(x, p, q, t, rb, lanes),
         (_, xr) => {
-            // the last weight rows of a range, one at a time
+            // other shapes (the last rows of a float weight; tests), one row at a time
             for (i, slot) in lanes.iter_mut().enumerate().take(t.ow) {
                 let one = Tile { o: t.o + i, ow: 1, ..t };
                 let mut part = [[[0.0f32; LANES]; TILE]; TILE];
                 match xr {
-                    1 => avx2_tile::<1, 1>(x, w, q, one, rb, &mut part),
-                    2 => avx2_tile::<1, 2>(x, w, q, one, rb, &mut part),
-                    4 => avx2_tile::<1, 4>(x, w, q, one, rb, &mut part),
-                    _ => avx2_tile::<1, 8>(x, w, q, one, rb, &mut part),
+                    1 => avx2_tile::<1, 1>(x, p, q, one, rb, &mut part),
+                    2 => avx2_tile::<1, 2>(x, p, q, one, rb, &mut part),
+                    4 => avx2_tile::<1, 4>(x, p, q, one, rb, &mut part),
+                    _ => avx2_tile::<1, 8>(x, p, q, one, rb, &mut part),
                 }
                 *slot = part[0];
             }
@@ -459,14 +615,14 @@ unsafe fn lanes_avx2(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &
 }
 
 /// `OW` weight rows times `XR` x rows with the accumulators in registers:
-/// per block, each weight row's values are dequantized into 8-lane vectors
-/// (the gguf-py operations, lane-wise), then multiplied into every x row.
+/// per 8 values, each weight row's vector is dequantized (the gguf-py
+/// operations, lane-wise), then multiplied into every x row.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
 unsafe fn avx2_tile<const OW: usize, const XR: usize>(
     x: &[f32],
-    w: &[u8],
+    p: &[u8],
     q: QType,
     t: Tile,
     rb: usize,
@@ -474,92 +630,82 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
 ) {
     use std::arch::x86_64 as v;
     let (k, full) = (t.k, t.k - t.k % LANES);
-    debug_assert!((t.o + OW) * rb <= w.len() && (t.r0 + XR) * k <= x.len());
     let mut acc = [[v::_mm256_setzero_ps(); XR]; OW];
-    let wp = w.as_ptr().add(t.o * rb);
     let xp = x.as_ptr().add(t.r0 * k);
-    match q {
-        QType::F32 | QType::F16 | QType::BF16 => {
-            let size = q.block().1;
-            let mut j = 0;
-            while j < full {
-                let mut wv = [v::_mm256_setzero_ps(); OW];
-                for i in 0..OW {
-                    let p = wp.add(i * rb + j * size);
-                    wv[i] = match q {
-                        QType::F32 => v::_mm256_loadu_ps(p as *const f32),
-                        QType::F16 => v::_mm256_cvtph_ps(v::_mm_loadu_si128(p as *const v::__m128i)),
-                        _ => {
-                            let h = v::_mm256_cvtepu16_epi32(v::_mm_loadu_si128(p as *const v::__m128i));
-                            v::_mm256_castsi256_ps(v::_mm256_slli_epi32::<16>(h))
-                        }
-                    };
-                }
-                for r in 0..XR {
-                    let xv = v::_mm256_loadu_ps(xp.add(r * k + j));
-                    for i in 0..OW {
-                        acc[i][r] = v::_mm256_fmadd_ps(wv[i], xv, acc[i][r]);
+    if !q.blocked() {
+        let size = q.block().1;
+        let wp = p.as_ptr().add(t.o * rb);
+        let mut j = 0;
+        while j < full {
+            let mut wv = [v::_mm256_setzero_ps(); OW];
+            for i in 0..OW {
+                let at = wp.add(i * rb + j * size);
+                wv[i] = match q {
+                    QType::F32 => v::_mm256_loadu_ps(at as *const f32),
+                    QType::F16 => v::_mm256_cvtph_ps(v::_mm_loadu_si128(at as *const v::__m128i)),
+                    _ => {
+                        let h = v::_mm256_cvtepu16_epi32(v::_mm_loadu_si128(at as *const v::__m128i));
+                        v::_mm256_castsi256_ps(v::_mm256_slli_epi32::<16>(h))
                     }
-                }
-                j += LANES;
+                };
             }
-        }
-        _ => {
-            let bytes = q.block().1;
-            let low = v::_mm256_set1_epi32(0x0f);
-            let eight = v::_mm256_set1_epi32(8);
-            let qs = match q {
-                QType::Q4_1 => 4,
-                _ => 2,
-            };
-            for b in 0..k / QK {
-                // the block's scales of the OW rows, converted together (F16C)
-                let (mut dh, mut mh) = ([0u16; 8], [0u16; 8]);
+            for r in 0..XR {
+                let xv = v::_mm256_loadu_ps(xp.add(r * k + j));
                 for i in 0..OW {
-                    let p = wp.add(i * rb + b * bytes);
-                    dh[i] = u16::from_le_bytes([*p, *p.add(1)]);
-                    mh[i] = u16::from_le_bytes([*p.add(2), *p.add(3)]);
+                    acc[i][r] = v::_mm256_fmadd_ps(wv[i], xv, acc[i][r]);
                 }
-                let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
-                v::_mm256_storeu_ps(
-                    d.as_mut_ptr(),
-                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(dh.as_ptr() as *const v::__m128i)),
-                );
+            }
+            j += LANES;
+        }
+    } else {
+        let lay = Panels::of(q, k);
+        let (panel, first) = (t.o / TILE, t.o % TILE);
+        let low = v::_mm256_set1_epi32(0x0f);
+        let eight = v::_mm256_set1_epi32(8);
+        for b in 0..lay.nb {
+            let base = p.as_ptr().add(lay.base(panel, b));
+            // the panel's 8 scales at once (F16C)
+            let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+            v::_mm256_storeu_ps(
+                d.as_mut_ptr(),
+                v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
+            );
+            if q == QType::Q4_1 {
                 v::_mm256_storeu_ps(
                     m.as_mut_ptr(),
-                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(mh.as_ptr() as *const v::__m128i)),
+                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16) as *const v::__m128i)),
                 );
-                // chunk c: elements 8c..8c + 8 of the block, one vector per row at a time
-                for c in 0..4 {
-                    let mut xv = [v::_mm256_setzero_ps(); XR];
-                    for r in 0..XR {
-                        xv[r] = v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c));
-                    }
-                    for i in 0..OW {
-                        let p = wp.add(i * rb + b * bytes);
-                        let dv = v::_mm256_broadcast_ss(&d[i]);
-                        let wv = if q == QType::Q8_0 {
-                            let raw = v::_mm_loadl_epi64(p.add(2 + 8 * c) as *const v::__m128i);
-                            v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(v::_mm256_cvtepi8_epi32(raw)), dv)
+            }
+            for c in 0..4 {
+                let mut xv = [v::_mm256_setzero_ps(); XR];
+                for r in 0..XR {
+                    xv[r] = v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c));
+                }
+                for i in 0..OW {
+                    let row = first + i;
+                    let (pair, half) = (row / 2, 8 * (row % 2));
+                    let dv = v::_mm256_broadcast_ss(&d[row]);
+                    let wv = if q == QType::Q8_0 {
+                        let raw = v::_mm_loadl_epi64(base.add(lay.run(pair, c) + half) as *const v::__m128i);
+                        v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(v::_mm256_cvtepi8_epi32(raw)), dv)
+                    } else {
+                        // bytes 0-7 (c = 0, 2) or 8-15 (c = 1, 3): low nibbles, then high ones
+                        let raw = v::_mm_loadl_epi64(base.add(lay.run(pair, c % 2) + half) as *const v::__m128i);
+                        let wide = v::_mm256_cvtepu8_epi32(raw);
+                        let nib = if c < 2 {
+                            v::_mm256_and_si256(wide, low)
                         } else {
-                            // bytes 0-7 (c = 0, 2) or 8-15 (c = 1, 3): low nibbles, then high ones
-                            let raw = v::_mm_loadl_epi64(p.add(qs + 8 * (c % 2)) as *const v::__m128i);
-                            let wide = v::_mm256_cvtepu8_epi32(raw);
-                            let nib = if c < 2 {
-                                v::_mm256_and_si256(wide, low)
-                            } else {
-                                v::_mm256_srli_epi32::<4>(wide)
-                            };
-                            if q == QType::Q4_1 {
-                                let prod = v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(nib));
-                                v::_mm256_add_ps(prod, v::_mm256_broadcast_ss(&m[i]))
-                            } else {
-                                v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(v::_mm256_sub_epi32(nib, eight)))
-                            }
+                            v::_mm256_srli_epi32::<4>(wide)
                         };
-                        for r in 0..XR {
-                            acc[i][r] = v::_mm256_fmadd_ps(wv, xv[r], acc[i][r]);
+                        if q == QType::Q4_1 {
+                            let prod = v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(nib));
+                            v::_mm256_add_ps(prod, v::_mm256_broadcast_ss(&m[row]))
+                        } else {
+                            v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(v::_mm256_sub_epi32(nib, eight)))
                         }
+                    };
+                    for r in 0..XR {
+                        acc[i][r] = v::_mm256_fmadd_ps(wv, xv[r], acc[i][r]);
                     }
                 }
             }
@@ -572,51 +718,39 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
     }
 }
 
-/// AVX-512 tiles of the block formats: pairs of weight rows, then a last
-/// single row on the AVX2 path.
+/// AVX-512 tiles of the block formats: row pairs of one panel.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn lanes_avx512(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
-    let pairs = t.ow / 2;
-    let pt = Tile { ow: 2 * pairs, ..t };
-    match (pairs, t.xr) {
-        (0, _) => {}
-        (4, 1) => avx512_tile::<4, 1>(x, w, q, pt, rb, lanes),
-        (4, 2) => avx512_tile::<4, 2>(x, w, q, pt, rb, lanes),
-        (2, 4) => avx512_tile::<2, 4>(x, w, q, pt, rb, lanes),
-        (1, 8) => avx512_tile::<1, 8>(x, w, q, pt, rb, lanes),
-        (_, xr) => {
-            for p in 0..pairs {
+unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+    match (t.ow, t.xr) {
+        (8, 1) => avx512_tile::<4, 1>(x, p, q, t, lanes),
+        (8, 2) => avx512_tile::<4, 2>(x, p, q, t, lanes),
+        (4, 4) => avx512_tile::<2, 4>(x, p, q, t, lanes),
+        (2, 8) => avx512_tile::<1, 8>(x, p, q, t, lanes),
+        (ow, xr) => {
+            // other shapes (tests), a pair at a time
+            debug_assert!(ow.is_multiple_of(2) && t.o.is_multiple_of(2));
+            for pr in 0..ow / 2 {
                 let two = Tile {
-                    o: t.o + 2 * p,
+                    o: t.o + 2 * pr,
                     ow: 2,
                     ..t
                 };
                 let mut part = [[[0.0f32; LANES]; TILE]; TILE];
                 match xr {
-                    1 => avx512_tile::<1, 1>(x, w, q, two, rb, &mut part),
-                    2 => avx512_tile::<1, 2>(x, w, q, two, rb, &mut part),
-                    4 => avx512_tile::<1, 4>(x, w, q, two, rb, &mut part),
-                    _ => avx512_tile::<1, 8>(x, w, q, two, rb, &mut part),
+                    1 => avx512_tile::<1, 1>(x, p, q, two, &mut part),
+                    2 => avx512_tile::<1, 2>(x, p, q, two, &mut part),
+                    4 => avx512_tile::<1, 4>(x, p, q, two, &mut part),
+                    _ => avx512_tile::<1, 8>(x, p, q, two, &mut part),
                 }
-                lanes[2 * p] = part[0];
-                lanes[2 * p + 1] = part[1];
+                lanes[2 * pr] = part[0];
+                lanes[2 * pr + 1] = part[1];
             }
         }
     }
-    if t.ow % 2 == 1 {
-        let last = Tile {
-            o: t.o + t.ow - 1,
-            ow: 1,
-            ..t
-        };
-        let mut part = [[[0.0f32; LANES]; TILE]; TILE];
-        lanes_avx2(x, w, q, last, rb, &mut part);
-        lanes[t.ow - 1] = part[0];
-    }
 }
 
-/// `P` pairs of weight rows times `XR` x rows. Accumulator p holds row
+/// `P` row pairs of one panel times `XR` x rows. Accumulator p holds row
 /// o + 2p in lanes 0-7 and row o + 2p + 1 in lanes 8-15; the x vector is
 /// the same 8 values in both halves. Per block, a Q4 row's 16 possible
 /// values (d·q + m, or d·(q − 8)) are computed once, as gguf-py computes
@@ -626,58 +760,45 @@ unsafe fn lanes_avx512(x: &[f32], w: &[u8], q: QType, t: Tile, rb: usize, lanes:
 #[allow(clippy::needless_range_loop)]
 unsafe fn avx512_tile<const P: usize, const XR: usize>(
     x: &[f32],
-    w: &[u8],
+    p: &[u8],
     q: QType,
     t: Tile,
-    rb: usize,
     lanes: &mut [[[f32; LANES]; TILE]; TILE],
 ) {
     use std::arch::x86_64 as v;
     let k = t.k;
-    debug_assert!((t.o + 2 * P) * rb <= w.len() && (t.r0 + XR) * k <= x.len());
-    let bytes = q.block().1;
-    let wp = w.as_ptr().add(t.o * rb);
+    let lay = Panels::of(q, k);
+    let (panel, first_pair) = (t.o / TILE, (t.o % TILE) / 2);
     let xp = x.as_ptr().add(t.r0 * k);
     let mut acc = [[v::_mm512_setzero_ps(); XR]; P];
     let iota = v::_mm512_set_ps(15., 14., 13., 12., 11., 10., 9., 8., 7., 6., 5., 4., 3., 2., 1., 0.);
     let centered = v::_mm512_sub_ps(iota, v::_mm512_set1_ps(8.0));
     let low = v::_mm512_set1_epi32(0x0f);
     let upper = v::_mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
-    let qs = if q == QType::Q4_1 { 4 } else { 2 };
-    // two 8-byte runs (row a, row b) as 16 bytes
-    let pair = |pa: *const u8, pb: *const u8| {
-        v::_mm_unpacklo_epi64(
-            v::_mm_loadl_epi64(pa as *const v::__m128i),
-            v::_mm_loadl_epi64(pb as *const v::__m128i),
-        )
-    };
-    for b in 0..k / QK {
-        let (mut dh, mut mh) = ([0u16; 16], [0u16; 16]);
-        for i in 0..2 * P {
-            let p = wp.add(i * rb + b * bytes);
-            dh[i] = u16::from_le_bytes([*p, *p.add(1)]);
-            mh[i] = u16::from_le_bytes([*p.add(2), *p.add(3)]);
-        }
-        let (mut d, mut m) = ([0.0f32; 16], [0.0f32; 16]);
-        v::_mm512_storeu_ps(
+    for b in 0..lay.nb {
+        let base = p.as_ptr().add(lay.base(panel, b));
+        let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+        v::_mm256_storeu_ps(
             d.as_mut_ptr(),
-            v::_mm512_cvtph_ps(v::_mm256_loadu_si256(dh.as_ptr() as *const v::__m256i)),
+            v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
         );
-        v::_mm512_storeu_ps(
-            m.as_mut_ptr(),
-            v::_mm512_cvtph_ps(v::_mm256_loadu_si256(mh.as_ptr() as *const v::__m256i)),
-        );
-        // wv[p][c]: elements 8c..8c + 8 of rows a = o + 2p and b = a + 1
+        if q == QType::Q4_1 {
+            v::_mm256_storeu_ps(
+                m.as_mut_ptr(),
+                v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16) as *const v::__m128i)),
+            );
+        }
+        // wv[p][c]: elements 8c..8c + 8 of rows a = 2·pair and a + 1
         let mut wv = [[v::_mm512_setzero_ps(); 4]; P];
-        for p in 0..P {
-            let (a, bb) = (2 * p, 2 * p + 1);
-            let (pa, pb) = (wp.add(a * rb + b * bytes), wp.add(bb * rb + b * bytes));
+        for pi in 0..P {
+            let pair = first_pair + pi;
+            let (a, bb) = (2 * pair, 2 * pair + 1);
             if q == QType::Q8_0 {
                 let dd = v::_mm512_mask_blend_ps(0xff00, v::_mm512_set1_ps(d[a]), v::_mm512_set1_ps(d[bb]));
                 for c in 0..4 {
-                    let raw = pair(pa.add(2 + 8 * c), pb.add(2 + 8 * c));
+                    let raw = v::_mm_loadu_si128(base.add(lay.run(pair, c)) as *const v::__m128i);
                     let qv = v::_mm512_cvtepi32_ps(v::_mm512_cvtepi8_epi32(raw));
-                    wv[p][c] = v::_mm512_mul_ps(qv, dd);
+                    wv[pi][c] = v::_mm512_mul_ps(qv, dd);
                 }
                 continue;
             }
@@ -695,29 +816,30 @@ unsafe fn avx512_tile<const P: usize, const XR: usize>(
                     v::_mm512_mul_ps(v::_mm512_set1_ps(d[bb]), centered),
                 )
             };
-            for half in 0..2 {
-                let wide = v::_mm512_cvtepu8_epi32(pair(pa.add(qs + 8 * half), pb.add(qs + 8 * half)));
+            for h in 0..2 {
+                let raw = v::_mm_loadu_si128(base.add(lay.run(pair, h)) as *const v::__m128i);
+                let wide = v::_mm512_cvtepu8_epi32(raw);
                 let lo = v::_mm512_or_si512(v::_mm512_and_si512(wide, low), upper);
                 let hi = v::_mm512_or_si512(v::_mm512_srli_epi32::<4>(wide), upper);
-                wv[p][half] = v::_mm512_permutex2var_ps(ta, lo, tb);
-                wv[p][2 + half] = v::_mm512_permutex2var_ps(ta, hi, tb);
+                wv[pi][h] = v::_mm512_permutex2var_ps(ta, lo, tb);
+                wv[pi][2 + h] = v::_mm512_permutex2var_ps(ta, hi, tb);
             }
         }
         for c in 0..4 {
             for r in 0..XR {
                 let xv = v::_mm512_broadcast_f32x8(v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c)));
-                for p in 0..P {
-                    acc[p][r] = v::_mm512_fmadd_ps(wv[p][c], xv, acc[p][r]);
+                for pi in 0..P {
+                    acc[pi][r] = v::_mm512_fmadd_ps(wv[pi][c], xv, acc[pi][r]);
                 }
             }
         }
     }
     let mut both = [0.0f32; 16];
-    for p in 0..P {
+    for pi in 0..P {
         for r in 0..XR {
-            v::_mm512_storeu_ps(both.as_mut_ptr(), acc[p][r]);
-            lanes[2 * p][r].copy_from_slice(&both[..8]);
-            lanes[2 * p + 1][r].copy_from_slice(&both[8..]);
+            v::_mm512_storeu_ps(both.as_mut_ptr(), acc[pi][r]);
+            lanes[2 * pi][r].copy_from_slice(&both[..8]);
+            lanes[2 * pi + 1][r].copy_from_slice(&both[8..]);
         }
     }
 }
@@ -781,10 +903,16 @@ mod tests {
         b
     }
 
+    /// The float32 values of a row-major weight, block by block (the reference).
     fn dequant(q: QType, w: &[u8], m: usize, k: usize) -> Vec<f32> {
+        let (elems, bytes) = q.block();
+        let rb = q.row_bytes(k).unwrap();
         let mut out = vec![0.0; m * k];
-        let rows: Vec<i64> = (0..m as i64).collect();
-        dequantize_rows(w, q, k, m, &rows, &mut out).unwrap();
+        for r in 0..m {
+            for b in 0..k / elems {
+                dequant_block(q, &w[r * rb + b * bytes..], &mut out[r * k + b * elems..]);
+            }
+        }
         out
     }
 
@@ -805,22 +933,50 @@ mod tests {
     }
 
     #[test]
+    fn packing_keeps_every_byte_and_dequantizes_as_the_rows_do() {
+        for q in ALL {
+            let k = if q.blocked() { 96 } else { 13 };
+            for m in [1, 7, 8, 9, 21] {
+                let w = weight(q, m, k, 9);
+                let packed = pack(&w, q, m, k).unwrap();
+                assert_eq!(packed.len(), q.packed_len(m, k).unwrap());
+                let rows: Vec<i64> = (0..m as i64).rev().collect();
+                let back = unpack_rows(&packed, q, k, m, &rows).unwrap();
+                let rb = q.row_bytes(k).unwrap();
+                for (i, &r) in rows.iter().enumerate() {
+                    let r = r as usize;
+                    assert_eq!(
+                        &back[i * rb..(i + 1) * rb],
+                        &w[r * rb..(r + 1) * rb],
+                        "{q:?} m={m} row {r}"
+                    );
+                }
+                let mut values = vec![0.0f32; m * k];
+                let all: Vec<i64> = (0..m as i64).collect();
+                dequantize_rows(&packed, q, k, m, &all, &mut values).unwrap();
+                let want = dequant(q, &w, m, k);
+                assert!(
+                    values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{q:?} m={m}"
+                );
+            }
+        }
+    }
+
+    #[test]
     fn equals_the_float_product_of_the_dequantized_weight_bitwise() {
         for q in ALL {
-            let k_list: &[usize] = if q.block().0 == 1 {
-                &[1, 7, 45, 576]
-            } else {
-                &[32, 96, 576]
-            };
+            let k_list: &[usize] = if q.blocked() { &[32, 96, 576] } else { &[1, 7, 45, 576] };
             for &k in k_list {
                 for &(n, m) in &[(1, 1), (1, 19), (3, 8), (5, 33), (8, 9), (13, 70), (16, 8)] {
                     let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
+                    let packed = pack(&w, q, m, k).unwrap();
                     let wf = dequant(q, &w, m, k);
                     let mut want = vec![0.0f32; n * m];
                     linear(&x, &wf, &mut want, n, k, m).unwrap();
                     for (threads, path) in runs() {
                         let mut out = vec![f32::NAN; n * m];
-                        qlinear(&x, &w, q, &mut out, n, k, m, threads, path).unwrap();
+                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path).unwrap();
                         assert!(
                             out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                             "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
@@ -836,12 +992,13 @@ mod tests {
         for q in [QType::Q4_1, QType::Q4_0, QType::Q8_0, QType::F16] {
             let (n, k, m) = (16, 64, 37);
             let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
+            let packed = pack(&w, q, m, k).unwrap();
             let mut all = vec![0.0f32; n * m];
-            qlinear(&x, &w, q, &mut all, n, k, m, 1, best_path()).unwrap();
+            qlinear(&x, &packed, q, &mut all, n, k, m, 1, best_path()).unwrap();
             for r in 0..n {
                 for (threads, path) in runs() {
                     let mut one = vec![0.0f32; m];
-                    qlinear(&x[r * k..(r + 1) * k], &w, q, &mut one, 1, k, m, threads, path).unwrap();
+                    qlinear(&x[r * k..(r + 1) * k], &packed, q, &mut one, 1, k, m, threads, path).unwrap();
                     assert_eq!(
                         one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
                         all[r * m..(r + 1) * m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
@@ -853,30 +1010,29 @@ mod tests {
     }
 
     #[test]
-    fn every_path_gives_the_lanes_of_the_portable_one_bitwise() {
+    fn every_tile_shape_of_every_path_gives_the_portable_lanes_bitwise() {
         for q in ALL {
-            let k = if q.block().0 == 1 { 45 } else { 64 };
+            let k = if q.blocked() { 64 } else { 45 };
             let rb = q.row_bytes(k).unwrap();
             let (x, w) = (data(8 * k, 5), weight(q, 8, k, 6));
-            let full = k - k % LANES;
-            let wf = dequant(q, &w, 8, k);
+            let packed = pack(&w, q, 8, k).unwrap();
             for path in [Path::Avx2, Path::Avx512].into_iter().filter(|p| path_available(*p)) {
                 for xr in [1, 2, 4, 8] {
-                    for ow in 1..=8 {
+                    for ow in [1, 2, 4, 8] {
+                        if path == Path::Avx512 && q.blocked() && ow == 1 {
+                            continue; // pairs only
+                        }
                         let t = Tile { k, r0: 0, xr, o: 0, ow };
                         let mut a = [[[0.0f32; LANES]; TILE]; TILE];
-                        lanes_portable(&x, &w, q, t, rb, &mut a);
-                        let b = tile(&x, &w, q, t, rb, path);
+                        lanes_portable(&x, &packed, q, t, rb, &mut a);
+                        let (mut sa, mut sb) = ([[0.0f32; TILE]; TILE], [[0.0f32; TILE]; TILE]);
+                        tile(&x, &packed, q, t, rb, Path::Portable, &mut sa);
+                        tile(&x, &packed, q, t, rb, path, &mut sb);
                         for i in 0..ow {
                             for r in 0..xr {
-                                let l = &a[i][r];
-                                let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-                                for j in full..k {
-                                    s = wf[i * k + j].mul_add(x[r * k + j], s);
-                                }
                                 assert_eq!(
-                                    s.to_bits(),
-                                    b[i][r].to_bits(),
+                                    sa[i][r].to_bits(),
+                                    sb[i][r].to_bits(),
                                     "{q:?} {path:?} xr={xr} ow={ow} i={i} r={r}"
                                 );
                             }
@@ -890,37 +1046,37 @@ mod tests {
     #[test]
     fn f16_conversion_is_exact() {
         for h in 0..=u16::MAX {
-            let want = if (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0 {
-                continue; // NaN payloads: checked to stay NaN below
+            if (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0 {
+                assert!(f16_to_f32(h).is_nan());
+                continue;
+            }
+            let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
+            let e = ((h >> 10) & 0x1f) as i32;
+            let m = (h & 0x3ff) as f64;
+            let want = if e == 0 {
+                s * m * 2f64.powi(-24)
+            } else if e == 31 {
+                s * f64::INFINITY
             } else {
-                // the value from its parts, in f64
-                let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
-                let e = ((h >> 10) & 0x1f) as i32;
-                let m = (h & 0x3ff) as f64;
-                if e == 0 {
-                    s * m * 2f64.powi(-24)
-                } else if e == 31 {
-                    s * f64::INFINITY
-                } else {
-                    s * (1.0 + m / 1024.0) * 2f64.powi(e - 15)
-                }
+                s * (1.0 + m / 1024.0) * 2f64.powi(e - 15)
             };
             assert_eq!(f16_to_f32(h) as f64, want, "{h:#06x}");
             assert_eq!(f16_to_f32(h).is_sign_negative(), h >> 15 == 1);
         }
-        assert!(f16_to_f32(0x7e01).is_nan());
     }
 
     #[test]
     fn bad_shapes_are_errors() {
         let mut out = vec![0.0f32; 2];
         let p = best_path();
-        assert!(qlinear(&[0.0; 64], &[0; 20], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_ok());
-        assert!(qlinear(&[0.0; 60], &[0; 20], QType::Q4_1, &mut out, 2, 30, 1, 1, p).is_err());
-        assert!(qlinear(&[0.0; 64], &[0; 19], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_err());
-        assert!(qlinear(&[0.0; 64], &[0; 20], QType::Q4_1, &mut out, 2, 32, 1, 0, p).is_err());
+        let packed = vec![0u8; QType::Q4_1.packed_len(1, 32).unwrap()];
+        assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_ok());
+        assert!(qlinear(&[0.0; 60], &packed, QType::Q4_1, &mut out, 2, 30, 1, 1, p).is_err());
+        assert!(qlinear(&[0.0; 64], &packed[1..], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_err());
+        assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 0, p).is_err());
+        assert!(pack(&[0; 19], QType::Q4_1, 1, 32).is_err());
         let mut one = vec![0.0f32; 32];
-        assert!(dequantize_rows(&[0; 20], QType::Q4_1, 32, 1, &[1], &mut one).is_err());
-        assert!(dequantize_rows(&[0; 20], QType::Q4_1, 32, 1, &[-1], &mut one).is_err());
+        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[1], &mut one).is_err());
+        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[-1], &mut one).is_err());
     }
 }

@@ -13,9 +13,12 @@ __all__ = [
     "finish_round",
     "linear_f32",
     "linear_vectorized",
+    "llama_layer",
     "dequantize_rows",
+    "pack_weight",
     "qlinear",
     "qlinear_path",
+    "unpack_rows",
     "VARIANTS",
     "__version__",
     "row_seed",
@@ -139,19 +142,40 @@ def linear_f32(
     x: npt.NDArray[np.float32], w: npt.NDArray[np.float32], out: npt.NDArray[np.float32]
 ) -> None: ...
 def linear_vectorized() -> bool: ...
+def pack_weight(w: npt.NDArray[np.uint8], qtype: int, k: int) -> npt.NDArray[np.uint8]: ...
 def qlinear(
     x: npt.NDArray[np.float32],
-    w: npt.NDArray[np.uint8],
+    packed: npt.NDArray[np.uint8],
     qtype: int,
+    m: int,
     out: npt.NDArray[np.float32],
     threads: int,
     path: str | None = None,
 ) -> None: ...
 def dequantize_rows(
-    w: npt.NDArray[np.uint8],
+    packed: npt.NDArray[np.uint8],
     qtype: int,
     k: int,
+    m: int,
     rows: npt.NDArray[np.int64],
     out: npt.NDArray[np.float32],
+) -> None: ...
+def unpack_rows(
+    packed: npt.NDArray[np.uint8], qtype: int, k: int, m: int, rows: npt.NDArray[np.int64]
+) -> npt.NDArray[np.uint8]: ...
+def llama_layer(
+    x: npt.NDArray[np.float32],
+    cos: npt.NDArray[np.float32],
+    sin: npt.NDArray[np.float32],
+    keys: npt.NDArray[np.float32],
+    values: npt.NDArray[np.float32],
+    past: int,
+    mask: npt.NDArray[np.uint8] | None,
+    weights: list[tuple[npt.NDArray[np.uint8], int]],
+    attn_norm: npt.NDArray[np.float32],
+    ffn_norm: npt.NDArray[np.float32],
+    shape: tuple[int, int, int, int, float],
+    threads: int,
+    path: str | None = None,
 ) -> None: ...
 def qlinear_path() -> str: ...

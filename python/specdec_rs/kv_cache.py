@@ -91,6 +91,25 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
             new[..., : self.length, :].copy_(old[..., : self.length, :])
             setattr(self, name, new)
 
+    def slots(
+        self, n: int, like: tuple[int, int, int], dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Room for n more positions of keys shaped like `like` (B, H, D):
+        (the key buffer, the value buffer, the filled length). The caller
+        writes positions length..length + n itself, then calls `advance(n)`."""
+        if not self.is_initialized:
+            b, h, d = like
+            self.lazy_initialization(
+                torch.empty(b, h, n, d, dtype=dtype), torch.empty(b, h, n, d, dtype=dtype)
+            )
+        self._reserve(self.length + n)
+        assert self._k is not None and self._v is not None
+        return self._k, self._v, self.length
+
+    def advance(self, n: int) -> None:
+        """n positions written past the filled part (see `slots`)."""
+        self.length += n
+
     def update(
         self, key_states: torch.Tensor, value_states: torch.Tensor, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:

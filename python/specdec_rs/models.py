@@ -64,9 +64,29 @@ def check_model(model: Any, what: str) -> Any:
             f"{what} is a {type(model).__name__}; expected a transformers causal LM, "
             "e.g. AutoModelForCausalLM.from_pretrained(folder)"
         )
-    if not callable(head) or getattr(head(), "weight", None) is None:
+    if not callable(head) or head() is None or lm_head_shape(model) is None:
         raise ValueError(f"{what} ({type(model).__name__}) has no LM head (get_output_embeddings)")
     return model
+
+
+def lm_head_shape(model: Any) -> tuple[int, int] | None:
+    """(rows, features) of the LM head: the padded vocabulary and the hidden
+    size, for float weights and GGUF ones alike (None without a head)."""
+    head = model.get_output_embeddings()
+    weight = getattr(head, "weight", None)
+    if weight is not None:
+        return int(weight.shape[0]), int(weight.shape[1])
+    rows, features = getattr(head, "out_features", None), getattr(head, "in_features", None)
+    return (int(rows), int(features)) if rows is not None and features is not None else None
+
+
+def weight_rows(module: Any, rows: torch.Tensor) -> torch.Tensor:
+    """Rows `rows` of a linear layer's or an embedding's weight, as float
+    values (a GGUF module's dequantized; a float module's, in its dtype)."""
+    dequantize = getattr(module, "dequantize_rows", None)
+    if callable(dequantize):
+        return dequantize(rows)  # type: ignore[no-any-return]
+    return module.weight.detach()[rows.to(module.weight.device)]  # type: ignore[no-any-return]
 
 
 def smollm2_gguf() -> Path:
@@ -84,21 +104,58 @@ def smollm2_gguf() -> Path:
     return Path(str(dist.locate_file(files[0])))
 
 
+WEIGHTS = ("auto", "gguf", "float32")
+
+
+def weights_choice(weights: Any, dtype: Any, device: Any, directory: Any = None) -> str:
+    """ "gguf" or "float32" for `weights` ("auto": the file's own precision
+    on the CPU in float32, the dequantized float32 model otherwise: another
+    device, another dtype, or a converted `directory`)."""
+    choice = _checks.choice(weights, "weights", WEIGHTS)
+    if choice == "auto":
+        cpu = torch_device(device).type == "cpu" and str(torch_dtype(dtype)) == "torch.float32"
+        return "gguf" if cpu and directory is None else "float32"
+    if choice == "gguf" and (
+        torch_device(device).type != "cpu" or str(torch_dtype(dtype)) != "torch.float32"
+    ):
+        raise ValueError(
+            f"weights = 'gguf' runs on the CPU in float32 (dtype = {dtype!r}, device = "
+            f"{device!r}); pass weights='float32' for another dtype or device"
+        )
+    return choice
+
+
 def load_smollm2(
     directory: Path | None = None,
     *,
     dtype: Any = "float32",
     device: Any = "cpu",
     linear: str = "auto",
+    weights: str = "auto",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for SmolLM2-135M-Instruct in `dtype` on `device`, eval mode.
-    `linear`: the linear layers' product for few positions ("auto", "rust",
-    "torch"; see `kernels.apply_linear_choice`).
 
-    Converts the GGUF once into ``directory`` (default cache_dir()/SmolLM2-135M-Instruct),
-    after checking that the package is installed and the folder writable. A
-    damaged or incomplete folder is a ValueError that says what to delete.
+    weights: "gguf" keeps the packaged GGUF at its own precision (Q4_1
+    linears, Q8_0 embedding and head; `gguf.load_gguf`: the Rust kernels,
+    float32 activations); "float32" is the dequantized float32 model
+    (the reference); "auto" (default) takes "gguf" on the CPU in float32.
+    `linear`: the float32 model's linear layers for few positions ("auto",
+    "rust", "torch"; see `kernels.apply_linear_choice`).
+
+    The float32 model is converted from the GGUF once into ``directory``
+    (default cache_dir()/SmolLM2-135M-Instruct), after checking that the
+    package is installed and the folder writable. A damaged or incomplete
+    folder is a ValueError that says what to delete.
     """
+    kernels.check_linear_choice(linear)
+    if weights_choice(weights, dtype, device, directory) == "gguf":
+        from specdec_rs.gguf import load_gguf
+
+        gguf = smollm2_gguf()  # the package first: a clear error before any work
+        _checks.writable_dir(
+            cache_dir(), _cache_name(), hint="; set SPECDEC_CACHE to a writable folder"
+        )
+        return load_gguf(gguf)
     target = Path(directory) if directory is not None else cache_dir() / SMOLLM2_NAME
     if target.exists() and not target.is_dir():
         raise ValueError(f"{target} is a file; the converted model needs a folder there")
@@ -158,8 +215,9 @@ def load_local(
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from a local transformers folder in `dtype` on
     `device`, eval mode, its linear layers set by `linear` (as in
-    `load_smollm2`). Nothing is downloaded; a folder that cannot be read is
-    a ValueError."""
+    `load_smollm2`), or from a Llama-architecture .gguf file at its own
+    precision (`gguf.load_gguf`; on the CPU in float32). Nothing is
+    downloaded; a folder or file that cannot be read is a ValueError."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if not isinstance(path, str | os.PathLike):
@@ -167,6 +225,11 @@ def load_local(
     dtype, device = torch_dtype(dtype), torch_device(device)
     kernels.check_linear_choice(linear)
     folder = Path(path)
+    if folder.suffix.lower() == ".gguf":
+        if weights_choice("gguf", dtype, device) == "gguf":
+            from specdec_rs.gguf import load_gguf
+
+            return load_gguf(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
     if not (folder / "config.json").is_file():
@@ -315,15 +378,30 @@ def forward_with_hidden(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`forward`, plus the last hidden states of all n positions (n, H) in the
     model's dtype when `hidden` (the input of the LM head; no extra pass)."""
+    ids = tokens.to(device_of(model)).unsqueeze(0)
+    return _logits_and_hidden(model, hidden, keep, input_ids=ids, use_cache=True, cache=cache)
+
+
+def _logits_and_hidden(
+    model: PreTrainedModel, hidden: bool, keep: int, cache: Cache, **inputs: Any
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Logits (keep, V) float32 of the last `keep` positions and (when
+    `hidden`) the LM head's input at every position: from the base model
+    and the LM head where the model has them (`model.model`, `lm_head`: the
+    same values as `output_hidden_states`, without collecting every layer's),
+    else from the whole model."""
+    base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
+    if base is not None and head is not None:
+        states = base(**inputs, **{cache_keyword(base.__class__): cache}).last_hidden_state
+        logits: torch.Tensor = head(states[:, -keep:] if keep else states)[0].float()
+        return logits, (states[0] if hidden else None)
     out = model(
-        input_ids=tokens.to(device_of(model)).unsqueeze(0),
-        use_cache=True,
+        **inputs,
         logits_to_keep=keep,
         output_hidden_states=hidden,
         **{cache_keyword(model.__class__): cache},
     )
-    logits: torch.Tensor = out.logits[0].float()
-    return logits, (out.hidden_states[-1][0] if hidden else None)
+    return out.logits[0].float(), (out.hidden_states[-1][0] if hidden else None)
 
 
 def device_of(model: Any) -> torch.device:
@@ -380,7 +458,9 @@ def crop(cache: Cache, length: int, layers: range | None = None) -> None:
 
 def vocab_of(model: PreTrainedModel) -> int:
     """Rows of the LM head (the padded vocabulary)."""
-    return int(model.get_output_embeddings().weight.shape[0])
+    shape = lm_head_shape(model)
+    assert shape is not None, "check_model first"
+    return shape[0]
 
 
 def tree_depths(parents: Sequence[int]) -> list[int]:
@@ -440,16 +520,16 @@ def forward_tree(
     past = cache.get_seq_length()
     depth = torch.tensor([0, *tree_depths(parents)], device=device)
     ids = torch.cat([last.to(device), tokens.to(device)])[None]
-    out = model(
+    return _logits_and_hidden(
+        model,
+        hidden,
+        0,
         input_ids=ids,
         attention_mask=tree_mask(parents, past, dtype_of(model), device),
         position_ids=(past + depth)[None],
         use_cache=True,
-        output_hidden_states=hidden,
-        **{cache_keyword(model.__class__): cache},
+        cache=cache,
     )
-    logits: torch.Tensor = out.logits[0].float()
-    return logits, (out.hidden_states[-1][0] if hidden else None)
 
 
 def keep_positions(cache: Cache, keep: torch.Tensor) -> None:

@@ -2,7 +2,7 @@
 comes from a library function (`measure`, `theory`, `generate`).
 
 One parser, a parent for the flags every subcommand shares (--json, --seed)
-and one for the model flags (--model, --dtype, --device, --linear); each subcommand
+and one for the model flags (--model, --dtype, --device, --weights, --linear); each subcommand
 names its `run` (args, console) -> result and `show` (result, console)
 with `set_defaults`. `--json` prints `dataclasses.asdict(result)`.
 """
@@ -36,6 +36,13 @@ def build_parser() -> Parser:
         "--dtype", default="float32", help="float32 | bfloat16 | float16 (target and drafters)"
     )
     model.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    model.add_argument(
+        "--weights",
+        default="auto",
+        choices=("auto", "gguf", "float32"),
+        help="SmolLM2 (or a .gguf --model): gguf keeps the file's precision (Rust kernels), "
+        "float32 the dequantized reference (auto: gguf on the CPU in float32)",
+    )
     model.add_argument(
         "--linear",
         default="auto",

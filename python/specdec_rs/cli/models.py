@@ -78,26 +78,35 @@ def sampling(args: argparse.Namespace) -> SamplingConfig:
 
 
 def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """--model (a local folder) or SmolLM2-135M-Instruct, in --dtype on --device,
-    its linear layers as --linear says."""
-    return _load(args.model, args.dtype, args.device, args.linear)
+    """--model (a local folder or .gguf file) or SmolLM2-135M-Instruct, in
+    --dtype on --device, its weights as --weights and its float linear
+    layers as --linear say."""
+    weights = getattr(args, "weights", "auto")
+    return _load(args.model, args.dtype, args.device, args.linear, weights)
 
 
 @functools.cache
-def _load(path: str | None, dtype: str, device: str, linear: str) -> tuple[Any, Any]:
+def _load(path: str | None, dtype: str, device: str, linear: str, weights: str) -> tuple[Any, Any]:
     """Loaded once per process (a program calling main() repeatedly, e.g. the tests)."""
     from transformers.utils import logging
 
     logging.disable_progress_bar()
     if path is None:
-        return models.load_smollm2(dtype=dtype, device=device, linear=linear)
+        return models.load_smollm2(dtype=dtype, device=device, linear=linear, weights=weights)
+    if weights == "float32" and str(path).lower().endswith(".gguf"):
+        raise ValueError(
+            f"--model {path} is a GGUF file, read at its own precision; --weights float32 "
+            "applies to SmolLM2 (or convert the file to a transformers folder)"
+        )
     return models.load_local(path, dtype=dtype, device=device, linear=linear)
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
-    """--dtype, --device and --seed, before a model loads."""
+    """--dtype, --device, --weights and --seed, before a model loads."""
     models.torch_dtype(args.dtype)
     models.torch_device(args.device)
+    if args.model is None:
+        models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
     _checks.seed(args.seed, "--seed")
 
 

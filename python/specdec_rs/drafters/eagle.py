@@ -412,7 +412,7 @@ class Eagle:
         a = np.full((n - start, k_max), np.nan)
         greedy_drafts = self.greedy or tf.sampler.config.greedy
         with torch.inference_mode():
-            feats = tf.hidden[: n - 1].to(self.head.embed.device)
+            feats = tf.hidden[: n - 1].to(self.head.fc.weight.device)
             outputs = self.head.unroll(feats[None], tf.seq[None].to(feats.device), k_max)
             proposed = np.ones(n - start, dtype=bool)  # the gate let drafts 1..i through
             for i, out in enumerate(outputs):

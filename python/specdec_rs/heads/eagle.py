@@ -21,41 +21,40 @@ from specdec_rs.heads.layer import DecoderLayer, LayerShape, unrolled_mask
 
 class EagleHead(nn.Module):
     """fc: [f, e] (2H) -> H, then one decoder layer. Frozen target pieces
-    (the embedding table, the draft vocabulary's LM-head rows) are
-    non-persistent buffers shared with the target, never saved."""
+    are used, never saved: `embed`, the target's input embedding (a module
+    ids -> (..., H), not a submodule of the head), and `vocab_rows`, the
+    draft vocabulary's LM-head rows (`heads.vocab.draft_vocab_rows`)."""
 
     kind = "eagle"
     draft_vocab: torch.Tensor
-    embed: torch.Tensor
-    head_cols: torch.Tensor
+    embed: Any
 
     def __init__(
         self,
         shape: LayerShape,
         draft_vocab: torch.Tensor,
-        embed: torch.Tensor,
-        lm_head: torch.Tensor,
+        embed: Any,
+        vocab_rows: nn.Module,
     ):
         super().__init__()
         self.shape = shape
         self.fc = nn.Linear(2 * shape.hidden, shape.hidden, bias=False)
         self.layer = DecoderLayer(shape)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
-        self.register_buffer("embed", embed, persistent=False)  # (V, H), the target's
-        # (H, N): the draft vocabulary's LM-head rows, stored transposed; a
-        # one-token product with this layout ran 2.8x faster at N = 8,192 on
-        # the CPU (BENCHMARKS.md)
-        self.register_buffer("head_cols", lm_head[draft_vocab].T.contiguous(), persistent=False)
+        object.__setattr__(self, "embed", embed)  # the target's: not saved, not moved
+        self.vocab_rows = vocab_rows
 
     def inputs(self, features: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
         """(B, L, H) features and (B, L) next tokens -> (B, L, H) layer input."""
-        e = self.embed[next_tokens].to(self.fc.weight.dtype)
+        with torch.no_grad():  # the target's embedding is frozen
+            e = self.embed(next_tokens).to(self.fc.weight.dtype)
         out: torch.Tensor = self.fc(torch.cat([features.to(e.dtype), e], -1))
         return out
 
     def logits(self, features: torch.Tensor) -> torch.Tensor:
         """(..., H) predicted features -> (..., N) logits over the draft vocabulary."""
-        return features @ self.head_cols.to(features.dtype)
+        out: torch.Tensor = self.vocab_rows(features)
+        return out
 
     def step(
         self,

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from specdec_rs import _files, kernels
+from specdec_rs import _files, kernels, models
 from specdec_rs.heads.eagle import EagleHead
 from specdec_rs.heads.identity import TargetPrint, fingerprint
 from specdec_rs.heads.layer import LayerShape
 from specdec_rs.heads.medusa import MedusaHeads
+from specdec_rs.heads.vocab import draft_vocab_rows
 from specdec_rs.limits import MAX_LAYER_SIZE, MAX_MEDUSA_HEADS
 
 if TYPE_CHECKING:
@@ -169,12 +170,13 @@ def _construct(
     config: _files.Fields,
     target: PreTrainedModel,
     draft_vocab: torch.Tensor,
-    embed: torch.Tensor,
-    lm_head: torch.Tensor,
+    embed: Any,
+    vocab_rows: torch.nn.Module,
 ) -> Head:
     if kind == "eagle":
-        return EagleHead(_shape(config, target), draft_vocab, embed, lm_head)
-    return MedusaHeads(lm_head.shape[1], _medusa_heads(config), draft_vocab, lm_head)
+        return EagleHead(_shape(config, target), draft_vocab, embed, vocab_rows)
+    hidden = models.lm_head_shape(target)[1]  # type: ignore[index]
+    return MedusaHeads(hidden, _medusa_heads(config), draft_vocab, vocab_rows)
 
 
 def _check_layout(
@@ -183,8 +185,7 @@ def _check_layout(
     """The file's tensors against what its header and the target make them
     (names, dtypes, shapes), from the header alone: nothing is allocated.
     Returns the size of the draft vocabulary."""
-    weight = target.get_output_embeddings().weight
-    vocab, hidden = int(weight.shape[0]), int(weight.shape[1])
+    vocab, hidden = models.lm_head_shape(target)  # type: ignore[misc]
     dv = layout.tensor("draft_vocab", dtypes=_files.INTEGER_DTYPES, ndim=1)
     n = dv.shape[0]
     if not 1 <= n <= vocab:
@@ -195,8 +196,8 @@ def _check_layout(
             f"draft_vocab holds {n} ids"
         )
     with torch.device("meta"):  # shapes only: no memory
-        table = torch.empty(vocab, hidden)
-        empty = _construct(kind, config, target, torch.zeros(n, dtype=torch.long), table, table)
+        none = torch.nn.Identity()  # the target's pieces: never in a head's state
+        empty = _construct(kind, config, target, torch.zeros(n, dtype=torch.long), none, none)
     want = {k: tuple(v.shape) for k, v in empty.state_dict().items()}
     try:
         layout.exactly(set(want))
@@ -243,7 +244,7 @@ def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
         if t.is_floating_point() and not bool(t.isfinite().all()):
             raise layout.fail(f"tensor {name!r} holds NaN or inf (a diverged training)")
     draft_vocab = tensors["draft_vocab"].long()
-    vocab = target.get_output_embeddings().weight.shape[0]
+    vocab = models.vocab_of(target)
     if int(draft_vocab.min()) < 0 or int(draft_vocab.max()) >= vocab:
         raise ValueError(
             f"head file {path}: draft vocabulary ids span "
@@ -255,7 +256,7 @@ def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
     tensors["draft_vocab"] = draft_vocab
     head = _build(kind, config, target, draft_vocab)
     head.load_state_dict(tensors, strict=True)  # names and shapes were checked above
-    head = head.to(target.get_output_embeddings().weight.dtype).eval()
+    head = head.to(models.dtype_of(target)).eval()
     kernels.follow(head, target)  # the same linear product as the target's
     return head
 
@@ -263,10 +264,11 @@ def load(path: str | Path, target: PreTrainedModel, kind: str) -> Head:
 def _build(
     kind: str, config: _files.Fields, target: PreTrainedModel, draft_vocab: torch.Tensor
 ) -> Head:
-    embed = target.get_input_embeddings().weight.detach()
-    lm_head = target.get_output_embeddings().weight.detach()
-    head = _construct(kind, config, target, draft_vocab.to(lm_head.device), embed, lm_head)
-    return head.to(lm_head.device)
+    device = models.device_of(target)
+    draft_vocab = draft_vocab.to(device)
+    rows = draft_vocab_rows(target.get_output_embeddings(), draft_vocab)
+    head = _construct(kind, config, target, draft_vocab, target.get_input_embeddings(), rows)
+    return head.to(device)
 
 
 def build(

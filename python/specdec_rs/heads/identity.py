@@ -54,11 +54,51 @@ def _config_digest(target: PreTrainedModel) -> hashlib._Hash:
 
 def fingerprint(target: PreTrainedModel) -> str:
     """16 hex digits naming the target exactly (see the module docs)."""
+    from specdec_rs import models
+
     digest = _config_digest(target)
-    for weight in (target.get_input_embeddings().weight, target.get_output_embeddings().weight):
-        rows = weight.detach()[:: max(1, weight.shape[0] // 16)].to("cpu", torch.bfloat16)
+    vocab = models.vocab_of(target)
+    picked = torch.arange(0, vocab, max(1, vocab // 16))
+    for module in (target.get_input_embeddings(), target.get_output_embeddings()):
+        rows = models.weight_rows(module, picked).to("cpu", torch.bfloat16)
         digest.update(rows.view(torch.int16).numpy().tobytes())
     return str(digest.hexdigest()[:16])
+
+
+def _flat_sample(numel: int) -> list[int]:
+    count = min(SAMPLES, numel)
+    return [i * (numel - 1) // max(1, count - 1) for i in range(count)]
+
+
+def weight_samples(target: Any) -> dict[str, list[float]]:
+    """name -> SAMPLES values of every weight at evenly spaced flat indices,
+    named as transformers names the parameters. Modules that hold weights
+    in another form (a GGUF model's) say so with `print_weights()`: name ->
+    (rows, columns, a function from row ids to those float rows, an identity
+    that ties share)."""
+    samples: dict[str, list[float]] = {}
+    seen: set[Any] = set()
+    covered: set[int] = set()
+    for prefix, module in target.named_modules():
+        described = getattr(module, "print_weights", None)
+        if not callable(described):
+            continue
+        covered.update(id(p) for p in module.parameters())
+        for key, (rows, cols, read, ident) in described().items():
+            if ident in seen:
+                continue
+            seen.add(ident)
+            index = _flat_sample(rows * cols)
+            values = read(torch.tensor([i // cols for i in index]))
+            picked = values[torch.arange(len(index)), torch.tensor([i % cols for i in index])]
+            samples[f"{prefix}.{key}" if prefix else key] = picked.to(torch.float32).tolist()
+    for name, weight in target.named_parameters():
+        if id(weight) in covered or weight.numel() == 0:
+            continue
+        flat = weight.detach().reshape(-1)
+        values = flat[torch.tensor(_flat_sample(flat.numel()), device=flat.device)]
+        samples[name] = values.to("cpu", torch.float32).tolist()
+    return samples
 
 
 @dataclass(frozen=True)
@@ -71,17 +111,7 @@ class TargetPrint:
 
     @classmethod
     def of(cls, target: PreTrainedModel) -> TargetPrint:
-        samples = {}
-        for name, weight in target.named_parameters():
-            flat = weight.detach().reshape(-1)
-            n = flat.numel()
-            if n == 0:
-                continue
-            count = min(SAMPLES, n)
-            index = [i * (n - 1) // max(1, count - 1) for i in range(count)]
-            values = flat[torch.tensor(index, device=flat.device)]
-            samples[name] = values.to("cpu", torch.float32).tolist()
-        return cls(_config_digest(target).hexdigest()[:16], samples)
+        return cls(_config_digest(target).hexdigest()[:16], weight_samples(target))
 
     def to_json(self) -> dict[str, Any]:
         return {"config": self.config, "samples": self.samples}

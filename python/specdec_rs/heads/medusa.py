@@ -20,10 +20,9 @@ from torch.nn import functional as F
 class MedusaHeads(nn.Module):
     kind = "medusa"
     draft_vocab: torch.Tensor
-    head_cols: torch.Tensor
 
     def __init__(
-        self, hidden: int, num_heads: int, draft_vocab: torch.Tensor, lm_head: torch.Tensor
+        self, hidden: int, num_heads: int, draft_vocab: torch.Tensor, vocab_rows: nn.Module
     ):
         super().__init__()
         self.hidden = hidden
@@ -33,10 +32,8 @@ class MedusaHeads(nn.Module):
             nn.init.zeros_(block.bias)
         self.blocks = nn.ModuleList(blocks)
         self.register_buffer("draft_vocab", draft_vocab.to(torch.long), persistent=True)
-        # (H, N): the draft vocabulary's LM-head rows, stored transposed; a
-        # one-token product with this layout ran 2.8x faster at N = 8,192 on
-        # the CPU (BENCHMARKS.md)
-        self.register_buffer("head_cols", lm_head[draft_vocab].T.contiguous(), persistent=False)
+        # the draft vocabulary's LM-head rows (heads.vocab.draft_vocab_rows; not saved)
+        self.vocab_rows = vocab_rows
 
     @property
     def num_heads(self) -> int:
@@ -44,8 +41,9 @@ class MedusaHeads(nn.Module):
 
     def block(self, f: torch.Tensor, i: int) -> torch.Tensor:
         """(..., H) -> (..., H): head i + 1's residual block, f + SiLU(A_i f + b_i)."""
-        f = f.to(self.head_cols.dtype)
-        out: torch.Tensor = f + F.silu(self.blocks[i](f))
+        block: nn.Linear = self.blocks[i]  # type: ignore[assignment]
+        f = f.to(block.weight.dtype)
+        out: torch.Tensor = f + F.silu(block(f))
         return out
 
     def features(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
@@ -55,12 +53,13 @@ class MedusaHeads(nn.Module):
 
     def logits(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
         """(..., H) -> (..., m', N) logits over the draft vocabulary."""
-        h = self.features(f, heads)
-        return h @ self.head_cols.to(h.dtype)
+        out: torch.Tensor = self.vocab_rows(self.features(f, heads))
+        return out
 
     def head_logits(self, f: torch.Tensor, i: int) -> torch.Tensor:
         """(..., H) -> (..., N): head i + 1 alone."""
-        return self.block(f, i) @ self.head_cols
+        out: torch.Tensor = self.vocab_rows(self.block(f, i))
+        return out
 
     def config(self) -> dict[str, Any]:
         return {

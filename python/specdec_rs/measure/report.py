@@ -21,8 +21,6 @@ def to_json(report: Any, indent: int | None = None) -> str:
     return json.dumps(json_safe(data), indent=indent)
 
 
-
-
 def bench_row_cells(row: BenchRow) -> list[str]:
     t, p = row.totals, row.predicted
     tokens_pred = speed_pred = "-"

@@ -287,7 +287,10 @@ def teacher_logits(head: Head, truth: torch.Tensor) -> torch.Tensor:
     """(..., H) -> (..., N): the target's own logits over the draft vocabulary
     (its LM-head rows) at the true features f_{j+a}: the distillation target
     of an output that predicts x_{j+a+1}."""
-    out: torch.Tensor = truth @ head.head_cols.to(truth.dtype)
+    import torch
+
+    with torch.no_grad():
+        out: torch.Tensor = head.vocab_rows(truth)
     return out
 
 
@@ -380,7 +383,9 @@ def train_drafter(
     out = _files.new_output_file(out, "out", reserved=(".ckpt", ".partial"))
     ckpt = checkpoint_path(out)
     set_seed(config.seed)
-    vocab, hidden = target.get_output_embeddings().weight.shape
+    from specdec_rs import models
+
+    vocab, hidden = models.lm_head_shape(target)  # type: ignore[misc]
     seqs = load_dataset(data_dir, vocab=int(vocab), hidden=int(hidden))
     train, hold = split(seqs, config.holdout, config.seed)
     check_lengths(train, config)

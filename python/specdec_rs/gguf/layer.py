@@ -1,0 +1,198 @@
+"""The decoder layer of a GGUF model, written for few positions.
+
+Same function as transformers' `LlamaDecoderLayer` (RMSNorm -> attention
+with RoPE over the cache -> residual -> RMSNorm -> gated SiLU MLP ->
+residual) with the same call signature, so `LlamaModel.forward` drives it,
+but in fewer operations: the query, key and value weights are one
+`QuantLinear` (their rows stacked), gate and up another, `F.rms_norm` is
+one fused operation, attention reads the cache's views with grouped heads
+(`enable_gqa`, no repeated keys). A decode step of a small model is mostly
+the overhead of its small operations (the handout's kernel-launch
+overhead), so the count matters as much as the products.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specdec_rs.gguf.modules import QuantLinear
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE in transformers' half-split convention: x (B, H, n, d), cos/sin (B, 1, n, d)."""
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class FusedLlamaLayer(nn.Module):
+    """One decoder layer over GGUF weights. `weights` maps transformers'
+    parameter names (``self_attn.q_proj.weight``, ...) to (the QuantLinear
+    holding them, first row, rows): the view `identity.TargetPrint` and
+    `models.weight_rows` read."""
+
+    def __init__(
+        self,
+        config: Any,
+        layer_idx: int,
+        parts: dict[str, QuantLinear],
+        attn_norm: torch.Tensor,
+        ffn_norm: torch.Tensor,
+    ):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.eps = float(config.rms_norm_eps)
+        self.scale = self.head_dim**-0.5
+        self.qkv = _stack([parts["q_proj"], parts["k_proj"], parts["v_proj"]])
+        self.o_proj = parts["o_proj"]
+        self.gate_up = _stack([parts["gate_proj"], parts["up_proj"]])
+        self.down_proj = parts["down_proj"]
+        self.attn_norm = nn.Parameter(attn_norm, requires_grad=False)
+        self.ffn_norm = nn.Parameter(ffn_norm, requires_grad=False)
+        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        inter = parts["gate_proj"].out_features
+        self.weights = {
+            "self_attn.q_proj.weight": (self.qkv, 0, q),
+            "self_attn.k_proj.weight": (self.qkv, q, kv),
+            "self_attn.v_proj.weight": (self.qkv, q + kv, kv),
+            "self_attn.o_proj.weight": (self.o_proj, 0, self.o_proj.out_features),
+            "mlp.gate_proj.weight": (self.gate_up, 0, inter),
+            "mlp.up_proj.weight": (self.gate_up, inter, inter),
+            "mlp.down_proj.weight": (self.down_proj, 0, self.down_proj.out_features),
+        }
+        self.norms = {
+            "input_layernorm.weight": self.attn_norm,
+            "post_attention_layernorm.weight": self.ffn_norm,
+        }
+
+    def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
+        """The layer's weights under transformers' names, as
+        `identity.weight_samples` reads them (rows of the stacked weights)."""
+        out: dict[str, tuple[int, int, Any, Any]] = {}
+        for name, (module, start, rows) in self.weights.items():
+
+            def read(ids: torch.Tensor, module: QuantLinear = module, start: int = start) -> Any:
+                return module.dequantize_rows(ids + start)
+
+            out[name] = (rows, module.in_features, read, (id(module.packed), start))
+        for name, weight in self.norms.items():
+
+            def norm(ids: torch.Tensor, weight: torch.Tensor = weight) -> Any:
+                return weight.detach()[None].expand(len(ids), -1)
+
+            out[name] = (1, weight.numel(), norm, id(weight))
+        return out
+
+    def forward(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.Tensor | None = None,
+        cache: Any = None,
+        use_cache: bool | None = False,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor] | None = None,
+        **kwargs: Any,
+    ) -> torch.Tensor:
+        """hidden_states (B, n, H) -> (B, n, H); the new keys and values go
+        into `cache` (layer `layer_idx`). One sequence on a preallocated
+        cache (every decode, verification and prefill step) runs as one Rust
+        call (`_core.llama_layer`); batches and autograd run in torch."""
+        assert position_embeddings is not None, "the model passes position_embeddings"
+        b, n, h = hidden_states.shape
+        if b == 1 and not (torch.is_grad_enabled() and hidden_states.requires_grad):
+            layer = cache.layers[self.layer_idx] if cache is not None else None
+            if layer is None or callable(getattr(layer, "slots", None)):
+                return self._native(hidden_states, attention_mask, layer, position_embeddings)
+        d = self.head_dim
+        x = F.rms_norm(hidden_states, (h,), self.attn_norm, self.eps)
+        qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, d).transpose(1, 2)
+        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+        cos, sin = (t.unsqueeze(1) for t in position_embeddings)
+        q, k = rotate(q, cos, sin), rotate(k, cos, sin)
+        if cache is not None:
+            k, v = cache.update(k, v, self.layer_idx)
+        mask = attention_mask
+        if mask is None and n > 1:  # queries at the end of the keys, causal among themselves
+            total = k.shape[-2]
+            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+        att = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True
+        )
+        hidden = hidden_states + self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
+        y = F.rms_norm(hidden, (h,), self.ffn_norm, self.eps)
+        gate, up = self.gate_up(y).chunk(2, dim=-1)
+        out: torch.Tensor = hidden + self.down_proj(F.silu(gate) * up)
+        return out
+
+    def _native(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        layer: Any,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+    ) -> torch.Tensor:
+        """The layer as one Rust call (see `rust/llama.rs`)."""
+        from specdec_rs import _core
+        from specdec_rs.kv_cache import PreallocatedLayer
+
+        n, d = hidden_states.shape[1], self.head_dim
+        if layer is None:  # no cache: a temporary one for these positions
+            layer = PreallocatedLayer(capacity=n)
+        keys, values, past = layer.slots(n, (1, self.kv_heads, d), torch.float32)
+        x = hidden_states[0].float().contiguous().clone()
+        cos, sin = (t[0].float().contiguous() for t in position_embeddings)
+        mask = None
+        if attention_mask is not None:
+            allowed = attention_mask[0, 0]
+            if allowed.dtype != torch.bool:
+                allowed = allowed > torch.finfo(allowed.dtype).min / 2
+            mask = allowed.to(torch.uint8).contiguous().numpy()
+        _core.llama_layer(
+            x.numpy(),
+            cos.numpy(),
+            sin.numpy(),
+            keys[0].numpy(),
+            values[0].numpy(),
+            past,
+            mask,
+            self._weights,
+            self.attn_norm.detach().numpy(),
+            self.ffn_norm.detach().numpy(),
+            self._shape,
+            self.qkv.threads,
+        )
+        layer.advance(n)
+        return x.unsqueeze(0).to(hidden_states.dtype)
+
+    @property
+    def _weights(self) -> list[tuple[Any, int]]:
+        return [
+            (w.packed, w.ggml_type) for w in (self.qkv, self.o_proj, self.gate_up, self.down_proj)
+        ]
+
+    @property
+    def _shape(self) -> tuple[int, int, int, int, float]:
+        return (self.heads, self.kv_heads, self.head_dim, self.gate_up.out_features // 2, self.eps)
+
+
+def _stack(parts: list[QuantLinear]) -> QuantLinear:
+    """One QuantLinear holding the rows of `parts` (same format and row
+    length; each a multiple of 8 rows, so their panels simply follow)."""
+    import numpy as np
+
+    first = parts[0]
+    if any(p.ggml_type != first.ggml_type or p.in_features != first.in_features for p in parts):
+        raise ValueError("the stacked weights of a layer must share one format and row length")
+    if any(p.out_features % 8 for p in parts[:-1]):
+        raise ValueError("stacked weights need multiples of 8 rows (whole panels)")
+    packed = np.concatenate([p.packed for p in parts])
+    out = QuantLinear(
+        packed, first.ggml_type, first.in_features, sum(p.out_features for p in parts)
+    )
+    out.threads = first.threads
+    return out

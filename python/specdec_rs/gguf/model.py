@@ -1,0 +1,330 @@
+"""A transformers Llama whose weights stay at a GGUF file's precision.
+
+`load_gguf(path)` reads the file (`reader`), checks its metadata and every
+tensor against the Llama layout it describes, and builds a
+`LlamaForCausalLM` on the meta device whose linear layers are
+`QuantLinear`s over the file's own bytes (no copy, but for the query and key
+rows, which llama.cpp's converter stored permuted for its rotary layout:
+they are put back in transformers' order, as transformers' GGUF loader
+does) and whose input embedding is a `QuantEmbedding`. The norms are
+float32. Formats without a native kernel (the K-quants Q4_K, Q5_K, Q6_K,
+and others gguf-py can read) are dequantized to float32 with a one-line
+notice naming the type. Everything else the project does (the loop, the
+drafters, layer views, tree masks, the heads, `measure`) sees the same
+transformers model as with float32 weights.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specdec_rs.gguf.layer import FusedLlamaLayer
+from specdec_rs.gguf.modules import NATIVE_TYPES, QuantEmbedding, QuantLinear
+from specdec_rs.gguf.reader import GGUFFile, Tensor, read
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+FIX = (
+    "the file does not describe a Llama model this loader can build; use a Llama-architecture GGUF"
+)
+MAX_SIZE = 1 << 20
+
+
+def llama_config(f: GGUFFile) -> dict[str, Any]:
+    """The `LlamaConfig` keywords of a Llama-architecture file, checked."""
+    arch = f.metadata.get("general.architecture")
+    if arch != "llama":
+        raise f.fail(
+            f"general.architecture is {arch!r}; this loader reads Llama-architecture files "
+            "('llama': Llama, SmolLM, Mistral-style dense models)"
+        )
+
+    def get(key: str, default: Any = None, kind: type = int) -> Any:
+        value = f.metadata.get(f"llama.{key}", default)
+        ok = (
+            isinstance(value, kind) and not isinstance(value, bool)
+            if kind is int
+            else isinstance(value, int | float)
+        )
+        if value is None or not ok or not 0 < value < (MAX_SIZE if kind is int else float("inf")):
+            raise f.fail(f"metadata llama.{key} = {value!r} is missing or out of range", FIX)
+        return value
+
+    hidden, heads = get("embedding_length"), get("attention.head_count")
+    kv_heads = get("attention.head_count_kv", heads)
+    head_dim = get("attention.key_length", hidden // heads)
+    rope_dim = get("rope.dimension_count", head_dim)
+    if (
+        heads % kv_heads
+        or rope_dim != head_dim
+        or hidden % heads
+        and "llama.attention.key_length" not in f.metadata
+    ):
+        raise f.fail(
+            f"{heads} heads over {kv_heads} key-value heads, head size {head_dim}, rotary size "
+            f"{rope_dim}: expected whole groups and the rotary over the whole head",
+            FIX,
+        )
+    scaling = f.metadata.get("llama.rope.scaling.type", "none")
+    if scaling not in ("none", None):
+        raise f.fail(f"rope scaling {scaling!r} is not supported (plain RoPE only)")
+    embed = f.tensors.get("token_embd.weight")
+    vocab = f.metadata.get("llama.vocab_size") or (embed.rows if embed is not None else 0)
+    tokens = f.metadata.get("tokenizer.ggml.tokens")
+
+    def token(key: str) -> int | None:
+        value = f.metadata.get(f"tokenizer.ggml.{key}")
+        return int(value) if isinstance(value, int) and 0 <= value < vocab else None
+
+    return {
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "intermediate_size": get("feed_forward_length"),
+        "num_hidden_layers": get("block_count"),
+        "num_attention_heads": heads,
+        "num_key_value_heads": kv_heads,
+        "head_dim": head_dim,
+        "max_position_embeddings": get("context_length", 2048),
+        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", kind=float)),
+        "rope_parameters": {
+            "rope_theta": float(get("rope.freq_base", 10000.0, kind=float)),
+            "rope_type": "default",
+        },
+        "tie_word_embeddings": "output.weight" not in f.tensors,
+        "bos_token_id": token("bos_token_id"),
+        "eos_token_id": token("eos_token_id"),
+        "pad_token_id": token("padding_token_id"),
+        "unk_token_id": token("unknown_token_id"),
+        "attention_bias": False,
+        "mlp_bias": False,
+        "hidden_act": "silu",
+        **({"_tokens": tokens} if tokens is not None else {}),
+    }
+
+
+def _expect(f: GGUFFile, name: str, shape: tuple[int, ...]) -> Tensor:
+    """Tensor `name`, with ggml shape `shape` (row length first)."""
+    t = f.tensors.get(name)
+    if t is None:
+        raise f.fail(f"tensor {name} is missing", FIX)
+    if t.shape != shape:
+        raise f.fail(
+            f"tensor {name} has shape {list(t.shape)}; the metadata's sizes make it {list(shape)}",
+            FIX,
+        )
+    return t
+
+
+_NOTICED: set[str] = set()
+
+
+def _linear(f: GGUFFile, t: Tensor, rows: np.ndarray | None = None) -> QuantLinear:
+    """A QuantLinear over tensor t (out, in), its rows reordered by `rows`;
+    a format without a kernel is dequantized to float32 (with a notice)."""
+    data = t.data if rows is None else t.data[rows]
+    ggml_type = t.ggml_type
+    if ggml_type not in NATIVE_TYPES:
+        data = _dequantized(f, t, data)
+        ggml_type = 0
+    return QuantLinear.from_rows(data, ggml_type, t.row_length)
+
+
+def _dequantized(f: GGUFFile, t: Tensor, data: np.ndarray) -> np.ndarray:
+    """Tensor bytes of a format without a kernel, as float32 bytes (gguf-py's dequantize)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    try:
+        values = dequantize(data, GGMLQuantizationType(t.ggml_type))
+    except (NotImplementedError, ValueError, KeyError) as e:
+        raise f.fail(
+            f"tensor {t.name} has type {t.type_name}, which cannot be read ({e})"
+        ) from None
+    if t.type_name not in _NOTICED:
+        _NOTICED.add(t.type_name)
+        print(
+            f"specdec_rs: {t.type_name} has no native kernel yet; its tensors are dequantized to "
+            "float32 (slower, more memory)",
+            file=sys.stderr,
+        )
+    out: np.ndarray = np.ascontiguousarray(values.astype(np.float32).reshape(data.shape[0], -1))
+    return out.view(np.uint8)
+
+
+def _float(f: GGUFFile, t: Tensor) -> Any:
+    """A 1-D norm weight as a float32 torch tensor."""
+    import torch
+
+    if t.type_name == "F32":
+        values = t.data.view(np.float32).reshape(-1)
+    else:
+        values = _dequantized(f, t, t.data).view(np.float32).reshape(-1)
+    if not np.isfinite(values).all():
+        raise f.fail(f"tensor {t.name} holds NaN or inf")
+    return torch.from_numpy(values.copy())
+
+
+def _unpermute(rows: int, heads: int) -> np.ndarray:
+    """The row order transformers uses for a query or key weight that
+    llama.cpp's converter stored permuted (n_head, 2, dim/2 -> n_head, dim/2, 2)."""
+    half = rows // heads // 2
+    order: np.ndarray = np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
+    return order
+
+
+def build(f: GGUFFile) -> PreTrainedModel:
+    """The transformers `LlamaForCausalLM` of a read GGUF file (eval mode)."""
+    import torch
+    from torch import nn
+    from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    settings = llama_config(f)
+    settings.pop("_tokens", None)
+    config = LlamaConfig(**settings)
+    h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    heads, kv = config.num_attention_heads, config.num_key_value_heads
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    embed = _linear(f, _expect(f, "token_embd.weight", (h, config.vocab_size)))
+    model.model.embed_tokens = QuantEmbedding(embed)
+    out = f.tensors.get("output.weight")
+    model.lm_head = (
+        embed if out is None else _linear(f, _expect(f, "output.weight", (h, config.vocab_size)))
+    )
+    layers = []
+    for i in range(config.num_hidden_layers):
+        name = f"blk.{i}."
+
+        def part(
+            key: str, shape: tuple[int, int], rows: np.ndarray | None = None, name: str = name
+        ) -> QuantLinear:
+            return _linear(f, _expect(f, name + key + ".weight", shape), rows)
+
+        parts = {
+            "q_proj": part("attn_q", (h, heads * hd), _unpermute(heads * hd, heads)),
+            "k_proj": part("attn_k", (h, kv * hd), _unpermute(kv * hd, kv)),
+            "v_proj": part("attn_v", (h, kv * hd)),
+            "o_proj": part("attn_output", (heads * hd, h)),
+            "gate_proj": part("ffn_gate", (h, inter)),
+            "up_proj": part("ffn_up", (h, inter)),
+            "down_proj": part("ffn_down", (inter, h)),
+        }
+        norms = [
+            _float(f, _expect(f, name + key + ".weight", (h,))) for key in ("attn_norm", "ffn_norm")
+        ]
+        layers.append(FusedLlamaLayer(config, i, parts, *norms))
+    model.model.layers = nn.ModuleList(layers)
+    model.model.norm.weight = nn.Parameter(
+        _float(f, _expect(f, "output_norm.weight", (h,))), requires_grad=False
+    )
+    model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
+    left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
+    if left:
+        raise f.fail(f"no tensor for {left[:3]}", FIX)
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    return model.eval()
+
+
+def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
+    """The file's tokenizer, built by transformers from the GGUF once (a few
+    seconds) and then read from a folder under `cache` (keyed by the file's
+    path, size and modification time)."""
+    from transformers import AutoTokenizer
+
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    folder = cache / "gguf-tokenizers" / f"{path.stem}-{key[:16]}"
+    if (folder / "tokenizer_config.json").is_file():
+        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    try:
+        tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
+    except Exception as e:  # noqa: BLE001 - transformers' GGUF tokenizer raises many types
+        raise ValueError(f"GGUF file {path}: its tokenizer cannot be built ({e})") from None
+    from specdec_rs import _checks
+
+    try:
+        parent = _checks.writable_dir(folder.parent, "the tokenizer cache")
+        tmp = parent / f"{folder.name}.partial-{os.getpid()}"
+        tok.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except (OSError, ValueError):
+        pass  # no cache: it is built again next time
+    return tok
+
+
+THREADS_VARIABLE = "SPECDEC_KERNEL_THREADS"
+
+
+def set_threads(model: Any, threads: int) -> None:
+    """Run every GGUF product of `model` on `threads` threads."""
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.threads = threads
+
+
+def choose_threads(model: Any, *, repeats: int = 5) -> int:
+    """The kernels' thread count for this host, by measurement: the
+    model's largest weight and its LM head at one row (a decode step's
+    products), on 1 and on 2 threads, interleaved, medians; 2 when they
+    win by more than 10%. $SPECDEC_KERNEL_THREADS overrides it."""
+    import statistics
+    import time
+
+    import torch
+
+    from specdec_rs import _checks
+
+    forced = os.environ.get(THREADS_VARIABLE)
+    if forced:
+        return _checks.integer(
+            int(forced) if forced.isdigit() else forced, THREADS_VARIABLE, minimum=1, maximum=64
+        )
+    if (os.cpu_count() or 1) < 2:
+        return 1
+    weights = [m for m in model.modules() if isinstance(m, QuantLinear)]
+    probes = sorted(weights, key=lambda m: m.nbytes)[-2:]  # the head and the widest layer weight
+    times: dict[int, list[float]] = {1: [], 2: []}
+    for probe in probes:
+        x = torch.randn(1, probe.in_features)
+        for _ in range(repeats):
+            for threads in (1, 2):
+                probe.threads = threads
+                started = time.perf_counter()
+                probe.product(x)
+                times[threads].append(time.perf_counter() - started)
+    return 2 if statistics.median(times[2]) < 0.9 * statistics.median(times[1]) else 1
+
+
+def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, Any]:
+    """(model, tokenizer or None) of a Llama-architecture GGUF file, its
+    weights at the file's precision (see the module docs). ValueError for a
+    file that is not one, is truncated or corrupt, or holds a tensor of an
+    unknown type or a shape its metadata does not give; nothing is
+    half-loaded.
+
+    The kernels' thread count is chosen by measurement (`choose_threads`).
+    With 2 kernel threads torch is set to one thread (torch's own threads
+    and the kernels' spinning worker would take turns on the same cores)."""
+    import torch
+
+    from specdec_rs import models
+
+    f = read(path)
+    model = build(f)
+    threads = choose_threads(model)
+    set_threads(model, threads)
+    if threads > 1:
+        torch.set_num_threads(1)
+    tok = tokenizer_for(f.path, models.cache_dir()) if tokenizer else None
+    return model, tok

@@ -1,0 +1,165 @@
+"""torch modules over weights kept at a GGUF file's precision.
+
+`QuantLinear` is `nn.Linear` without a bias whose weight W (out, in) stays
+in the file's format (`rust/quant.rs`: F32, F16, BF16, Q8_0, Q4_0, Q4_1):
+y = x · dequant(W)ᵀ with float32 activations, every output summed in one
+fixed order whatever the number of rows, so a position's values are the
+same bits alone or inside a verification batch. `QuantEmbedding` looks rows
+of such a table up, dequantized exactly as gguf-py does.
+
+Both expose `dequantize_rows(rows)` (the float32 rows of W) where a float
+module exposes `weight`; `models.weight_rows` reads either.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from torch import nn
+
+from specdec_rs import _core
+
+NATIVE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+
+
+class _Product(torch.autograd.Function):
+    """x · dequant(W)ᵀ with the gradient of x (W is frozen): for training a
+    head on a GGUF target's LM-head rows."""
+
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor, module: QuantLinear) -> torch.Tensor:
+        ctx.module = module
+        return module.product(x)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        w = ctx.module.dequantize_rows(torch.arange(ctx.module.out_features))
+        return grad @ w, None
+
+
+class QuantLinear(nn.Module):
+    """x (..., in_features) -> (..., out_features) float32. The weight's
+    bytes are held in the kernel's packed layout (`_core.pack_weight`:
+    panels of 8 rows, the file's bytes rearranged, none converted);
+    `ggml_type` is its format. `threads`: how many threads the product
+    runs on (chosen by measurement at load)."""
+
+    def __init__(self, packed: np.ndarray, ggml_type: int, in_features: int, out_features: int):
+        super().__init__()
+        if ggml_type not in NATIVE_TYPES:
+            raise ValueError(
+                f"ggml type {ggml_type} has no native kernel; expected one of {NATIVE_TYPES}"
+            )
+        if packed.dtype != np.uint8 or packed.ndim != 1:
+            raise ValueError(
+                f"QuantLinear takes packed uint8 bytes; got {packed.dtype} {packed.shape}"
+            )
+        self.packed = packed
+        self.ggml_type = ggml_type
+        self.in_features = in_features
+        self.out_features = out_features
+        self.threads = 1
+
+    @classmethod
+    def from_rows(cls, rows: np.ndarray, ggml_type: int, in_features: int) -> QuantLinear:
+        """From row-major bytes (out_features, row bytes), as a GGUF file holds them."""
+        packed = _core.pack_weight(np.ascontiguousarray(rows), ggml_type, in_features)
+        return cls(packed, ggml_type, in_features, rows.shape[0])
+
+    @property
+    def type_name(self) -> str:
+        return NATIVE_TYPES[self.ggml_type]
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.packed.nbytes)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, {self.type_name}"
+
+    def product(self, rows: torch.Tensor) -> torch.Tensor:
+        """rows (n, in) float32 CPU -> (n, out), by the Rust kernel."""
+        x = rows.detach()
+        if x.dtype is not torch.float32:
+            x = x.float()
+        x = x.contiguous()
+        out = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
+        _core.qlinear(
+            x.numpy(), self.packed, self.ggml_type, self.out_features, out.numpy(), self.threads
+        )
+        return out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            raise ValueError(
+                f"a GGUF weight runs on the CPU; the input is on {x.device} (load the model with "
+                "weights='float32' for another device)"
+            )
+        rows = x.reshape(-1, self.in_features)
+        if torch.is_grad_enabled() and rows.requires_grad:
+            out: torch.Tensor = _Product.apply(rows, self)
+        else:
+            out = self.product(rows)
+        return out.view(*x.shape[:-1], self.out_features)
+
+    def _rows(self, rows: torch.Tensor) -> np.ndarray:
+        idx: np.ndarray = torch.as_tensor(rows).reshape(-1).cpu().numpy()
+        return np.ascontiguousarray(idx, dtype=np.int64)
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        """The float32 rows `rows` (r,) of the weight, (r, in_features)."""
+        idx = self._rows(rows)
+        out = np.empty((len(idx), self.in_features), np.float32)
+        _core.dequantize_rows(
+            self.packed, self.ggml_type, self.in_features, self.out_features, idx, out
+        )
+        return torch.from_numpy(out)
+
+    def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
+        """The weight as `identity.weight_samples` reads it."""
+        return {
+            "weight": (
+                self.out_features,
+                self.in_features,
+                self.dequantize_rows,
+                (id(self.packed), 0),
+            )
+        }
+
+    def select_rows(self, rows: torch.Tensor) -> QuantLinear:
+        """A QuantLinear of the rows `rows` of this weight (their bytes
+        copied): a head's draft-vocabulary rows of the LM head."""
+        idx = self._rows(rows)
+        raw = _core.unpack_rows(
+            self.packed, self.ggml_type, self.in_features, self.out_features, idx
+        )
+        part = QuantLinear.from_rows(raw, self.ggml_type, self.in_features)
+        part.threads = self.threads
+        return part
+
+
+class QuantEmbedding(nn.Module):
+    """ids (...) -> (..., dim) float32: rows of a table (num, dim) kept in
+    the file's format, dequantized on lookup."""
+
+    def __init__(self, table: QuantLinear):
+        super().__init__()
+        self.table = table
+        self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, {self.table.type_name}"
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        out = self.table.dequantize_rows(ids)
+        return out.view(*ids.shape, self.embedding_dim).to(ids.device)
+
+    def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.table.dequantize_rows(rows)
+
+    def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
+        """The table as `identity.weight_samples` reads it (tied to the LM head
+        when the head is the same table)."""
+        return self.table.print_weights()

@@ -1,0 +1,265 @@
+"""A GGUF file's header, metadata and tensors, read without loading them:
+the tensors are views of one read-only memory map, in the file's own
+formats. Every count, offset and size is checked against the file's size
+as it is read, so a truncated or corrupt file is a ValueError naming the
+file (and the tensor), never an exception from deep inside, a huge
+allocation or a hang.
+
+Only what a model needs is decoded: scalar and string metadata, numeric
+arrays; string arrays (the tokenizer's vocabulary and merges) are skipped
+over (their sizes checked), which keeps reading a file to milliseconds.
+The format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+MAGIC = b"GGUF"
+MAX_TENSORS = 1 << 20
+MAX_KEYS = 1 << 20
+MAX_DIMS = 4
+DEFAULT_ALIGNMENT = 32
+
+# ggml type id -> (name, elements per block, bytes per block); gguf-py's table
+# for the types this project reads or names in an error
+GGML_TYPES: dict[int, tuple[str, int, int]] = {
+    0: ("F32", 1, 4),
+    1: ("F16", 1, 2),
+    2: ("Q4_0", 32, 18),
+    3: ("Q4_1", 32, 20),
+    6: ("Q5_0", 32, 22),
+    7: ("Q5_1", 32, 24),
+    8: ("Q8_0", 32, 34),
+    9: ("Q8_1", 32, 36),
+    10: ("Q2_K", 256, 84),
+    11: ("Q3_K", 256, 110),
+    12: ("Q4_K", 256, 144),
+    13: ("Q5_K", 256, 176),
+    14: ("Q6_K", 256, 210),
+    15: ("Q8_K", 256, 292),
+    16: ("IQ2_XXS", 256, 66),
+    17: ("IQ2_XS", 256, 74),
+    18: ("IQ3_XXS", 256, 98),
+    19: ("IQ1_S", 256, 50),
+    20: ("IQ4_NL", 32, 18),
+    21: ("IQ3_S", 256, 110),
+    22: ("IQ2_S", 256, 82),
+    23: ("IQ4_XS", 256, 136),
+    24: ("I8", 1, 1),
+    25: ("I16", 1, 2),
+    26: ("I32", 1, 4),
+    27: ("I64", 1, 8),
+    28: ("F64", 1, 8),
+    29: ("IQ1_M", 256, 56),
+    30: ("BF16", 1, 2),
+    34: ("TQ1_0", 256, 54),
+    35: ("TQ2_0", 256, 66),
+}
+
+# GGUF value types: id -> struct format (scalars), 8 = string, 9 = array
+_SCALARS = {
+    0: "<B",
+    1: "<b",
+    2: "<H",
+    3: "<h",
+    4: "<I",
+    5: "<i",
+    6: "<f",
+    7: "<?",
+    10: "<Q",
+    11: "<q",
+    12: "<d",
+}
+_NUMPY = {
+    0: "<u1",
+    1: "<i1",
+    2: "<u2",
+    3: "<i2",
+    4: "<u4",
+    5: "<i4",
+    6: "<f4",
+    7: "|b1",
+    10: "<u8",
+    11: "<i8",
+    12: "<f8",
+}
+
+
+@dataclass(frozen=True)
+class Tensor:
+    """One tensor: `shape` as ggml orders it (ne[0] first: the row length),
+    `rows`/`row_length` for a 2-D weight (out, in), and `data`: its bytes
+    as a read-only view (rows, bytes per row) of the file."""
+
+    name: str
+    ggml_type: int
+    shape: tuple[int, ...]
+    data: np.ndarray
+
+    @property
+    def type_name(self) -> str:
+        return GGML_TYPES[self.ggml_type][0]
+
+    @property
+    def row_length(self) -> int:
+        return self.shape[0]
+
+    @property
+    def rows(self) -> int:
+        return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
+
+
+@dataclass(frozen=True)
+class GGUFFile:
+    """A read GGUF file: its metadata (key -> value; string arrays as their
+    length) and tensors (name -> `Tensor`)."""
+
+    path: Path
+    version: int
+    metadata: dict[str, Any]
+    tensors: dict[str, Tensor] = field(repr=False)
+
+    def fail(self, what: str, fix: str = "") -> ValueError:
+        return ValueError(f"GGUF file {self.path}: {what}" + (f"; {fix}" if fix else ""))
+
+
+class _Cursor:
+    """Reads little-endian values from the memory map, every read bounds-checked."""
+
+    def __init__(self, buf: np.ndarray, path: Path):
+        self.buf, self.path, self.at = buf, path, 0
+        self.view = memoryview(buf)  # type: ignore[arg-type]  # a memmap is a buffer
+
+    def fail(self, what: str) -> ValueError:
+        return ValueError(
+            f"GGUF file {self.path} is corrupt or truncated ({what} at byte {self.at:,} of "
+            f"{len(self.buf):,}); replace the file"
+        )
+
+    def take(self, n: int, what: str) -> bytes:
+        if n < 0 or self.at + n > len(self.buf):
+            raise self.fail(f"{what} runs past the end")
+        out = self.buf[self.at : self.at + n].tobytes()
+        self.at += n
+        return out
+
+    def scalar(self, kind: int, what: str) -> Any:
+        fmt = _SCALARS[kind]
+        return struct.unpack(fmt, self.take(struct.calcsize(fmt), what))[0]
+
+    def u32(self, what: str) -> int:
+        return int(self.scalar(4, what))
+
+    def u64(self, what: str) -> int:
+        return int(self.scalar(10, what))
+
+    def string(self, what: str) -> str:
+        n = self.u64(f"{what}'s length")
+        raw = self.take(n, what)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:
+            raise self.fail(f"{what} is not UTF-8") from None
+
+    def value(self, kind: int, what: str) -> Any:
+        if kind in _SCALARS:
+            return self.scalar(kind, what)
+        if kind == 8:
+            return self.string(what)
+        if kind != 9:
+            raise self.fail(f"{what} has value type {kind}, which GGUF does not define")
+        item = self.u32(f"{what}'s item type")
+        count = self.u64(f"{what}'s length")
+        if item in _NUMPY:
+            size = np.dtype(_NUMPY[item]).itemsize
+            if count * size > len(self.buf) - self.at:
+                raise self.fail(f"{what} ({count:,} items) runs past the end")
+            values = np.frombuffer(self.take(count * size, what), dtype=_NUMPY[item])
+            return values.tolist()
+        if item == 8:  # a string array: skipped over, its length kept
+            end, at = len(self.buf), self.at
+            if count > (end - at) // 8:
+                raise self.fail(f"{what} ({count:,} strings) runs past the end")
+            for _ in range(count):
+                if at + 8 > end:
+                    at = end + 1
+                    break
+                at += 8 + struct.unpack_from("<Q", self.view, at)[0]
+            if at > end:
+                raise self.fail(f"{what} ({count:,} strings) runs past the end")
+            self.at = at
+            return count
+        raise self.fail(f"{what} is an array of type {item}, which this reader does not decode")
+
+
+def read(path: Any) -> GGUFFile:
+    """The header, metadata and tensor views of the GGUF file at `path`."""
+    p = Path(os.fspath(path)).expanduser()
+    if not p.is_file():
+        raise ValueError(f"GGUF file {p} does not exist (or is a folder); pass a .gguf file")
+    try:
+        buf = np.memmap(p, mode="r", dtype=np.uint8)
+    except (OSError, ValueError) as e:
+        raise ValueError(f"GGUF file {p} cannot be read ({e})") from None
+    c = _Cursor(buf, p)
+    if c.take(4, "the magic") != MAGIC:
+        raise ValueError(f"{p} is not a GGUF file (it does not start with b'GGUF')")
+    version = c.u32("the version")
+    if version not in (2, 3):
+        raise ValueError(f"GGUF file {p} has version {version}; this reader reads versions 2 and 3")
+    n_tensors, n_keys = c.u64("the tensor count"), c.u64("the key count")
+    if n_tensors > MAX_TENSORS or n_keys > MAX_KEYS:
+        raise c.fail(f"{n_tensors:,} tensors and {n_keys:,} keys are more than any model has")
+    metadata: dict[str, Any] = {}
+    for i in range(n_keys):
+        key = c.string(f"key {i}")
+        metadata[key] = c.value(c.u32(f"the type of {key}"), key)
+    infos = []
+    for i in range(n_tensors):
+        name = c.string(f"tensor {i}'s name")
+        dims = c.u32(f"{name}'s dimension count")
+        if not 1 <= dims <= MAX_DIMS:
+            raise c.fail(f"tensor {name} has {dims} dimensions")
+        shape = tuple(c.u64(f"{name}'s shape") for _ in range(dims))
+        ggml_type = c.u32(f"{name}'s type")
+        offset = c.u64(f"{name}'s offset")
+        infos.append((name, shape, ggml_type, offset))
+    alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
+    if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
+        raise c.fail(f"general.alignment = {alignment!r} is not a power of 2")
+    start = -(-c.at // alignment) * alignment
+    tensors = {}
+    for name, shape, ggml_type, offset in infos:
+        tensors[name] = _tensor(p, buf, name, shape, ggml_type, start + offset)
+    return GGUFFile(p, version, metadata, tensors)
+
+
+def _tensor(
+    p: Path, buf: np.ndarray, name: str, shape: tuple[int, ...], ggml_type: int, at: int
+) -> Tensor:
+    if ggml_type not in GGML_TYPES:
+        raise ValueError(
+            f"GGUF file {p}: tensor {name} has ggml type {ggml_type}, which is unknown"
+        )
+    type_name, elems, size = GGML_TYPES[ggml_type]
+    if any(d == 0 for d in shape) or shape[0] % elems:
+        raise ValueError(
+            f"GGUF file {p}: tensor {name} has shape {list(shape)}; a {type_name} row holds "
+            f"whole blocks of {elems} values"
+        )
+    rows = int(np.prod(shape[1:], dtype=object)) if len(shape) > 1 else 1
+    row_bytes = shape[0] // elems * size
+    end = at + rows * row_bytes
+    if end > len(buf):
+        raise ValueError(
+            f"GGUF file {p} is truncated: tensor {name} ({type_name} {list(shape)}) ends at byte "
+            f"{end:,}, past the file's {len(buf):,}; replace the file"
+        )
+    return Tensor(name, ggml_type, shape, buf[at:end].reshape(rows, row_bytes))

@@ -1,0 +1,269 @@
+//! One Llama decoder layer over weights at a GGUF file's precision, for the
+//! few positions of a decode or verification step (and prefill):
+//! RMSNorm → q, k, v (one stacked product) → RoPE → the keys and values
+//! written into the cache → attention over the cache → o → residual →
+//! RMSNorm → gate, up (one stacked product) → SiLU(gate)·up → down →
+//! residual. It replaces some twenty small torch operations per layer,
+//! whose overhead is most of a small model's step on a CPU.
+//!
+//! Every value of a position is computed from that position's row alone, in
+//! a fixed order (the products as in `quant.rs`, each norm, rotation,
+//! softmax and weighted sum as written here), whatever the number of
+//! positions or threads: a position's outputs are the same bits alone or
+//! in a verification batch, so greedy speculative output equals target-only
+//! greedy output by construction.
+
+use crate::error::SpecError;
+use crate::quant::{qlinear, Path, QType};
+
+/// The sizes of one layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Shape {
+    pub hidden: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub inter: usize,
+    pub eps: f32,
+}
+
+/// A packed weight (`quant::pack`) and its format.
+#[derive(Clone, Copy)]
+pub struct Weight<'a> {
+    pub packed: &'a [u8],
+    pub q: QType,
+}
+
+/// The layer's weights: q, k, v stacked (heads·d + 2·kv_heads·d rows), o,
+/// gate and up stacked (2·inter rows), down; the two norms' weights.
+#[derive(Clone, Copy)]
+pub struct Weights<'a> {
+    pub qkv: Weight<'a>,
+    pub o: Weight<'a>,
+    pub gate_up: Weight<'a>,
+    pub down: Weight<'a>,
+    pub attn_norm: &'a [f32],
+    pub ffn_norm: &'a [f32],
+}
+
+/// The layer's cache: keys and values (kv_heads, capacity, d), positions
+/// 0..past filled; this step writes past..past + n.
+pub struct Cache<'a> {
+    pub keys: &'a mut [f32],
+    pub values: &'a mut [f32],
+    pub capacity: usize,
+    pub past: usize,
+}
+
+/// Who attends to whom: `None` is causal with the n queries after the
+/// `past` cached positions; `Some(mask)` is (n, past + n) bytes, nonzero =
+/// attend (a tree's mask).
+pub type Mask<'a> = Option<&'a [u8]>;
+
+fn bad(what: String) -> SpecError {
+    SpecError::Invalid(format!("llama layer: {what}"))
+}
+
+/// `x` (n, hidden), the residual stream, goes through the layer in place.
+/// `cos`, `sin` (n, d): the rotary tables at the n positions (both halves).
+#[allow(clippy::too_many_arguments)]
+pub fn layer(
+    x: &mut [f32],
+    n: usize,
+    cos: &[f32],
+    sin: &[f32],
+    cache: Cache<'_>,
+    mask: Mask<'_>,
+    w: Weights<'_>,
+    s: Shape,
+    threads: usize,
+    path: Path,
+) -> crate::Result<()> {
+    let (h, d) = (s.hidden, s.head_dim);
+    if s.heads == 0 || s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || !d.is_multiple_of(2) {
+        return Err(bad(format!(
+            "{} heads over {} key-value heads of size {d}",
+            s.heads, s.kv_heads
+        )));
+    }
+    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+    let total = cache.past + n;
+    if x.len() != n * h || cos.len() != n * d || sin.len() != n * d {
+        return Err(bad(format!(
+            "x, cos, sin hold {}, {}, {} values for n = {n}",
+            x.len(),
+            cos.len(),
+            sin.len()
+        )));
+    }
+    if w.attn_norm.len() != h || w.ffn_norm.len() != h {
+        return Err(bad("norm weights of the wrong size".into()));
+    }
+    let cache_len = s.kv_heads * cache.capacity * d;
+    if cache.keys.len() != cache_len || cache.values.len() != cache_len || total > cache.capacity {
+        return Err(bad(format!(
+            "a cache of {} values for capacity {} and {total} positions",
+            cache.keys.len(),
+            cache.capacity
+        )));
+    }
+    if let Some(m) = mask {
+        if m.len() != n * total {
+            return Err(bad(format!(
+                "mask of {} entries; expected n · (past + n) = {}",
+                m.len(),
+                n * total
+            )));
+        }
+    }
+    // attention
+    let mut xn = vec![0.0f32; n * h];
+    rms_norm(x, w.attn_norm, s.eps, &mut xn, h);
+    let mut qkv = vec![0.0f32; n * (qd + 2 * kvd)];
+    qlinear(&xn, w.qkv.packed, w.qkv.q, &mut qkv, n, h, qd + 2 * kvd, threads, path)?;
+    let row = qd + 2 * kvd;
+    for i in 0..n {
+        let (c, sn) = (&cos[i * d..(i + 1) * d], &sin[i * d..(i + 1) * d]);
+        for head in 0..s.heads + s.kv_heads {
+            rope(&mut qkv[i * row + head * d..i * row + (head + 1) * d], c, sn);
+        }
+        for g in 0..s.kv_heads {
+            let at = (g * cache.capacity + cache.past + i) * d;
+            cache.keys[at..at + d].copy_from_slice(&qkv[i * row + qd + g * d..i * row + qd + (g + 1) * d]);
+            cache.values[at..at + d]
+                .copy_from_slice(&qkv[i * row + qd + kvd + g * d..i * row + qd + kvd + (g + 1) * d]);
+        }
+    }
+    let mut att = vec![0.0f32; n * qd];
+    attention(&qkv, &mut att, n, &cache, mask, s);
+    let mut o = vec![0.0f32; n * h];
+    qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path)?;
+    for (a, b) in x.iter_mut().zip(&o) {
+        *a += b;
+    }
+    // MLP
+    rms_norm(x, w.ffn_norm, s.eps, &mut xn, h);
+    let mut gu = vec![0.0f32; n * 2 * s.inter];
+    qlinear(
+        &xn,
+        w.gate_up.packed,
+        w.gate_up.q,
+        &mut gu,
+        n,
+        h,
+        2 * s.inter,
+        threads,
+        path,
+    )?;
+    let mut act = vec![0.0f32; n * s.inter];
+    for i in 0..n {
+        let (gate, up) = gu[i * 2 * s.inter..(i + 1) * 2 * s.inter].split_at(s.inter);
+        for j in 0..s.inter {
+            let g = gate[j];
+            act[i * s.inter + j] = g / (1.0 + (-g).exp()) * up[j];
+        }
+    }
+    qlinear(&act, w.down.packed, w.down.q, &mut o, n, s.inter, h, threads, path)?;
+    for (a, b) in x.iter_mut().zip(&o) {
+        *a += b;
+    }
+    Ok(())
+}
+
+/// out = x / sqrt(mean(x²) + eps) · w, row by row (sums in index order, f32).
+fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize) {
+    for (row, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
+        let mut ss = 0.0f32;
+        for v in row {
+            ss += v * v;
+        }
+        let inv = 1.0 / (ss / h as f32 + eps).sqrt();
+        for j in 0..h {
+            dst[j] = w[j] * (row[j] * inv);
+        }
+    }
+}
+
+/// RoPE in the half-split convention: x·cos + rotate_half(x)·sin.
+fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let half = x.len() / 2;
+    for j in 0..half {
+        let (a, b) = (x[j], x[j + half]);
+        x[j] = a * cos[j] - b * sin[j];
+        x[j + half] = b * cos[j + half] + a * sin[j + half];
+    }
+}
+
+/// softmax(q·kᵀ / sqrt(d)) · v for each query row and head over the keys it
+/// may attend to (grouped heads: head h reads key-value head h / group).
+fn attention(qkv: &[f32], out: &mut [f32], n: usize, cache: &Cache<'_>, mask: Mask<'_>, s: Shape) {
+    let d = s.head_dim;
+    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+    let row = qd + 2 * kvd;
+    let group = s.heads / s.kv_heads;
+    let total = cache.past + n;
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut scores = vec![0.0f32; total];
+    for i in 0..n {
+        for head in 0..s.heads {
+            let q = &qkv[i * row + head * d..i * row + (head + 1) * d];
+            let g = head / group;
+            let keys = &cache.keys[g * cache.capacity * d..];
+            let values = &cache.values[g * cache.capacity * d..];
+            let mut best = f32::NEG_INFINITY;
+            for (j, sc) in scores.iter_mut().enumerate() {
+                let allowed = match mask {
+                    None => j <= cache.past + i,
+                    Some(m) => m[i * total + j] != 0,
+                };
+                *sc = if allowed {
+                    dot(q, &keys[j * d..(j + 1) * d]) * scale
+                } else {
+                    f32::NEG_INFINITY
+                };
+                best = best.max(*sc);
+            }
+            let dst = &mut out[i * qd + head * d..i * qd + (head + 1) * d];
+            dst.fill(0.0);
+            if best == f32::NEG_INFINITY {
+                continue; // attends to nothing (a padded row): zeros
+            }
+            let mut sum = 0.0f32;
+            for sc in scores.iter_mut() {
+                *sc = (*sc - best).exp();
+                sum += *sc;
+            }
+            for (j, &p) in scores.iter().enumerate() {
+                if p != 0.0 {
+                    let v = &values[j * d..(j + 1) * d];
+                    for (a, &b) in dst.iter_mut().zip(v) {
+                        *a += p * b;
+                    }
+                }
+            }
+            let inv = 1.0 / sum;
+            for a in dst.iter_mut() {
+                *a *= inv;
+            }
+        }
+    }
+}
+
+/// A dot product in 8 lanes (then pairwise); products and sums rounded
+/// separately (no fused multiply-add: the same on every CPU, and fast
+/// without a target feature).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut l = [0.0f32; 8];
+    let full = a.len() - a.len() % 8;
+    for j in (0..full).step_by(8) {
+        for k in 0..8 {
+            l[k] += a[j + k] * b[j + k];
+        }
+    }
+    let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
+    for j in full..a.len() {
+        s += a[j] * b[j];
+    }
+    s
+}
