@@ -59,6 +59,7 @@ LONGEST_FIRST = (
     "test_cli.py",
     "test_fuzz.py",
     "test_fuzz_files.py",
+    "test_gguf.py",
     "test_verify.py",
     "test_tree.py",
     "test_measure.py",

@@ -1,0 +1,288 @@
+"""GGUF weights at their own precision: the kernels against gguf-py's
+dequantize and a float64 product, tiny random Llamas written as GGUF files
+and read back (logits against their dequantized float32 twin, greedy
+identity through `generate` with each drafter, the heads trained and run on
+them), and bad files. p = target, q = draft, k = γ."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import specdec_rs as sd
+from specdec_rs import _core, models
+from specdec_rs.gguf import load_gguf
+from specdec_rs.gguf.writer import write_llama
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+V = 64
+
+
+def quantized(kind: str, rows: int, k: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(row-major bytes, gguf-py's float32 values) of random weights in
+    `kind`, with an all-zero row (scales of 0), a negative row (negative
+    minima), a constant row, and mixed magnitudes."""
+    rng = np.random.default_rng(seed)
+    w = rng.standard_normal((rows, k)).astype(np.float32) * np.exp(rng.uniform(-3, 1, (rows, 1)))
+    w[0] = 0.0
+    w[1 % rows] = -np.abs(w[1 % rows]) - 0.5
+    w[2 % rows] = 0.25
+    qtype = gguf.GGMLQuantizationType[kind]
+    data = gguf.quantize(w, qtype)
+    values = gguf.dequantize(data, qtype).reshape(rows, k).astype(np.float32)
+    raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+    return raw, values
+
+
+@pytest.mark.parametrize("kind", list(TYPES))
+def test_the_kernels_dequantize_as_gguf_py_and_multiply_as_float64(kind: str) -> None:
+    k, m = 96, 27
+    raw, values = quantized(kind, m, k, 1)
+    packed = _core.pack_weight(raw, TYPES[kind], k)
+    out = np.empty((m, k), np.float32)
+    _core.dequantize_rows(packed, TYPES[kind], k, m, np.arange(m, dtype=np.int64), out)
+    assert np.array_equal(out.view(np.uint32), values.view(np.uint32))  # bit for bit
+    x = np.random.default_rng(2).standard_normal((16, k)).astype(np.float32)
+    exact = x.astype(np.float64) @ values.astype(np.float64).T
+    bound = k * 2.0**-23 * (np.abs(x).astype(np.float64) @ np.abs(values).astype(np.float64).T)
+    got = np.empty((16, m), np.float32)
+    _core.qlinear(x, packed, TYPES[kind], m, got, 1)
+    assert (np.abs(got - exact) <= bound + 1e-30).all()
+    # one row alone, or inside any batch of 2..16: the same bits
+    for n in range(2, 17):
+        batch = np.empty((n, m), np.float32)
+        _core.qlinear(x[:n], packed, TYPES[kind], m, batch, 2)
+        assert np.array_equal(batch.view(np.uint32), got[:n].view(np.uint32)), n
+
+
+def test_rows_that_are_not_whole_blocks_are_refused() -> None:
+    with pytest.raises(ValueError, match="whole blocks of 32"):
+        _core.pack_weight(np.zeros((2, 60), np.uint8), TYPES["Q4_1"], 48)
+    with pytest.raises(ValueError, match="no native kernel"):
+        _core.pack_weight(np.zeros((2, 144), np.uint8), 12, 256)
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return models.tiny_llama(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def files(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tuple[Path, Any]]:
+    """kind -> (a GGUF file of `tiny` with its linears in that kind, its float32 twin)."""
+    folder = tmp_path_factory.mktemp("gguf")
+    out = {}
+    for kind in ("Q4_0", "Q4_1", "Q8_0"):
+        path = folder / f"tiny-{kind}.gguf"
+        out[kind] = (path, write_llama(tiny, path, linear_type=kind, embed_type="Q8_0"))
+    return out
+
+
+@pytest.fixture(scope="module")
+def target(files: dict[str, tuple[Path, Any]]) -> Any:
+    return load_gguf(files["Q4_1"][0], tokenizer=False)[0]
+
+
+@pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
+def test_logits_match_the_dequantized_float32_twin(
+    files: dict[str, tuple[Path, Any]], kind: str
+) -> None:
+    path, twin = files[kind]
+    model, _ = load_gguf(path, tokenizer=False)
+    ids = torch.randint(0, V, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        got, want = model(ids).logits, twin(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    # the weights the model reads are the file's values, bit for bit
+    q = model.model.layers[1].print_weights()["self_attn.q_proj.weight"]
+    rows = torch.arange(q[0])
+    assert torch.equal(q[2](rows), twin.model.layers[1].self_attn.q_proj.weight.detach())
+
+
+def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target: Any) -> None:
+    """By construction: every value of a position comes from its own row in
+    a fixed order, so one forward over 6 positions equals 6 forwards of one."""
+    ids = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        one = models.new_cache(target)
+        models.forward(target, ids[:3], one, keep=1)
+        singles = torch.cat(
+            [models.forward(target, ids[i : i + 1], one, keep=1) for i in range(3, 9)]
+        )
+        batch = models.new_cache(target)
+        models.forward(target, ids[:3], batch, keep=1)
+        together = models.forward(target, ids[3:], batch, keep=6)
+    assert torch.equal(singles, together)
+
+
+def prompt(seed: int, n: int = 7) -> Any:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda t: (sd.PromptLookup(), {"k": 4}),
+        lambda t: (sd.EarlyExit(t, 1), {"k": 3}),
+        lambda t: (sd.PromptLookup(), {"tree": 6}),
+    ],
+    ids=["prompt-lookup", "early-exit", "lookup-tree"],
+)
+def test_greedy_speculative_output_is_the_targets(target: Any, make: Any) -> None:
+    drafter, kw = make(target)
+    for seed in range(3):
+        ids = torch.cat([prompt(seed), prompt(seed)[:4]])  # a repeat for the lookup to find
+        plain = sd.generate(target, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
+        out = sd.generate(
+            target, drafter, ids, max_new_tokens=20, temperature=0, eos_token_id=[], **kw
+        )
+        assert out.tokens == plain.tokens, seed
+        assert out.drafted > 0
+
+
+def test_heads_train_and_draft_on_a_gguf_target(target: Any, tmp_path: Path) -> None:
+    """The training data (batched, padded generation), the training (the
+    gradient through the draft vocabulary's quantized rows) and the
+    drafting all run on the GGUF target; greedy output stays the target's."""
+    from heads_fixtures import tiny_head
+    from specdec_rs import drafters
+
+    for kind, kw in (("eagle", {"depth": 2}), ("medusa", {"medusa_heads": 2})):
+        path = tiny_head(target, tmp_path, kind, draft_vocab=40, steps_epochs=2.0, **kw)
+        drafter = drafters.from_spec(f"{kind}:{path}", target, greedy=True)
+        assert type(drafter.head if kind == "eagle" else drafter.heads).__name__
+        ids = prompt(4)
+        plain = sd.generate(target, None, ids, max_new_tokens=12, temperature=0, eos_token_id=[])
+        out = sd.generate(
+            target, drafter, ids, max_new_tokens=12, k=2, temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain.tokens and out.drafted > 0
+
+
+def test_sampled_generation_is_reproducible_and_in_range(target: Any) -> None:
+    ids = prompt(5)
+    a = sd.generate(target, sd.PromptLookup(), ids, max_new_tokens=16, temperature=0.8, seed=3)
+    b = sd.generate(target, sd.PromptLookup(), ids, max_new_tokens=16, temperature=0.8, seed=3)
+    assert a.tokens == b.tokens and all(0 <= t < V for t in a.tokens)
+
+
+# ---- bad files ---------------------------------------------------------------------------
+
+
+def _corrupt(source: Path, dest: Path, edit: Any) -> Path:
+    body = bytearray(source.read_bytes())
+    edit(body)
+    dest.write_bytes(bytes(body))
+    return dest
+
+
+def test_bad_files_are_refused_naming_the_file_and_the_tensor(
+    files: dict[str, tuple[Path, Any]], tiny: Any, tmp_path: Path
+) -> None:
+    good = files["Q4_1"][0]
+    truncated = _corrupt(good, tmp_path / "cut.gguf", lambda b: b.__delitem__(slice(-100, None)))
+    with pytest.raises(ValueError, match=r"cut.gguf is truncated: tensor .* ends at byte"):
+        load_gguf(truncated, tokenizer=False)
+    header = _corrupt(good, tmp_path / "head.gguf", lambda b: b.__delitem__(slice(40, None)))
+    with pytest.raises(ValueError, match=r"head.gguf is corrupt or truncated"):
+        load_gguf(header, tokenizer=False)
+    not_gguf = tmp_path / "x.gguf"
+    not_gguf.write_bytes(b"GGML" + bytes(100))
+    with pytest.raises(ValueError, match="is not a GGUF file"):
+        load_gguf(not_gguf, tokenizer=False)
+    # another architecture
+    arch = _corrupt(
+        good,
+        tmp_path / "arch.gguf",
+        lambda b: b.__setitem__(slice(b.find(b"llama"), b.find(b"llama") + 5), b"gemma"),
+    )
+    with pytest.raises(ValueError, match="architecture is 'gemma'"):
+        load_gguf(arch, tokenizer=False)
+    # a tensor of a type no reader knows: its type id set to 99
+    unknown = _corrupt(good, tmp_path / "type.gguf", _retype(b"blk.0.ffn_up.weight", 99))
+    with pytest.raises(ValueError, match=r"tensor blk.0.ffn_up.weight has ggml type 99"):
+        load_gguf(unknown, tokenizer=False)
+    # shapes that disagree with the metadata: an MLP wider than its tensors
+    wide = _corrupt(good, tmp_path / "wide.gguf", _set_u32(b"llama.feed_forward_length", 256))
+    with pytest.raises(ValueError, match=r"tensor blk.0.ffn_gate.weight has shape \[64, 128\]"):
+        load_gguf(wide, tokenizer=False)
+
+
+def _retype(name: bytes, ggml_type: int) -> Any:
+    def edit(b: bytearray) -> None:
+        at = b.find(name) + len(name)
+        dims = struct.unpack_from("<I", b, at)[0]
+        struct.pack_into("<I", b, at + 4 + 8 * dims, ggml_type)
+
+    return edit
+
+
+def _set_u32(key: bytes, value: int) -> Any:
+    def edit(b: bytearray) -> None:
+        at = b.find(key) + len(key)
+        assert struct.unpack_from("<I", b, at)[0] == 4  # a uint32 value follows
+        struct.pack_into("<I", b, at + 4, value)
+
+    return edit
+
+
+def _k_quant_bytes(w: np.ndarray, qtype: Any) -> np.ndarray:
+    """Random blocks of a K-quant for w's shape (gguf-py cannot quantize
+    them): random quant bytes, small positive float16 super-block scales."""
+    elems, size = gguf.GGML_QUANT_SIZES[qtype]
+    rows, k = w.shape
+    raw = np.random.default_rng(7).integers(0, 256, (rows, k // elems, size), dtype=np.uint8)
+    scale = np.array([2.0**-8], dtype=np.float16).view(np.uint8)
+    at = {"Q6_K": [size - 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}[qtype.name]
+    for offset in at:
+        raw[..., offset : offset + 2] = scale
+    return raw.reshape(rows, -1)
+
+
+def test_k_quants_are_read_through_float32_with_a_notice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    quantize = gguf.quantize
+
+    def quantize_k(w: np.ndarray, qtype: Any) -> np.ndarray:
+        return _k_quant_bytes(w, qtype) if qtype.name.endswith("_K") else quantize(w, qtype)
+
+    monkeypatch.setattr(gguf, "quantize", quantize_k)
+    big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=1, seed=2)
+    path = tmp_path / "k.gguf"
+    kinds = {"blk.0.ffn_gate.weight": "Q4_K", "blk.0.ffn_up.weight": "Q5_K"}
+    twin = write_llama(big, path, types={**kinds, "blk.0.ffn_down.weight": "Q6_K"})
+    model, _ = load_gguf(path, tokenizer=False)
+    notices = capsys.readouterr().err
+    assert all(f"{t} has no native kernel" in notices for t in ("Q4_K", "Q5_K", "Q6_K"))
+    ids = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = twin(ids).logits
+        torch.testing.assert_close(
+            model(ids).logits, want, rtol=0, atol=1e-4 * float(want.abs().max())
+        )
+
+
+def test_weights_choices(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert models.weights_choice("auto", "float32", "cpu") == "gguf"
+    assert models.weights_choice("auto", "bfloat16", "cpu") == "float32"
+    with pytest.raises(ValueError, match="runs on the CPU in float32"):
+        models.weights_choice("gguf", "bfloat16", "cpu")
+    with pytest.raises(ValueError, match="weights = 'int4'"):
+        models.weights_choice("int4", "float32", "cpu")
+
+
+def test_the_thread_count_can_be_forced(target: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from specdec_rs.gguf.model import choose_threads
+
+    monkeypatch.setenv("SPECDEC_KERNEL_THREADS", "1")
+    assert choose_threads(target) == 1
+    monkeypatch.setenv("SPECDEC_KERNEL_THREADS", "0")
+    with pytest.raises(ValueError, match="SPECDEC_KERNEL_THREADS"):
+        choose_threads(target)
