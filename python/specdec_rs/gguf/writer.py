@@ -20,7 +20,8 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     (the inverse of `model._unpermute`)."""
     rows = w.shape[0]
     half = rows // heads // 2
-    return w.reshape(heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    out: np.ndarray = w.reshape(heads, 2, half, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+    return out
 
 
 def write_llama(
