@@ -34,13 +34,55 @@ pub struct Weight<'a> {
     pub q: QType,
 }
 
-/// The layer's weights: q, k, v stacked (heads·d + 2·kv_heads·d rows), o,
-/// gate and up stacked (2·inter rows), down; the two norms' weights.
-#[derive(Clone, Copy)]
+/// A product whose output rows come from one weight, or from several
+/// stacked in order (files mix formats: a Q4_K_M file keeps attn_v in Q6_K).
+#[derive(Clone)]
+pub enum Proj<'a> {
+    One(Weight<'a>),
+    Parts(Vec<(Weight<'a>, usize)>),
+}
+
+impl Proj<'_> {
+    /// out (n, rows) = x (n, k) · Wᵀ, the parts' columns side by side.
+    #[allow(clippy::too_many_arguments)]
+    fn apply(
+        &self,
+        x: &[f32],
+        out: &mut [f32],
+        n: usize,
+        k: usize,
+        rows: usize,
+        threads: usize,
+        path: Path,
+    ) -> crate::Result<()> {
+        match self {
+            Proj::One(w) => qlinear(x, w.packed, w.q, out, n, k, rows, threads, path),
+            Proj::Parts(parts) => {
+                if parts.iter().map(|(_, m)| m).sum::<usize>() != rows {
+                    return Err(bad(format!("stacked parts do not add up to {rows} rows")));
+                }
+                let mut at = 0;
+                for (w, m) in parts {
+                    let mut part = vec![0.0f32; n * m];
+                    qlinear(x, w.packed, w.q, &mut part, n, k, *m, threads, path)?;
+                    for i in 0..n {
+                        out[i * rows + at..i * rows + at + m].copy_from_slice(&part[i * m..(i + 1) * m]);
+                    }
+                    at += m;
+                }
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The layer's weights: q, k, v (heads·d + 2·kv_heads·d output rows), o,
+/// gate and up (2·inter rows), down; the two norms' weights.
+#[derive(Clone)]
 pub struct Weights<'a> {
-    pub qkv: Weight<'a>,
+    pub qkv: Proj<'a>,
     pub o: Weight<'a>,
-    pub gate_up: Weight<'a>,
+    pub gate_up: Proj<'a>,
     pub down: Weight<'a>,
     pub attn_norm: &'a [f32],
     pub ffn_norm: &'a [f32],
@@ -120,7 +162,7 @@ pub fn layer(
     let mut xn = vec![0.0f32; n * h];
     rms_norm(x, w.attn_norm, s.eps, &mut xn, h);
     let mut qkv = vec![0.0f32; n * (qd + 2 * kvd)];
-    qlinear(&xn, w.qkv.packed, w.qkv.q, &mut qkv, n, h, qd + 2 * kvd, threads, path)?;
+    w.qkv.apply(&xn, &mut qkv, n, h, qd + 2 * kvd, threads, path)?;
     let row = qd + 2 * kvd;
     for i in 0..n {
         let (c, sn) = (&cos[i * d..(i + 1) * d], &sin[i * d..(i + 1) * d]);
@@ -144,17 +186,7 @@ pub fn layer(
     // MLP
     rms_norm(x, w.ffn_norm, s.eps, &mut xn, h);
     let mut gu = vec![0.0f32; n * 2 * s.inter];
-    qlinear(
-        &xn,
-        w.gate_up.packed,
-        w.gate_up.q,
-        &mut gu,
-        n,
-        h,
-        2 * s.inter,
-        threads,
-        path,
-    )?;
+    w.gate_up.apply(&xn, &mut gu, n, h, 2 * s.inter, threads, path)?;
     let mut act = vec![0.0f32; n * s.inter];
     for i in 0..n {
         let (gate, up) = gu[i * 2 * s.inter..(i + 1) * 2 * s.inter].split_at(s.inter);

@@ -708,9 +708,9 @@ fn llama_layer(
     path: Option<&str>,
 ) -> PyResult<()> {
     let path = path_of(path)?;
-    if weights.len() != 4 {
+    if weights.len() != 4 && weights.len() != 7 {
         return Err(PyValueError::new_err(
-            "llama_layer: weights are (qkv, o, gate_up, down)",
+            "llama_layer: weights are (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
         ));
     }
     let (n, hidden) = (x.shape()[0], x.shape()[1]);
@@ -730,11 +730,23 @@ fn llama_layer(
             q: qtype_of(*id)?,
         });
     }
+    use crate::llama::Proj;
+    let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+    let (qkv, o, gate_up, down) = if ws.len() == 4 {
+        (Proj::One(ws[0]), ws[1], Proj::One(ws[2]), ws[3])
+    } else {
+        (
+            Proj::Parts(vec![(ws[0], qd), (ws[1], kvd), (ws[2], kvd)]),
+            ws[3],
+            Proj::Parts(vec![(ws[4], inter), (ws[5], inter)]),
+            ws[6],
+        )
+    };
     let w = crate::llama::Weights {
-        qkv: ws[0],
-        o: ws[1],
-        gate_up: ws[2],
-        down: ws[3],
+        qkv,
+        o,
+        gate_up,
+        down,
         attn_norm: c_slice(&attn_norm, "llama_layer: attn_norm")?,
         ffn_norm: c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
     };

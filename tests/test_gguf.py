@@ -6,6 +6,7 @@ them), and bad files. p = target, q = draft, k = γ."""
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 from typing import Any
@@ -13,13 +14,17 @@ from typing import Any
 import numpy as np
 import pytest
 import specdec_rs as sd
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from specdec_rs import _core, models
 from specdec_rs.gguf import load_gguf
 from specdec_rs.gguf.writer import write_llama
+from test_fuzz import deadline
 
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
+EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "40"))
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
 V = 64
 
@@ -103,6 +108,22 @@ def test_logits_match_the_dequantized_float32_twin(
     q = model.model.layers[1].print_weights()["self_attn.q_proj.weight"]
     rows = torch.arange(q[0])
     assert torch.equal(q[2](rows), twin.model.layers[1].self_attn.q_proj.weight.detach())
+
+
+def test_a_file_that_mixes_formats_within_a_projection(tiny: Any, tmp_path: Path) -> None:
+    """q, k, v (and gate, up) of different formats, as a Q4_K_M file keeps
+    attn_v: each its own product; the same function as the twin."""
+    path = tmp_path / "mixed.gguf"
+    types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_up.weight": "Q4_0"}
+    twin = write_llama(tiny, path, linear_type="Q4_1", types=types)
+    model, _ = load_gguf(path, tokenizer=False)
+    assert len(model.model.layers[0].qkv) == 3 and len(model.model.layers[1].gate_up) == 2
+    ids = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        want = twin(ids).logits
+        torch.testing.assert_close(
+            model(ids).logits, want, rtol=0, atol=1e-4 * float(want.abs().max())
+        )
 
 
 def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target: Any) -> None:
@@ -286,3 +307,34 @@ def test_the_thread_count_can_be_forced(target: Any, monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SPECDEC_KERNEL_THREADS", "0")
     with pytest.raises(ValueError, match="SPECDEC_KERNEL_THREADS"):
         choose_threads(target)
+
+
+@settings(max_examples=EXAMPLES)
+@given(
+    how=st.sampled_from(["cut", "flip", "append"]),
+    at=st.integers(0, 2**20),
+    value=st.integers(1, 255),
+)
+def test_damaged_gguf_bytes_are_refused(
+    files: dict[str, tuple[Path, Any]],
+    tmp_path_factory: pytest.TempPathFactory,
+    how: str,
+    at: int,
+    value: int,
+) -> None:
+    """Bytes cut, flipped (in the header and metadata, the part that is
+    parsed) or appended: a ValueError naming the file, or a model that loads."""
+    body = bytearray(files["Q4_1"][0].read_bytes())
+    if how == "cut":
+        body = body[: at % len(body)]
+    elif how == "flip":
+        body[at % 2048] ^= value
+    else:
+        body += bytes([value]) * (1 + at % 64)
+    path = tmp_path_factory.mktemp("damaged") / "model.gguf"
+    path.write_bytes(bytes(body))
+    with deadline():
+        try:
+            load_gguf(path, tokenizer=False)
+        except ValueError as e:
+            assert str(path) in str(e)

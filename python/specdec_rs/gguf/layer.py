@@ -48,27 +48,30 @@ class FusedLlamaLayer(nn.Module):
         self.head_dim = config.head_dim
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
-        self.qkv = _stack([parts["q_proj"], parts["k_proj"], parts["v_proj"]])
+        # q, k, v (and gate, up) as one product when they share a format
+        # (the usual case), else one each (files mix formats)
+        self.qkv = nn.ModuleList(_stacked([parts[n] for n in ("q_proj", "k_proj", "v_proj")]))
         self.o_proj = parts["o_proj"]
-        self.gate_up = _stack([parts["gate_proj"], parts["up_proj"]])
+        self.gate_up = nn.ModuleList(_stacked([parts["gate_proj"], parts["up_proj"]]))
         self.down_proj = parts["down_proj"]
         self.attn_norm = nn.Parameter(attn_norm, requires_grad=False)
         self.ffn_norm = nn.Parameter(ffn_norm, requires_grad=False)
-        q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        inter = parts["gate_proj"].out_features
         self.weights = {
-            "self_attn.q_proj.weight": (self.qkv, 0, q),
-            "self_attn.k_proj.weight": (self.qkv, q, kv),
-            "self_attn.v_proj.weight": (self.qkv, q + kv, kv),
+            **_rows_of(
+                self.qkv,
+                [(f"self_attn.{n}.weight", parts[n]) for n in ("q_proj", "k_proj", "v_proj")],
+            ),
             "self_attn.o_proj.weight": (self.o_proj, 0, self.o_proj.out_features),
-            "mlp.gate_proj.weight": (self.gate_up, 0, inter),
-            "mlp.up_proj.weight": (self.gate_up, inter, inter),
+            **_rows_of(
+                self.gate_up, [(f"mlp.{n}.weight", parts[n]) for n in ("gate_proj", "up_proj")]
+            ),
             "mlp.down_proj.weight": (self.down_proj, 0, self.down_proj.out_features),
         }
         self.norms = {
             "input_layernorm.weight": self.attn_norm,
             "post_attention_layernorm.weight": self.ffn_norm,
         }
+        self._weights = self._native_weights()
 
     def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
         """The layer's weights under transformers' names, as
@@ -110,8 +113,9 @@ class FusedLlamaLayer(nn.Module):
                 return self._native(hidden_states, attention_mask, layer, position_embeddings)
         d = self.head_dim
         x = F.rms_norm(hidden_states, (h,), self.attn_norm, self.eps)
-        qkv = self.qkv(x).view(b, n, self.heads + 2 * self.kv_heads, d).transpose(1, 2)
-        q, k, v = qkv.split([self.heads, self.kv_heads, self.kv_heads], dim=1)
+        qkv = torch.cat([p(x) for p in self.qkv], -1)
+        qkv = qkv.view(b, n, self.heads + 2 * self.kv_heads, d).transpose(1, 2)
+        q, k, v = torch.split(qkv, [self.heads, self.kv_heads, self.kv_heads], dim=1)
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is not None:
@@ -125,7 +129,7 @@ class FusedLlamaLayer(nn.Module):
         )
         hidden = hidden_states + self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
         y = F.rms_norm(hidden, (h,), self.ffn_norm, self.eps)
-        gate, up = self.gate_up(y).chunk(2, dim=-1)
+        gate, up = torch.cat([p(y) for p in self.gate_up], -1).chunk(2, dim=-1)
         out: torch.Tensor = hidden + self.down_proj(F.silu(gate) * up)
         return out
 
@@ -164,20 +168,58 @@ class FusedLlamaLayer(nn.Module):
             self.attn_norm.detach().numpy(),
             self.ffn_norm.detach().numpy(),
             self._shape,
-            self.qkv.threads,
+            self.o_proj.threads,
         )
         layer.advance(n)
         return x.unsqueeze(0).to(hidden_states.dtype)
 
-    @property
-    def _weights(self) -> list[tuple[Any, int]]:
-        return [
-            (w.packed, w.ggml_type) for w in (self.qkv, self.o_proj, self.gate_up, self.down_proj)
-        ]
+    def _native_weights(self) -> list[tuple[Any, int]]:
+        """(qkv, o, gate_up, down), or (q, k, v, o, gate, up, down) when
+        the file mixes formats within a projection (rows of a stacked one
+        copied out, once)."""
+        order: list[Any]
+        if len(self.qkv) == 1 and len(self.gate_up) == 1:
+            order = [self.qkv[0], self.o_proj, self.gate_up[0], self.down_proj]
+        else:
+            order = []
+            for module, start, rows in self.weights.values():
+                whole = start == 0 and rows == module.out_features
+                order.append(
+                    module if whole else module.select_rows(torch.arange(start, start + rows))
+                )
+        return [(w.packed, w.ggml_type) for w in order]
 
     @property
     def _shape(self) -> tuple[int, int, int, int, float]:
-        return (self.heads, self.kv_heads, self.head_dim, self.gate_up.out_features // 2, self.eps)
+        inter = self.down_proj.in_features
+        return (self.heads, self.kv_heads, self.head_dim, inter, self.eps)
+
+
+def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:
+    """[one QuantLinear of all the parts' rows] when they share a format and
+    row length and all but the last fill whole panels, else the parts."""
+    first = parts[0]
+    same = all(p.ggml_type == first.ggml_type and p.in_features == first.in_features for p in parts)
+    if not same or any(p.out_features % 8 for p in parts[:-1]):
+        return parts
+    return [_stack(parts)]
+
+
+def _rows_of(
+    modules: Any, named: list[tuple[str, QuantLinear]]
+) -> dict[str, tuple[QuantLinear, int, int]]:
+    """name -> (module, first row, rows) of each part within `modules`
+    (one stacked module, or the parts themselves)."""
+    if len(modules) == 1 and len(named) > 1:
+        out, at = {}, 0
+        for name, part in named:
+            out[name] = (modules[0], at, part.out_features)
+            at += part.out_features
+        return out
+    return {
+        name: (module, 0, module.out_features)
+        for (name, _), module in zip(named, modules, strict=True)
+    }
 
 
 def _stack(parts: list[QuantLinear]) -> QuantLinear:

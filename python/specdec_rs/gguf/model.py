@@ -178,6 +178,37 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
     return order
 
 
+def check_tensors(f: GGUFFile, config: Any) -> None:
+    """Every tensor the metadata's sizes call for is in the file with its
+    shape (the file's tensors bound the layer count first)."""
+    h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    heads, kv, vocab = config.num_attention_heads, config.num_key_value_heads, config.vocab_size
+    if 9 * config.num_hidden_layers + 2 > len(f.tensors):
+        raise f.fail(
+            f"metadata llama.block_count = {config.num_hidden_layers}, but the file holds only "
+            f"{len(f.tensors)} tensors (9 a layer)",
+            FIX,
+        )
+    _expect(f, "token_embd.weight", (h, vocab))
+    _expect(f, "output_norm.weight", (h,))
+    if "output.weight" in f.tensors:
+        _expect(f, "output.weight", (h, vocab))
+    shapes = {
+        "attn_norm": (h,),
+        "ffn_norm": (h,),
+        "attn_q": (h, heads * hd),
+        "attn_k": (h, kv * hd),
+        "attn_v": (h, kv * hd),
+        "attn_output": (heads * hd, h),
+        "ffn_gate": (h, inter),
+        "ffn_up": (h, inter),
+        "ffn_down": (inter, h),
+    }
+    for i in range(config.num_hidden_layers):
+        for key, shape in shapes.items():
+            _expect(f, f"blk.{i}.{key}.weight", shape)
+
+
 def build(f: GGUFFile) -> PreTrainedModel:
     """The transformers `LlamaForCausalLM` of a read GGUF file (eval mode)."""
     import torch
@@ -190,6 +221,7 @@ def build(f: GGUFFile) -> PreTrainedModel:
     config = LlamaConfig(**settings)
     h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
     heads, kv = config.num_attention_heads, config.num_key_value_heads
+    check_tensors(f, config)  # before any model is built: a wrong count fails in microseconds
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     embed = _linear(f, _expect(f, "token_embd.weight", (h, config.vocab_size)))
