@@ -201,7 +201,7 @@ def main() -> None:
 
     f32, tokenizer = models.load_smollm2(weights="float32")
     gg, _ = models.load_smollm2(weights="gguf")  # chooses the kernels' threads, torch to 1
-    kernel_threads = gg.model.layers[0].qkv.threads
+    kernel_threads = gg.model.layers[0].o_proj.threads
     torch_threads_gguf = torch.get_num_threads()
     path = models.smollm2_gguf()
     llm, llm_lookup = llama_cpp(path, None), llama_cpp(path, 8)

@@ -39,6 +39,13 @@ const LANES: usize = 8;
 const TILE: usize = 8;
 /// Elements of a quantized block.
 const QK: usize = 32;
+/// The most x rows one tile multiplies (one pass over the weight for up to
+/// 16 positions: a verification forward reads each weight once).
+const XMAX: usize = 16;
+
+/// A tile's accumulators, `[weight row][x row][lane]`, and its sums.
+type Lanes = [[[f32; LANES]; XMAX]; TILE];
+type Sums = [[f32; XMAX]; TILE];
 
 /// A weight format of a GGUF file that the kernels read natively.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -483,12 +490,14 @@ unsafe fn rows_range(
     path: Path,
 ) {
     let paired = path == Path::Avx512 && q.blocked();
-    let mut sums = [[0.0f32; TILE]; TILE];
+    let mut sums = [[0.0f32; XMAX]; TILE];
     let mut r0 = 0;
     while r0 < n {
-        // x rows per tile: 8, 4, 2 or 1
+        // x rows per tile: AVX-512 up to 16 (every row in one pass), else 8, 4, 2 or 1
         let left = n - r0;
-        let xr = if left >= 8 {
+        let xr = if paired {
+            left.min(XMAX)
+        } else if left >= 8 {
             8
         } else if left >= 4 {
             4
@@ -497,9 +506,10 @@ unsafe fn rows_range(
         } else {
             1
         };
-        // weight rows per tile: 8 accumulators of 8 lanes (AVX2), or of 16
-        // lanes holding two rows each (AVX-512); a tile stays in one panel
-        let ow = if paired { (2 * TILE / xr).min(TILE) } else { TILE / xr };
+        // weight rows per tile: 8 accumulators of 8 lanes (AVX2), or up to
+        // 16 of 16 lanes holding two rows each (AVX-512: the registers that
+        // `avx512_width` leaves); a tile stays in one panel
+        let ow = if paired { avx512_width(xr) } else { TILE / xr };
         let mut o = lo;
         while o < hi {
             // block formats: the padded panel rows are computed and dropped
@@ -518,8 +528,8 @@ unsafe fn rows_range(
 }
 
 /// The tile's dot products, into `sums[weight row][x row]`.
-fn tile(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, path: Path, sums: &mut [[f32; TILE]; TILE]) {
-    let mut lanes = [[[0.0f32; LANES]; TILE]; TILE];
+fn tile(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, path: Path, sums: &mut Sums) {
+    let mut lanes = [[[0.0f32; LANES]; XMAX]; TILE];
     match path {
         // SAFETY (both): the path's instructions are present (`qlinear`
         // checked `path_available`); the tile lies inside x and p by construction.
@@ -554,7 +564,7 @@ fn tile(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, path: Path, sums: &mu
 
 /// The lanes of a tile's accumulators, in portable code: each weight row's
 /// next 32 (or 8) values dequantized into a buffer, then multiplied in.
-fn lanes_portable(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+fn lanes_portable(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut Lanes) {
     let (elems, bytes) = q.block();
     let full = t.k - t.k % LANES;
     let lay = Panels::of(q, t.k.max(QK));
@@ -591,7 +601,7 @@ fn lanes_portable(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_avx2(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+unsafe fn lanes_avx2(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut Lanes) {
     match (t.ow, t.xr) {
         (8, 1) => avx2_tile::<8, 1>(x, p, q, t, rb, lanes),
         (4, 2) => avx2_tile::<4, 2>(x, p, q, t, rb, lanes),
@@ -601,7 +611,7 @@ unsafe fn lanes_avx2(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &
             // other shapes (the last rows of a float weight; tests), one row at a time
             for (i, slot) in lanes.iter_mut().enumerate().take(t.ow) {
                 let one = Tile { o: t.o + i, ow: 1, ..t };
-                let mut part = [[[0.0f32; LANES]; TILE]; TILE];
+                let mut part = [[[0.0f32; LANES]; XMAX]; TILE];
                 match xr {
                     1 => avx2_tile::<1, 1>(x, p, q, one, rb, &mut part),
                     2 => avx2_tile::<1, 2>(x, p, q, one, rb, &mut part),
@@ -626,7 +636,7 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
     q: QType,
     t: Tile,
     rb: usize,
-    lanes: &mut [[[f32; LANES]; TILE]; TILE],
+    lanes: &mut Lanes,
 ) {
     use std::arch::x86_64 as v;
     let (k, full) = (t.k, t.k - t.k % LANES);
@@ -718,16 +728,36 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
     }
 }
 
+/// Weight rows of an AVX-512 tile of `xr` x rows: 4 pairs (xr ≤ 3), 2
+/// pairs (xr ≤ 11) or 1 (up to 16), so accumulators, weight vectors and
+/// the x vector fit in the 32 registers.
+fn avx512_width(xr: usize) -> usize {
+    if xr <= 3 {
+        8
+    } else if xr <= 11 {
+        4
+    } else {
+        2
+    }
+}
+
 /// AVX-512 tiles of the block formats: row pairs of one panel.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut [[[f32; LANES]; TILE]; TILE]) {
+unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut Lanes) {
+    macro_rules! run {
+        ($pairs:literal, $tile:expr, $out:expr, [$($n:literal)*]) => {
+            match $tile.xr {
+                $($n => avx512_tile::<$pairs, $n>(x, p, q, $tile, $out),)*
+                _ => unreachable!("x rows per tile are 1..=16"),
+            }
+        };
+    }
     match (t.ow, t.xr) {
-        (8, 1) => avx512_tile::<4, 1>(x, p, q, t, lanes),
-        (8, 2) => avx512_tile::<4, 2>(x, p, q, t, lanes),
-        (4, 4) => avx512_tile::<2, 4>(x, p, q, t, lanes),
-        (2, 8) => avx512_tile::<1, 8>(x, p, q, t, lanes),
-        (ow, xr) => {
+        (8, 1..=3) => run!(4, t, lanes, [1 2 3]),
+        (4, 4..=11) => run!(2, t, lanes, [4 5 6 7 8 9 10 11]),
+        (2, _) => run!(1, t, lanes, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]),
+        (ow, _) => {
             // other shapes (tests), a pair at a time
             debug_assert!(ow.is_multiple_of(2) && t.o.is_multiple_of(2));
             for pr in 0..ow / 2 {
@@ -736,13 +766,8 @@ unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut [[[f3
                     ow: 2,
                     ..t
                 };
-                let mut part = [[[0.0f32; LANES]; TILE]; TILE];
-                match xr {
-                    1 => avx512_tile::<1, 1>(x, p, q, two, &mut part),
-                    2 => avx512_tile::<1, 2>(x, p, q, two, &mut part),
-                    4 => avx512_tile::<1, 4>(x, p, q, two, &mut part),
-                    _ => avx512_tile::<1, 8>(x, p, q, two, &mut part),
-                }
+                let mut part = [[[0.0f32; LANES]; XMAX]; TILE];
+                run!(1, two, &mut part, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]);
                 lanes[2 * pr] = part[0];
                 lanes[2 * pr + 1] = part[1];
             }
@@ -758,13 +783,7 @@ unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut [[[f3
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 #[allow(clippy::needless_range_loop)]
-unsafe fn avx512_tile<const P: usize, const XR: usize>(
-    x: &[f32],
-    p: &[u8],
-    q: QType,
-    t: Tile,
-    lanes: &mut [[[f32; LANES]; TILE]; TILE],
-) {
+unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut Lanes) {
     use std::arch::x86_64 as v;
     let k = t.k;
     let lay = Panels::of(q, k);
@@ -968,7 +987,7 @@ mod tests {
         for q in ALL {
             let k_list: &[usize] = if q.blocked() { &[32, 96, 576] } else { &[1, 7, 45, 576] };
             for &k in k_list {
-                for &(n, m) in &[(1, 1), (1, 19), (3, 8), (5, 33), (8, 9), (13, 70), (16, 8)] {
+                for &(n, m) in &[(1, 1), (1, 19), (3, 8), (5, 33), (8, 9), (13, 70), (16, 8), (23, 17)] {
                     let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
                     let packed = pack(&w, q, m, k).unwrap();
                     let wf = dequant(q, &w, m, k);
@@ -1014,18 +1033,20 @@ mod tests {
         for q in ALL {
             let k = if q.blocked() { 64 } else { 45 };
             let rb = q.row_bytes(k).unwrap();
-            let (x, w) = (data(8 * k, 5), weight(q, 8, k, 6));
+            let (x, w) = (data(XMAX * k, 5), weight(q, 8, k, 6));
             let packed = pack(&w, q, 8, k).unwrap();
             for path in [Path::Avx2, Path::Avx512].into_iter().filter(|p| path_available(*p)) {
-                for xr in [1, 2, 4, 8] {
-                    for ow in [1, 2, 4, 8] {
-                        if path == Path::Avx512 && q.blocked() && ow == 1 {
-                            continue; // pairs only
-                        }
+                let paired = path == Path::Avx512 && q.blocked();
+                let xrs: &[usize] = if paired {
+                    &[1, 2, 3, 4, 5, 8, 11, 12, 16]
+                } else {
+                    &[1, 2, 4, 8]
+                };
+                let ows: &[usize] = if paired { &[2, 4, 8] } else { &[1, 2, 4, 8] };
+                for &xr in xrs {
+                    for &ow in ows {
                         let t = Tile { k, r0: 0, xr, o: 0, ow };
-                        let mut a = [[[0.0f32; LANES]; TILE]; TILE];
-                        lanes_portable(&x, &packed, q, t, rb, &mut a);
-                        let (mut sa, mut sb) = ([[0.0f32; TILE]; TILE], [[0.0f32; TILE]; TILE]);
+                        let (mut sa, mut sb) = ([[0.0f32; XMAX]; TILE], [[0.0f32; XMAX]; TILE]);
                         tile(&x, &packed, q, t, rb, Path::Portable, &mut sa);
                         tile(&x, &packed, q, t, rb, path, &mut sb);
                         for i in 0..ow {

@@ -21,6 +21,8 @@ from torch.nn import functional as F
 
 from specdec_rs.gguf.modules import QuantLinear
 
+NATIVE_PREFILL = 16  # prompts up to this long are prefilled natively too
+
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """RoPE in transformers' half-split convention: x (B, H, n, d), cos/sin (B, 1, n, d)."""
@@ -104,12 +106,19 @@ class FusedLlamaLayer(nn.Module):
         """hidden_states (B, n, H) -> (B, n, H); the new keys and values go
         into `cache` (layer `layer_idx`). One sequence on a preallocated
         cache (every decode, verification and prefill step) runs as one Rust
-        call (`_core.llama_layer`); batches and autograd run in torch."""
+        call (`_core.llama_layer`); batches, autograd and the prefill of a
+        prompt longer than NATIVE_PREFILL run in torch (with the same
+        products)."""
         assert position_embeddings is not None, "the model passes position_embeddings"
         b, n, h = hidden_states.shape
         if b == 1 and not (torch.is_grad_enabled() and hidden_states.requires_grad):
             layer = cache.layers[self.layer_idx] if cache is not None else None
-            if layer is None or callable(getattr(layer, "slots", None)):
+            native = layer is None or callable(getattr(layer, "slots", None))
+            past = layer.get_seq_length() if layer is not None else 0
+            # every step after the prompt runs natively (the same bits for a
+            # position alone or among others); a long prompt's prefill runs
+            # torch's attention (the Rust one is written for few queries)
+            if native and (past > 0 or n <= NATIVE_PREFILL):
                 return self._native(hidden_states, attention_mask, layer, position_embeddings)
         d = self.head_dim
         x = F.rms_norm(hidden_states, (h,), self.attn_norm, self.eps)
@@ -120,12 +129,15 @@ class FusedLlamaLayer(nn.Module):
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        mask = attention_mask
+        mask, causal = attention_mask, False
         if mask is None and n > 1:  # queries at the end of the keys, causal among themselves
             total = k.shape[-2]
-            mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
+            if total == n:
+                causal = True  # SDPA's own causal kernel
+            else:
+                mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
         att = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=True
+            q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
         hidden = hidden_states + self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
         y = F.rms_norm(hidden, (h,), self.ffn_norm, self.eps)
