@@ -53,7 +53,15 @@ def llama_cpp(path: Path, lookup: int | None) -> Any:
     except ImportError:
         return None
     draft = LlamaPromptLookupDecoding(num_pred_tokens=lookup) if lookup else None
-    return Llama(str(path), n_threads=2, n_ctx=4096, verbose=False, draft_model=draft)
+    # a draft model needs the logits of every position (llama-cpp-python's requirement)
+    return Llama(
+        str(path),
+        n_threads=2,
+        n_ctx=4096,
+        verbose=False,
+        draft_model=draft,
+        logits_all=draft is not None,
+    )
 
 
 def run_llama(
@@ -108,10 +116,10 @@ def anatomy_float32(model: Any, context: torch.Tensor, steps: int = 8) -> dict[s
 
 
 def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str, float]:
-    """ms per decode step: the products alone (every weight at one row, in
-    a step's order), the rest of the Rust layer calls (norms, RoPE,
-    attention), and the Python around them (embedding, rotary tables,
-    masks, the final norm, the model's call overhead)."""
+    """ms per decode step: the Rust layer calls (products, norms, RoPE,
+    attention), the LM head, and the Python around them (embedding, rotary
+    tables, masks, the final norm, the model's calls); and, for reference,
+    every weight's product alone at one row (one call each)."""
     weights = [m for m in model.modules() if isinstance(m, QuantLinear) and m is not model.lm_head]
     weights = list({id(w.packed): w for w in weights}.values()) + [model.lm_head]
     xs = {w.in_features: torch.randn(1, w.in_features) for w in weights}
@@ -138,14 +146,14 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
         products = statistics.median(
             _time(lambda: [w.product(xs[w.in_features]) for w in weights], steps)
         )
-    head = statistics.median(
-        _time(lambda: model.lm_head.product(xs[model.lm_head.in_features]), steps)
-    )
+        x = xs[model.lm_head.in_features]
+        head = statistics.median(_time(lambda: model.lm_head.product(x), steps))
     return {
-        "products": products * 1e3,
-        "attention, norms, RoPE (Rust)": (layers - (products - head)) * 1e3,
-        "rest (Python, embedding, final norm)": (step - layers - head) * 1e3,
+        "Rust layers": layers * 1e3,
+        "LM head": head * 1e3,
+        "Python and torch": (step - layers - head) * 1e3,
         "step": step * 1e3,
+        "products alone (reference)": products * 1e3,
     }
 
 
@@ -165,12 +173,13 @@ def _time(fn: Any, repeats: int) -> list[float]:
 
 
 def peak_rss(argv: list[str]) -> float:
-    """Peak resident memory (MB) of a fresh process running `argv`."""
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    if status != 0:
-        raise RuntimeError(f"{argv} failed: {proc.stderr.read().decode() if proc.stderr else ''}")
-    return usage.ru_maxrss / 1024
+    """Peak resident memory (MB) of a fresh process running `argv`, by GNU
+    time (a child of this process would report this process's peak: the
+    high-water mark survives the exec)."""
+    out = subprocess.run(
+        ["/usr/bin/time", "-f", "%M", *argv], capture_output=True, text=True, check=True
+    )
+    return int(out.stderr.strip().splitlines()[-1]) / 1024
 
 
 def margin_at_first_difference(model: Any, ids: torch.Tensor, a: list[int], b: list[int]) -> Any:

@@ -177,7 +177,8 @@ pub fn layer(
         }
     }
     let mut att = vec![0.0f32; n * qd];
-    attention(&qkv, &mut att, n, &cache, mask, s);
+    let vector = path != Path::Portable;
+    attention(&qkv, &mut att, n, &cache, mask, s, threads, vector);
     let mut o = vec![0.0f32; n * h];
     qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path)?;
     for (a, b) in x.iter_mut().zip(&o) {
@@ -228,64 +229,189 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 
 /// softmax(q·kᵀ / sqrt(d)) · v for each query row and head over the keys it
 /// may attend to (grouped heads: head h reads key-value head h / group).
-fn attention(qkv: &[f32], out: &mut [f32], n: usize, cache: &Cache<'_>, mask: Mask<'_>, s: Shape) {
+/// The (row, head) tasks are spread over `threads` (each writes its own
+/// output slice); each task is the same computation whatever the split.
+#[allow(clippy::too_many_arguments)]
+fn attention(
+    qkv: &[f32],
+    out: &mut [f32],
+    n: usize,
+    cache: &Cache<'_>,
+    mask: Mask<'_>,
+    s: Shape,
+    threads: usize,
+    vector: bool,
+) {
     let d = s.head_dim;
-    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-    let row = qd + 2 * kvd;
-    let group = s.heads / s.kv_heads;
+    let qd = s.heads * d;
     let total = cache.past + n;
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut scores = vec![0.0f32; total];
-    for i in 0..n {
-        for head in 0..s.heads {
-            let q = &qkv[i * row + head * d..i * row + (head + 1) * d];
-            let g = head / group;
-            let keys = &cache.keys[g * cache.capacity * d..];
-            let values = &cache.values[g * cache.capacity * d..];
-            let mut best = f32::NEG_INFINITY;
-            for (j, sc) in scores.iter_mut().enumerate() {
-                let allowed = match mask {
-                    None => j <= cache.past + i,
-                    Some(m) => m[i * total + j] != 0,
-                };
-                *sc = if allowed {
-                    dot(q, &keys[j * d..(j + 1) * d]) * scale
-                } else {
-                    f32::NEG_INFINITY
-                };
-                best = best.max(*sc);
-            }
-            let dst = &mut out[i * qd + head * d..i * qd + (head + 1) * d];
-            dst.fill(0.0);
-            if best == f32::NEG_INFINITY {
-                continue; // attends to nothing (a padded row): zeros
-            }
-            let mut sum = 0.0f32;
-            for sc in scores.iter_mut() {
-                *sc = (*sc - best).exp();
-                sum += *sc;
-            }
-            for (j, &p) in scores.iter().enumerate() {
-                if p != 0.0 {
-                    let v = &values[j * d..(j + 1) * d];
-                    for (a, &b) in dst.iter_mut().zip(v) {
-                        *a += p * b;
-                    }
-                }
-            }
-            let inv = 1.0 / sum;
-            for a in dst.iter_mut() {
-                *a *= inv;
-            }
+    let tasks = n * s.heads;
+    // a thread pays for itself past some thousands of key rows
+    let parts = if tasks * total >= 4096 {
+        threads.min(tasks).max(1)
+    } else {
+        1
+    };
+    let dst = Shared(out.as_mut_ptr());
+    let keys: &[f32] = cache.keys;
+    let values: &[f32] = cache.values;
+    let job = |part: usize| {
+        let mut scores = vec![0.0f32; total];
+        for t in (part..tasks).step_by(parts) {
+            let (i, head) = (t / s.heads, t % s.heads);
+            // SAFETY: task t writes only out[i·qd + head·d .. + d], disjoint per task.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.at(i * qd + head * d), d) };
+            attend(
+                qkv,
+                o,
+                i,
+                head,
+                n,
+                keys,
+                values,
+                cache.capacity,
+                cache.past,
+                mask,
+                s,
+                &mut scores,
+                vector,
+            );
         }
+    };
+    if parts == 1 {
+        job(0);
+    } else {
+        crate::pool::global(threads - 1).run(parts, &job);
     }
 }
 
-/// A dot product in 8 lanes (then pairwise); products and sums rounded
-/// separately (no fused multiply-add: the same on every CPU, and fast
-/// without a target feature).
+/// Raw output pointer shared by the attention tasks.
+#[derive(Clone, Copy)]
+struct Shared(*mut f32);
+unsafe impl Send for Shared {}
+unsafe impl Sync for Shared {}
+
+impl Shared {
+    /// The pointer `offset` entries on (the caller keeps it in bounds).
+    unsafe fn at(self, offset: usize) -> *mut f32 {
+        self.0.add(offset)
+    }
+}
+
+/// One query row's one head.
+#[allow(clippy::too_many_arguments)]
+fn attend(
+    qkv: &[f32],
+    dst: &mut [f32],
+    i: usize,
+    head: usize,
+    n: usize,
+    keys: &[f32],
+    values: &[f32],
+    capacity: usize,
+    past: usize,
+    mask: Mask<'_>,
+    s: Shape,
+    scores: &mut [f32],
+    vector: bool,
+) {
+    let d = s.head_dim;
+    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+    let row = qd + 2 * kvd;
+    let total = past + n;
+    let scale = 1.0 / (d as f32).sqrt();
+    let q = &qkv[i * row + head * d..i * row + (head + 1) * d];
+    let g = head / (s.heads / s.kv_heads);
+    let keys = &keys[g * capacity * d..];
+    let values = &values[g * capacity * d..];
+    let mut best = f32::NEG_INFINITY;
+    for (j, sc) in scores.iter_mut().enumerate() {
+        let allowed = match mask {
+            None => j <= past + i,
+            Some(m) => m[i * total + j] != 0,
+        };
+        *sc = if allowed {
+            dot(q, &keys[j * d..(j + 1) * d], vector) * scale
+        } else {
+            f32::NEG_INFINITY
+        };
+        best = best.max(*sc);
+    }
+    dst.fill(0.0);
+    if best == f32::NEG_INFINITY {
+        return; // attends to nothing (a padded row): zeros
+    }
+    let mut sum = 0.0f32;
+    for sc in scores.iter_mut() {
+        *sc = (*sc - best).exp();
+        sum += *sc;
+    }
+    for (j, &p) in scores.iter().enumerate() {
+        if p != 0.0 {
+            axpy(p, &values[j * d..(j + 1) * d], dst, vector);
+        }
+    }
+    let inv = 1.0 / sum;
+    for a in dst.iter_mut() {
+        *a *= inv;
+    }
+}
+
+/// dst += p · v.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn axpy(p: f32, v: &[f32], dst: &mut [f32], vector: bool) {
+    #[cfg(target_arch = "x86_64")]
+    if vector && v.len().is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA are present (`vector` comes from best_path).
+        unsafe { axpy_avx2(p, v, dst) };
+        return;
+    }
+    let _ = vector;
+    for (a, &b) in dst.iter_mut().zip(v) {
+        *a += p * b;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn axpy_avx2(p: f32, v: &[f32], dst: &mut [f32]) {
+    use std::arch::x86_64 as x;
+    let pv = x::_mm256_set1_ps(p);
+    for j in (0..v.len()).step_by(8) {
+        let a = x::_mm256_loadu_ps(dst.as_ptr().add(j));
+        let b = x::_mm256_loadu_ps(v.as_ptr().add(j));
+        x::_mm256_storeu_ps(dst.as_mut_ptr().add(j), x::_mm256_fmadd_ps(pv, b, a));
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
+    use std::arch::x86_64 as x;
+    let mut acc = x::_mm256_setzero_ps();
+    for j in (0..a.len()).step_by(8) {
+        acc = x::_mm256_fmadd_ps(
+            x::_mm256_loadu_ps(a.as_ptr().add(j)),
+            x::_mm256_loadu_ps(b.as_ptr().add(j)),
+            acc,
+        );
+    }
+    let mut l = [0.0f32; 8];
+    x::_mm256_storeu_ps(l.as_mut_ptr(), acc);
+    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
+}
+
+/// A dot product in 8 lanes (then pairwise): fused multiply-adds on the
+/// vector path, products and sums rounded separately on the portable one
+/// (a process keeps one path, so a row's result never depends on n).
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32], vector: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if vector && a.len().is_multiple_of(8) {
+        // SAFETY: AVX2 and FMA are present (`vector` comes from best_path).
+        return unsafe { dot_avx2(a, b) };
+    }
+    let _ = vector;
     let mut l = [0.0f32; 8];
     let full = a.len() - a.len() % 8;
     for j in (0..full).step_by(8) {

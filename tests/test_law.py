@@ -398,3 +398,68 @@ def test_first_two_tokens_follow_the_target(pair: tuple[Any, Any], name: str) ->
     )
     p_bad = chi2_pvalue(bad, exact)
     assert p_bad < SIGNIFICANCE, f"the bug went unnoticed: p = {p_bad:.2e} after {bad.sum():.0f}"
+
+
+# ---- a target at a GGUF file's precision -------------------------------------------------
+
+
+@functools.cache
+def gguf_target() -> Any:
+    """The law target's width doubled (GGUF blocks hold 32 values) and
+    written as a GGUF file: Q4_1 linears, Q8_0 embedding and head; read back
+    at that precision (the Rust kernels and the native layer)."""
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_llama
+
+    model = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=3, logit_scale=8.0)
+    path = Path(tempfile.mkdtemp(prefix="specdec-law-gguf-")) / "target.gguf"
+    write_llama(model, path, linear_type="Q4_1", embed_type="Q8_0")
+    return load_gguf(path, tokenizer=False)[0]
+
+
+GGUF_SETTINGS = {
+    "gguf-draft-model-adaptive-γ-T1": Setting(
+        SamplingConfig(1.0),
+        lambda t, d: sd.DraftModel(d),
+        lambda t, d: sd.DraftModel(d),
+        Swerve,
+        5,
+        buggy_verifier("resample_from_p"),
+        effect=GGUF_DRAFT_EFFECT,
+    ),
+    "gguf-early-exit-T0.8-top-p": Setting(
+        SamplingConfig(0.8, top_p=0.95),
+        lambda t, d: sd.EarlyExit(t, 1),
+        lambda t, d: sd.EarlyExit(t, 1),
+        lambda: 2,
+        3,
+        buggy_verifier("continue_after_reject"),
+        effect=GGUF_EARLY_EXIT_EFFECT,
+    ),
+}
+
+
+def test_the_gguf_runs_give_the_stated_power() -> None:
+    for name, setting in GGUF_SETTINGS.items():
+        cells = int((exact_pairs(gguf_target(), setting.config) > 0).sum())
+        assert power(setting.effect, cells) > 1 - BUG_ESCAPES, name
+
+
+@pytest.mark.parametrize("name", GGUF_SETTINGS)
+def test_first_two_tokens_follow_a_gguf_target(pair: tuple[Any, Any], name: str) -> None:
+    target, (_, draft) = gguf_target(), pair
+    setting = GGUF_SETTINGS[name]
+    exact = exact_pairs(target, setting.config)
+    good = pair_counts(target, lambda: setting.exact(target, draft), setting, RUNS)
+    p_good = chi2_pvalue(good, exact)
+    assert good.sum() == RUNS and p_good > SIGNIFICANCE, f"the exact loop failed: p = {p_good:.2e}"
+    bad = pair_counts(
+        target,
+        lambda: setting.buggy(target, draft),
+        setting,
+        RUNS,
+        verifier=setting.buggy_verifier,
+        stop_at=exact,
+    )
+    p_bad = chi2_pvalue(bad, exact)
+    assert p_bad < SIGNIFICANCE, f"the bug went unnoticed: p = {p_bad:.2e} after {bad.sum():.0f}"

@@ -135,6 +135,66 @@ def test_adaptive_policy_follows_the_cost_model() -> None:
     assert rates == pytest.approx([1.0, 1.5 / 1.7, 1.75 / 2.4])  # α_i = 1/2 prior
 
 
+def test_the_measured_policy_learns_its_costs_from_the_rounds() -> None:
+    """No calibration: target-only rounds give T(1), the drafted rounds T(n)
+    and the draft time; then the cost model decides, off where it does not pay."""
+    from specdec_rs.policy import MeasuredK
+
+    policy = MeasuredK(k_max=4, warmup=2, smoothing=1.0)
+    policy.reset()
+    assert [policy.next_k(), policy.next_k()] == [0, 0]  # warm-up: T(1)
+    policy.observe_time(0.0, 0.010, 1)
+    policy.observe_time(0.0, 0.010, 1)
+    for _ in range(100):  # cheap drafts, every one kept, a forward over 5 = 1.2 steps
+        policy.observe(4, 4, 4)
+        policy.observe_time(0.0001 * 4, 0.012, 5)
+    c, v = policy.costs()
+    assert c == pytest.approx(0.01) and v[0] == 1.0 and v[4] == pytest.approx(1.2)
+    assert v[1] == pytest.approx(1.05) and v[2] == pytest.approx(1.1)  # interpolated
+    assert policy.next_k() == 4
+    for _ in range(200):  # now every draft is rejected and a draft costs a step
+        policy.observe(4, 4, 0)
+        policy.observe_time(0.010 * 4, 0.012, 5)
+    assert policy.costs()[0] == pytest.approx(1.0)
+    ks = [policy.next_k() for _ in range(16)]
+    assert set(ks) == {0, 1} and ks.count(1) == 2  # off, with a probe every 8 rounds
+
+
+def test_the_default_policy_switches_a_useless_drafter_off(pair: tuple[Any, Any]) -> None:
+    """A drafter whose drafts are never kept: after the first rounds the
+    measured policy stops drafting (a probe every 8 rounds), and the greedy
+    output is the target's."""
+    from specdec_rs.policy import MeasuredK, measured_policy
+
+    target, _ = pair
+
+    class Wrong:
+        name = "wrong"
+        needs_target_hidden = False
+
+        def start(self, seq: Any, cache: Any, hidden: Any) -> None:
+            pass
+
+        def propose(self, seq: Any, k: int, sampler: Any) -> Any:
+            import torch
+
+            from specdec_rs.drafters.base import one_hot_draft
+
+            return one_hot_draft(torch.full((k,), int(seq[-1]) ^ 1), sampler)
+
+        def update(self, seq: Any, num_accepted: int, hidden: Any) -> None:
+            pass
+
+    policy = measured_policy(Wrong(), 4)
+    assert isinstance(policy, MeasuredK)
+    plain = sd.generate(target, None, [2, 3], max_new_tokens=60, temperature=0, eos_token_id=[])
+    out = sd.generate(
+        target, Wrong(), [2, 3], max_new_tokens=60, k=policy, temperature=0, eos_token_id=[]
+    )
+    assert out.tokens == plain.tokens
+    assert sum(1 for k in out.k_per_round[10:] if k > 0) <= len(out.k_per_round[10:]) // 8 + 1
+
+
 def test_heuristic_policy_matches_transformers_schedule() -> None:
     h = HeuristicK(4)
     h.observe(4, 4, 4)

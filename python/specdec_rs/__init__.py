@@ -31,6 +31,7 @@ _EXPORTS = {
         "FixedK",
         "HeuristicK",
         "KPolicy",
+        "MeasuredK",
     ),
     "specdec_rs.processors": ("SamplingConfig", "logits_to_probs"),
     "specdec_rs.sim": (
@@ -91,7 +92,15 @@ if TYPE_CHECKING:
     from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
     from specdec_rs.generate import GenerationResult, generate
     from specdec_rs.lab import speculative_step
-    from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, FixedK, HeuristicK, KPolicy
+    from specdec_rs.policy import (
+        AdaptiveK,
+        AdaptiveTree,
+        BySource,
+        FixedK,
+        HeuristicK,
+        KPolicy,
+        MeasuredK,
+    )
     from specdec_rs.processors import SamplingConfig, logits_to_probs
     from specdec_rs.sim import (
         simulate,
@@ -117,6 +126,7 @@ __all__ = [
     "FixedK",
     "HeuristicK",
     "KPolicy",
+    "MeasuredK",
     "Draft",
     "DraftModel",
     "Drafter",

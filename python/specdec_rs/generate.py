@@ -300,6 +300,8 @@ def generate(
     check_context(target, len(prompt), max_new, allow)
     budget = None if tree is None else check_tree_drafter(drafter, tree)
     route = source_router(policy, drafter)
+    timed = getattr(policy, "observe_time", None)  # a policy that measures its costs
+    timed = timed if callable(timed) else None
     if budget is not None and not isinstance(budget, int):
         budget.reset()
     with torch.inference_mode():
@@ -319,6 +321,8 @@ def generate(
                 new = decoder.step(round_k(want, max_new - decoder.generated))
             if drafter is not None and budget is None:
                 policy.observe(*decoder.last_round)
+                if timed is not None:
+                    timed(*decoder.last_times)
             hit = next((i for i, t in enumerate(new) if t in eos), None)
             if hit is not None:
                 new = new[: hit + 1]
@@ -593,6 +597,7 @@ class Decoder:
         t3 = time.perf_counter()
         self.stats.add(k, len(drafts), num_accepted, t1 - t0, t2 - t1, t3 - t2)
         self.last_round = (k, len(drafts), num_accepted)
+        self.last_times = (t1 - t0, t2 - t1, len(drafts) + 1)
         return out
 
     def step_tree(self, budget: int) -> list[int]:

@@ -201,6 +201,106 @@ class BySource:
     def observe(self, k: int, drafted: int, num_accepted: int) -> None:
         self.policies[self.current].observe(k, drafted, num_accepted)
 
+    def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
+        """A round's timings, for a source policy that measures its costs."""
+        timed = getattr(self.policies[self.current], "observe_time", None)
+        if callable(timed):
+            timed(draft_s, target_s, positions)
+
+
+class MeasuredK:
+    """`AdaptiveK` whose costs are measured while it runs: no calibration
+    before the first token, and speculation that does not pay at this
+    host's step cost switches itself off (γ = 0, with a probe every `probe`
+    rounds so a change is seen).
+
+    generate() reports each round's wall-clock (`observe_time`): the target
+    forward over n positions gives T(n) (decayed means), so v(n) = T(n)/T(1);
+    the drafting time per drafted token over T(1) gives c. The first
+    `warmup` rounds are target-only, to measure T(1). A v(n) not yet
+    measured is interpolated between measured sizes, or is the largest
+    measured one below it plus `slope` per position (longer drafts are
+    tried as the estimates allow, never assumed free). The cost model then
+    picks γ as `AdaptiveK` does.
+    """
+
+    def __init__(
+        self,
+        *,
+        k_max: int = 8,
+        decay: float = 0.97,
+        probe: int = 8,
+        smoothing: float = 0.25,
+        warmup: int = 2,
+        slope: float = 0.1,
+    ):
+        self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
+        self.k_max = self.inner.k_max
+        self.smoothing = _checks.real(smoothing, "smoothing", above=0.0, maximum=1.0)
+        self.warmup = _checks.integer(warmup, "warmup", minimum=1, maximum=1000)
+        self.slope = _checks.real(slope, "slope", minimum=0.0)
+        self.name = "measured"
+        self.reset()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.forward_s: list[float | None] = [None] * (self.k_max + 2)  # T(n), n = 0..k_max+1
+        self.draft_s: float | None = None  # seconds per drafted token
+        self.rounds = 0
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
+        """One round: `positions` = the drafts + 1 the target ran over."""
+        if 1 <= positions <= self.k_max + 1:
+            self.forward_s[positions] = self._ema(self.forward_s[positions], target_s)
+        if positions > 1:
+            self.draft_s = self._ema(self.draft_s, draft_s / (positions - 1))
+
+    def costs(self) -> tuple[float, list[float]]:
+        """(c, v(1..k_max+1)) as measured so far: v(n) measured, else
+        interpolated between the measured sizes around n, else the largest
+        measured size below n plus `slope` per position."""
+        one = self.forward_s[1]
+        assert one is not None and one > 0
+        seen = {n: t / one for n, t in enumerate(self.forward_s) if n >= 1 and t is not None}
+        v = []
+        for n in range(1, self.k_max + 2):
+            if n in seen:
+                v.append(seen[n])
+                continue
+            lo = max(m for m in seen if m < n)
+            hi = min((m for m in seen if m > n), default=None)
+            if hi is None:
+                v.append(seen[lo] + self.slope * (n - lo))
+            else:
+                v.append(seen[lo] + (seen[hi] - seen[lo]) * (n - lo) / (hi - lo))
+        c = (self.draft_s or 0.0) / one
+        return c, v
+
+    def next_k(self) -> int:
+        self.rounds += 1
+        if self.rounds <= self.warmup or not self.forward_s[1]:
+            return 0
+        self.inner.c, self.inner.v = self.costs()
+        return self.inner.next_k()
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.inner.observe(k, drafted, num_accepted)
+
+
+def measured_policy(drafter: Any, k_max: int = 8) -> KPolicy:
+    """The default γ policy for `drafter`: `MeasuredK` (at most `k_max`
+    drafts a round), one per source for a drafter that mixes sources (the
+    hybrid: its prompt-lookup rounds may draft up to 8)."""
+    parts = getattr(drafter, "parts", None)
+    if isinstance(parts, dict) and parts:
+        return BySource(
+            {name: MeasuredK(k_max=max(k_max, 8) if name == "lookup" else k_max) for name in parts}
+        )
+    return MeasuredK(k_max=k_max)
+
 
 def as_policy(k: Any) -> KPolicy:
     """An integer k >= 1 is FixedK(k); a policy object is checked for the

@@ -21,7 +21,7 @@ from specdec_rs.cli.show import fmt, progress_bars, table
 from specdec_rs.generate import GenerationResult, generate
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads
-from specdec_rs.policy import MAX_K, MAX_TREE
+from specdec_rs.policy import MAX_K, MAX_TREE, measured_policy
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -39,7 +39,13 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", parents=parents, help="speculative generation with statistics")
     g.add_argument("prompt")
     g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
-    g.add_argument("--k", type=int, default=4, help=f"drafts per round (1..{MAX_K})")
+    g.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help=f"drafts per round (1..{MAX_K}); default: chosen each round by the measured cost "
+        "model (MeasuredK, at most 8; off where speculation does not pay)",
+    )
     g.add_argument(
         "--tree",
         type=int,
@@ -129,7 +135,8 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     check_model_flags(args)
     check_text(args.prompt, "the prompt")
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
-    _checks.integer(args.k, "--k", minimum=1, maximum=MAX_K)
+    if args.k is not None:
+        _checks.integer(args.k, "--k", minimum=1, maximum=MAX_K)
     if args.tree is not None:
         _checks.integer(args.tree, "--tree", minimum=1, maximum=MAX_TREE)
     _checks.real(args.draft_confidence, "--draft-confidence", minimum=0.0, below=1.0)
@@ -153,7 +160,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         drafter,
         ids,
         max_new_tokens=args.max_new_tokens,
-        k=args.k,
+        k=args.k if args.k is not None else measured_policy(drafter) if drafter else 1,
         seed=args.seed,
         temperature=config.temperature,
         top_k=config.top_k,
@@ -241,11 +248,18 @@ def run_demo(args: argparse.Namespace, console: Console) -> bench.DemoReport:
         )
 
 
+def demo_k(method: bench.Method) -> str:
+    """The γ cell of a demo row: k, "<= k" (measured, at most k), or 0."""
+    if method.policy == "fixed":
+        return str(method.k or 0)
+    return f"<= {method.k}" if method.policy == "measured" else "0"
+
+
 def show_demo(r: bench.DemoReport, console: Console) -> None:
     rows = [
         [
             row.totals.drafter,
-            str(row.totals.method.k or 0) if row.totals.method.policy == "fixed" else "0",
+            demo_k(row.totals.method),
             f"{row.totals.tokens_per_second:.1f}",
             fmt(row.totals.tokens_per_pass, ".2f"),
             fmt(row.totals.alpha, ".3f"),

@@ -1,6 +1,6 @@
 """A GGUF file's header, metadata and tensors, read without loading them:
-the tensors are views of one read-only memory map, in the file's own
-formats. Every count, offset and size is checked against the file's size
+each tensor knows where its bytes sit, in the file's own format. Every
+count, offset and size is checked against the file's size
 as it is read, so a truncated or corrupt file is a ValueError naming the
 file (and the tensor), never an exception from deep inside, a huge
 allocation or a hang.
@@ -95,13 +95,28 @@ _NUMPY = {
 @dataclass(frozen=True)
 class Tensor:
     """One tensor: `shape` as ggml orders it (ne[0] first: the row length),
-    `rows`/`row_length` for a 2-D weight (out, in), and `data`: its bytes
-    as a read-only view (rows, bytes per row) of the file."""
+    `rows`/`row_length` for a 2-D weight (out, in), where its bytes sit in
+    the file, and `data`: those bytes (rows, bytes per row), read from the
+    file when asked (not mapped: the loader packs each tensor and drops it,
+    so the file's pages never count in the process's memory)."""
 
     name: str
     ggml_type: int
     shape: tuple[int, ...]
-    data: np.ndarray
+    path: Path
+    offset: int
+    row_bytes: int
+
+    @property
+    def data(self) -> np.ndarray:
+        out = np.fromfile(
+            self.path, dtype=np.uint8, count=self.rows * self.row_bytes, offset=self.offset
+        )
+        if len(out) != self.rows * self.row_bytes:
+            raise ValueError(
+                f"GGUF file {self.path} changed while it was read (tensor {self.name})"
+            )
+        return out.reshape(self.rows, self.row_bytes)
 
     @property
     def type_name(self) -> str:
@@ -262,4 +277,4 @@ def _tensor(
             f"GGUF file {p} is truncated: tensor {name} ({type_name} {list(shape)}) ends at byte "
             f"{end:,}, past the file's {len(buf):,}; replace the file"
         )
-    return Tensor(name, ggml_type, shape, buf[at:end].reshape(rows, row_bytes))
+    return Tensor(name, ggml_type, shape, p, at, row_bytes)

@@ -32,7 +32,15 @@ from specdec_rs.measure.predict import (
     no_progress,
     predict,
 )
-from specdec_rs.policy import MAX_K, AdaptiveK, AdaptiveTree, BySource, HeuristicK, KPolicy
+from specdec_rs.policy import (
+    MAX_K,
+    AdaptiveK,
+    AdaptiveTree,
+    BySource,
+    HeuristicK,
+    KPolicy,
+    measured_policy,
+)
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -43,7 +51,8 @@ if TYPE_CHECKING:
 class Method:
     """How a run drafts. engine: "specdec" (this loop) or "transformers"
     (its generate()). policy: "none" (target only), "fixed" (k drafts a round),
-    "adaptive" (AdaptiveK from the measured costs), "heuristic" (HeuristicK),
+    "adaptive" (AdaptiveK from the measured costs), "measured" (MeasuredK,
+    its costs measured as it runs, at most k drafts), "heuristic" (HeuristicK),
     "tree" (draft trees of k nodes a round), "adaptive-tree" (AdaptiveTree
     over tree sizes up to k, from the measured v(n) and c), or "default"
     (transformers' own schedule)."""
@@ -54,9 +63,12 @@ class Method:
 
     @property
     def label(self) -> str:
-        name = {"none": "target-only", "fixed": f"k={self.k}", "tree": f"tree={self.k}"}.get(
-            self.policy, self.policy
-        )
+        name = {
+            "none": "target-only",
+            "fixed": f"k={self.k}",
+            "tree": f"tree={self.k}",
+            "measured": f"measured (k <= {self.k})",
+        }.get(self.policy, self.policy)
         if self.policy == "adaptive-tree":
             name = f"adaptive tree (<= {self.k} nodes)"
         return name if self.engine == "specdec" else f"transformers {name}".replace(" default", "")
@@ -494,7 +506,9 @@ def demo(
     progress: Progress = no_progress,
 ) -> DemoReport:
     """Target-only and each (drafter, k) on `prompts` built-in prompts
-    (alternately chat and code editing); speedups against target-only. With
+    (alternately chat and code editing), each drafter with its default γ
+    policy (`policy.measured_policy`, at most k drafts a round: speculation
+    that does not pay switches itself off); speedups against target-only. With
     the default list, drafters that cannot serve this target (e.g. heads
     trained for another model) are left out and listed in `skipped`."""
     if all(spec != "none" for spec, _ in drafter_ks):
@@ -520,14 +534,14 @@ def demo(
     advance = progress("demo", len(encoded) * len(drafter_ks))
     runs = []
     for spec, k in drafter_ks:
-        method = TARGET_ONLY if spec == "none" else Method("specdec", "fixed", k)
+        method = TARGET_ONLY if spec == "none" else Method("specdec", "measured", k)
         for i, ids in enumerate(encoded):
             out = generate(
                 target,
                 built[spec],
                 ids,
                 max_new_tokens=max_new_tokens,
-                k=k,
+                k=1 if spec == "none" else measured_policy(built[spec], k),
                 temperature=config.temperature,
                 seed=seed + i,
             )
