@@ -20,7 +20,10 @@ full q instead of the gated q' at T = 1 0.273; with tree
 decoding (4 nodes a round), the bonus drawn at a rejected node under the EAGLE
 head's drawn trees (children without replacement) at T = 0.8 0.355 (6,000
 runs), and fixed candidates (the head's confidence tree) verified with the iid
-rule at T = 1 1.247. (Children tested without updating p' has effect 0.057
+rule at T = 1 1.247; on a target read from a GGUF file (Q4_1 linears, the
+Rust kernels), the off-by-one target row with a draft model under the
+adaptive γ 2.303 and continue-after-reject with early exit at top-p 0.196.
+(Children tested without updating p' has effect 0.057
 there: too weak for 900 runs, so it is left to the audit tests.) The two
 heads are trained a few steps on the target's own answers, over a draft
 vocabulary of 3 of the 4 tokens (q = 0 on the fourth: still exact, through the
@@ -69,6 +72,8 @@ EAGLE_TREE_EFFECT = 0.355  # the bonus drawn at a rejected node, drawn EAGLE tre
 GATE = 0.3  # the confidence gate of the gated EAGLE setting
 GATE_EFFECT = 0.273  # the gate's kept draft verified against the full q (8,000 runs)
 FIXED_TREE_EFFECT = 1.247  # fixed candidates under the iid rule, EAGLE confidence trees (8,000)
+GGUF_DRAFT_EFFECT = 2.303  # the off-by-one target row, GGUF target, draft model (8,000 runs)
+GGUF_EARLY_EXIT_EFFECT = 0.196  # continue-after-reject, GGUF target, early exit, top-p (8,000)
 
 
 def models_pair() -> tuple[Any, Any]:
@@ -424,7 +429,7 @@ GGUF_SETTINGS = {
         lambda t, d: sd.DraftModel(d),
         Swerve,
         5,
-        buggy_verifier("resample_from_p"),
+        buggy_verifier("off_by_one"),
         effect=GGUF_DRAFT_EFFECT,
     ),
     "gguf-early-exit-T0.8-top-p": Setting(

@@ -177,7 +177,6 @@ def test_the_default_policy_switches_a_useless_drafter_off(pair: tuple[Any, Any]
 
         def propose(self, seq: Any, k: int, sampler: Any) -> Any:
             import torch
-
             from specdec_rs.drafters.base import one_hot_draft
 
             return one_hot_draft(torch.full((k,), int(seq[-1]) ^ 1), sampler)
