@@ -3,6 +3,7 @@ experiments. p = target, q = draft, k = γ."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -145,6 +146,7 @@ def test_the_measured_policy_learns_its_costs_from_the_rounds() -> None:
     assert [policy.next_k(), policy.next_k()] == [0, 0]  # warm-up: T(1)
     policy.observe_time(0.0, 0.010, 1)
     policy.observe_time(0.0, 0.010, 1)
+    assert policy.next_k() == 1  # one draft first, to measure c
     for _ in range(100):  # cheap drafts, every one kept, a forward over 5 = 1.2 steps
         policy.observe(4, 4, 4)
         policy.observe_time(0.0001 * 4, 0.012, 5)
@@ -155,9 +157,12 @@ def test_the_measured_policy_learns_its_costs_from_the_rounds() -> None:
     for _ in range(200):  # now every draft is rejected and a draft costs a step
         policy.observe(4, 4, 0)
         policy.observe_time(0.010 * 4, 0.012, 5)
-    assert policy.costs()[0] == pytest.approx(1.0)
-    ks = [policy.next_k() for _ in range(16)]
-    assert set(ks) == {0, 1} and ks.count(1) == 2  # off, with a probe every 8 rounds
+    c, v = policy.costs()
+    assert c == pytest.approx(1.0)
+    # off; a probe costs c + v(2) - 1 steps, so one in ceil(that / 3%) rounds
+    interval = math.ceil((c + v[1] - 1) / 0.03)
+    ks = [policy.next_k() for _ in range(2 * interval)]
+    assert set(ks) == {0, 1} and ks.count(1) == 2 and ks[interval - 1] == 1
 
 
 def test_the_default_policy_switches_a_useless_drafter_off(pair: tuple[Any, Any]) -> None:

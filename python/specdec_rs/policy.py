@@ -18,6 +18,7 @@ output exact: each round is an exact speculative step whatever k it uses.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
@@ -211,13 +212,15 @@ class BySource:
 class MeasuredK:
     """`AdaptiveK` whose costs are measured while it runs: no calibration
     before the first token, and speculation that does not pay at this
-    host's step cost switches itself off (γ = 0, with a probe every `probe`
-    rounds so a change is seen).
+    host's step cost switches itself off (γ = 0, with a one-draft probe
+    every `probe` rounds or rarer, so probing costs at most `probe_budget`
+    of the time, and a change is still seen).
 
     generate() reports each round's wall-clock (`observe_time`): the target
     forward over n positions gives T(n) (decayed means), so v(n) = T(n)/T(1);
     the drafting time per drafted token over T(1) gives c. The first
-    `warmup` rounds are target-only, to measure T(1). A v(n) not yet
+    `warmup` rounds are target-only, to measure T(1), the next drafts one
+    token, to measure c. A v(n) not yet
     measured is interpolated between measured sizes, or is the largest
     measured one below it plus `slope` per position (longer drafts are
     tried as the estimates allow, never assumed free). The cost model then
@@ -233,8 +236,10 @@ class MeasuredK:
         smoothing: float = 0.25,
         warmup: int = 2,
         slope: float = 0.1,
+        probe_budget: float = 0.03,
     ):
         self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
+        self.probe_budget = _checks.real(probe_budget, "probe_budget", above=0.0, maximum=1.0)
         self.k_max = self.inner.k_max
         self.smoothing = _checks.real(smoothing, "smoothing", above=0.0, maximum=1.0)
         self.warmup = _checks.integer(warmup, "warmup", minimum=1, maximum=1000)
@@ -247,6 +252,7 @@ class MeasuredK:
         self.forward_s: list[float | None] = [None] * (self.k_max + 2)  # T(n), n = 0..k_max+1
         self.draft_s: float | None = None  # seconds per drafted token
         self.rounds = 0
+        self.off_rounds = 0
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
@@ -283,8 +289,19 @@ class MeasuredK:
         self.rounds += 1
         if self.rounds <= self.warmup or not self.forward_s[1]:
             return 0
-        self.inner.c, self.inner.v = self.costs()
-        return self.inner.next_k()
+        if self.draft_s is None:
+            return 1  # one draft measures c before anything longer is tried
+        c, v = self.costs()
+        self.inner.c, self.inner.v = c, v
+        rates = self.inner.rates()
+        best = max(range(len(rates)), key=rates.__getitem__)
+        if best > 0:
+            return best
+        # off: a probe (one draft) now and then, rarer the dearer it is, so
+        # probing costs at most `probe_budget` of the time
+        self.off_rounds += 1
+        interval = max(self.inner.probe, math.ceil((c + v[1] - 1.0) / self.probe_budget))
+        return 1 if self.off_rounds % interval == 0 else 0
 
     def observe(self, k: int, drafted: int, num_accepted: int) -> None:
         self.inner.observe(k, drafted, num_accepted)
