@@ -210,10 +210,11 @@ unsafe fn avx2_block<const OW: usize, const XR: usize>(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
 
-    fn data(len: usize, seed: u32) -> Vec<f32> {
+    /// A fixed, irregular sequence of `len` values (also the quant.rs tests' inputs).
+    pub(crate) fn data(len: usize, seed: u32) -> Vec<f32> {
         // a fixed, irregular sequence with mixed signs and magnitudes
         (0..len)
             .map(|i| {

@@ -674,18 +674,7 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
         let eight = v::_mm256_set1_epi32(8);
         for b in 0..lay.nb {
             let base = p.as_ptr().add(lay.base(panel, b));
-            // the panel's 8 scales at once (F16C)
-            let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
-            v::_mm256_storeu_ps(
-                d.as_mut_ptr(),
-                v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
-            );
-            if q == QType::Q4_1 {
-                v::_mm256_storeu_ps(
-                    m.as_mut_ptr(),
-                    v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16) as *const v::__m128i)),
-                );
-            }
+            let (d, m) = panel_scales(base, q);
             for c in 0..4 {
                 let mut xv = [v::_mm256_setzero_ps(); XR];
                 for r in 0..XR {
@@ -739,6 +728,24 @@ fn avx512_width(xr: usize) -> usize {
     } else {
         2
     }
+}
+
+/// The 8 rows' d (and, for Q4_1, m) of a panel block starting at `base`,
+/// converted from float16 together (F16C).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn panel_scales(base: *const u8, q: QType) -> ([f32; 8], [f32; 8]) {
+    use std::arch::x86_64 as v;
+    let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
+    v::_mm256_storeu_ps(
+        d.as_mut_ptr(),
+        v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
+    );
+    if q == QType::Q4_1 {
+        let at = base.add(16) as *const v::__m128i;
+        v::_mm256_storeu_ps(m.as_mut_ptr(), v::_mm256_cvtph_ps(v::_mm_loadu_si128(at)));
+    }
+    (d, m)
 }
 
 /// AVX-512 tiles of the block formats: row pairs of one panel.
@@ -796,17 +803,7 @@ unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: Q
     let upper = v::_mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
     for b in 0..lay.nb {
         let base = p.as_ptr().add(lay.base(panel, b));
-        let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
-        v::_mm256_storeu_ps(
-            d.as_mut_ptr(),
-            v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
-        );
-        if q == QType::Q4_1 {
-            v::_mm256_storeu_ps(
-                m.as_mut_ptr(),
-                v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16) as *const v::__m128i)),
-            );
-        }
+        let (d, m) = panel_scales(base, q);
         // wv[p][c]: elements 8c..8c + 8 of rows a = 2·pair and a + 1
         let mut wv = [[v::_mm512_setzero_ps(); 4]; P];
         for pi in 0..P {
@@ -867,17 +864,7 @@ unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: Q
 mod tests {
     use super::*;
     use crate::linear::linear;
-
-    fn data(len: usize, seed: u32) -> Vec<f32> {
-        (0..len)
-            .map(|i| {
-                let h = (i as u32)
-                    .wrapping_mul(2_654_435_761)
-                    .wrapping_add(seed.wrapping_mul(40_503));
-                ((h >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * (1.0 + (h % 7) as f32)
-            })
-            .collect()
-    }
+    use crate::linear::tests::data;
 
     /// Random bytes of m rows in format q (scales as arbitrary float16
     /// bit patterns of finite, modest values, including 0 and negatives).
