@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
@@ -43,6 +42,7 @@ from specdec_rs.measure.costs import measure_costs
 from specdec_rs.measure.hf import hf_generate
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.timing import median_seconds
 
 
 def llama_cpp(path: Path, lookup: int | None) -> Any:
@@ -102,8 +102,7 @@ def anatomy_float32(model: Any, context: torch.Tensor, steps: int = 8) -> dict[s
         start = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
-                models.forward(model, context[-1:], cache, keep=1)
-                models.crop(cache, len(context) - 1)
+                _step(model, context, cache)
         wall = (time.perf_counter() - start) / steps * 1e3
     out = {k: 0.0 for k in kinds}
     for e in prof.key_averages():
@@ -134,7 +133,7 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
     with torch.inference_mode():
         cache = models.new_cache(model)
         models.forward(model, context[:-1], cache, keep=1)
-        step = statistics.median(_time(lambda: _step(model, context, cache), steps))
+        step = median_seconds(lambda: _step(model, context, cache), steps, warmup=1)
         _core.llama_layer = timed  # type: ignore[attr-defined]
         try:
             layer_time[0] = 0.0
@@ -143,11 +142,11 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
             layers = layer_time[0] / steps
         finally:
             _core.llama_layer = real  # type: ignore[attr-defined]
-        products = statistics.median(
-            _time(lambda: [w.product(xs[w.in_features]) for w in weights], steps)
+        products = median_seconds(
+            lambda: [w.product(xs[w.in_features]) for w in weights], steps, warmup=1
         )
         x = xs[model.lm_head.in_features]
-        head = statistics.median(_time(lambda: model.lm_head.product(x), steps))
+        head = median_seconds(lambda: model.lm_head.product(x), steps, warmup=1)
     return {
         "Rust layers": layers * 1e3,
         "LM head": head * 1e3,
@@ -160,16 +159,6 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
 def _step(model: Any, context: torch.Tensor, cache: Any) -> None:
     models.forward(model, context[-1:], cache, keep=1)
     models.crop(cache, len(context) - 1)
-
-
-def _time(fn: Any, repeats: int) -> list[float]:
-    fn()
-    out = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        out.append(time.perf_counter() - start)
-    return out
 
 
 def peak_rss(argv: list[str]) -> float:

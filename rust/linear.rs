@@ -62,14 +62,15 @@ pub fn linear(x: &[f32], w: &[f32], out: &mut [f32], n: usize, k: usize, m: usiz
 }
 
 /// One block of the product: weight rows `o..o + ow` against x rows
-/// `r0..r0 + xr` (ow · xr ≤ 8), over rows of length `k`.
+/// `r0..r0 + xr`, over rows of length `k` (here ow · xr ≤ 8; quant.rs's
+/// tiles are larger, and for a block format lie in one panel).
 #[derive(Clone, Copy)]
-struct Tile {
-    k: usize,
-    r0: usize,
-    xr: usize,
-    o: usize,
-    ow: usize,
+pub(crate) struct Tile {
+    pub(crate) k: usize,
+    pub(crate) r0: usize,
+    pub(crate) xr: usize,
+    pub(crate) o: usize,
+    pub(crate) ow: usize,
 }
 
 impl Tile {

@@ -252,7 +252,7 @@ fn attention(
     } else {
         1
     };
-    let dst = Shared(out.as_mut_ptr());
+    let dst = crate::pool::SharedOut(out.as_mut_ptr());
     let keys: &[f32] = cache.keys;
     let values: &[f32] = cache.values;
     let job = |part: usize| {
@@ -282,19 +282,6 @@ fn attention(
         job(0);
     } else {
         crate::pool::global(threads - 1).run(parts, &job);
-    }
-}
-
-/// Raw output pointer shared by the attention tasks.
-#[derive(Clone, Copy)]
-struct Shared(*mut f32);
-unsafe impl Send for Shared {}
-unsafe impl Sync for Shared {}
-
-impl Shared {
-    /// The pointer `offset` entries on (the caller keeps it in bounds).
-    unsafe fn at(self, offset: usize) -> *mut f32 {
-        self.0.add(offset)
     }
 }
 

@@ -26,6 +26,21 @@ pub const MAX_WORKERS: usize = 63;
 
 type Job = dyn Fn(usize) + Sync;
 
+/// A raw output pointer that a job's parts share, each writing its own
+/// entries (the caller keeps them disjoint and in bounds).
+#[derive(Clone, Copy)]
+pub(crate) struct SharedOut(pub(crate) *mut f32);
+unsafe impl Send for SharedOut {}
+unsafe impl Sync for SharedOut {}
+
+impl SharedOut {
+    /// The pointer `offset` entries on. A method, so a closure captures the
+    /// whole (Sync) value rather than its raw pointer field.
+    pub(crate) unsafe fn at(self, offset: usize) -> *mut f32 {
+        self.0.add(offset)
+    }
+}
+
 struct Shared {
     /// Incremented for every job; a worker runs a job when it sees a new one.
     epoch: AtomicU64,

@@ -32,6 +32,8 @@
 //! of rows, on any thread count and on every instruction path.
 
 use crate::error::SpecError;
+use crate::linear::Tile;
+use crate::pool::SharedOut;
 
 /// Lanes per accumulator (one 256-bit vector of f32), as in `linear.rs`.
 const LANES: usize = 8;
@@ -335,23 +337,6 @@ fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) ->
     Ok(())
 }
 
-/// A tile: weight rows `o..o + ow` against x rows `r0..r0 + xr` (for a block
-/// format the rows lie in one panel, o a multiple of ow).
-#[derive(Clone, Copy)]
-struct Tile {
-    k: usize,
-    r0: usize,
-    xr: usize,
-    o: usize,
-    ow: usize,
-}
-
-/// Raw output pointer shared by the threads, each writing its own columns.
-#[derive(Clone, Copy)]
-struct Out(*mut f32);
-unsafe impl Send for Out {}
-unsafe impl Sync for Out {}
-
 /// The instruction paths, chosen at run time. All three sum every output
 /// in the same order, so they give the same bits; only the speed differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -452,7 +437,7 @@ pub fn qlinear(
             crate::pool::MAX_WORKERS + 1
         )));
     }
-    let ptr = Out(out.as_mut_ptr());
+    let ptr = SharedOut(out.as_mut_ptr());
     let panels = m.div_ceil(TILE);
     let parts = threads.min(panels).max(1);
     let job = |part: usize| {
@@ -480,7 +465,7 @@ unsafe fn rows_range(
     x: &[f32],
     p: &[u8],
     q: QType,
-    out: Out,
+    out: SharedOut,
     n: usize,
     k: usize,
     m: usize,
@@ -518,7 +503,7 @@ unsafe fn rows_range(
             tile(x, p, q, t, rb, path, &mut sums);
             for (i, row) in sums.iter().enumerate().take(rows.min(hi - o)) {
                 for (r, &v) in row.iter().enumerate().take(xr) {
-                    *out.0.add((r0 + r) * m + o + i) = v;
+                    *out.at((r0 + r) * m + o + i) = v;
                 }
             }
             o += rows;

@@ -215,3 +215,26 @@ def test_importing_the_package_and_the_command_loads_no_numpy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.strip() == "True", out.stderr
+
+
+def test_the_package_names_are_listed_alike_for_the_lazy_table_and_the_type_checkers() -> None:
+    """specdec_rs/__init__.py lists its names three times (the lazy table,
+    the imports type checkers read, __all__): each name in each list comes
+    from the same module, and each resolves."""
+    import ast
+
+    tree = ast.parse(Path(sd.__file__).read_text(encoding="utf-8"))
+    guarded = next(
+        node
+        for node in tree.body
+        if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING"
+    )
+    typed = {
+        alias.name: node.module
+        for node in guarded.body
+        if isinstance(node, ast.ImportFrom)
+        for alias in node.names
+    }
+    assert typed == sd._HOME
+    assert sorted(sd.__all__) == sorted(sd._HOME)
+    assert all(getattr(sd, name) is not None for name in sd.__all__)

@@ -38,6 +38,23 @@ def _type_name(value: Any) -> str:
     return type(value).__name__
 
 
+def utf8_text(text: str, what: str) -> str:
+    """`text`, which must encode as UTF-8: a lone surrogate (a JSON "\\ud800",
+    or a command-line byte that is not UTF-8, which Python escapes as one)
+    reaches no tokenizer."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        char = text[e.start]
+        byte = char.encode("utf-8", "surrogateescape") if "\udc80" <= char <= "\udcff" else None
+        escaped = f", the escaped byte {byte!r}" if byte is not None else ""
+        raise ValueError(
+            f"{what} is not UTF-8 text: character {e.start} is a lone surrogate "
+            f"({char!r}{escaped}); fix or remove it"
+        ) from None
+    return text
+
+
 def integer(value: Any, name: str, *, minimum: int = 0, maximum: int | None = None) -> int:
     """`value` as a Python int in [minimum, maximum] (Python or NumPy integers)."""
     if type(value) is int and value >= minimum and (maximum is None or value <= maximum):

@@ -60,12 +60,18 @@ def problem(path: Any, what: str, fix: str) -> ValueError:
 # ---- reading -----------------------------------------------------------------------------
 
 
-def read_bytes(path: Any, *, what: str, fix: str, limit: int = JSON_LIMIT) -> bytes:
-    """The bytes of a file that exists, is a file and is at most `limit` bytes."""
+def existing_file(path: Any, *, what: str, fix: str) -> Path:
+    """`path`, which must name a file (not a folder, not missing)."""
     p = Path(os.fspath(path))
     if not p.is_file():
         kind = "a folder" if p.is_dir() else "missing"
         raise problem(p, f"the {what} is {kind}; expected a file", fix)
+    return p
+
+
+def read_bytes(path: Any, *, what: str, fix: str, limit: int = JSON_LIMIT) -> bytes:
+    """The bytes of a file that exists, is a file and is at most `limit` bytes."""
+    p = existing_file(path, what=what, fix=fix)
     size = p.stat().st_size
     if size > limit:
         raise problem(p, f"the {what} is {size:,} bytes; expected at most {limit:,}", fix)
@@ -275,9 +281,7 @@ def safetensors_layout(path: Any, *, what: str, fix: str) -> Layout:
     non-negative sizes, its byte range of the right length, the ranges
     back to back and ending at the end of the file (so a truncated or padded
     file is refused before anything is read)."""
-    p = Path(os.fspath(path))
-    if not p.is_file():
-        raise problem(p, f"the {what} is {'a folder' if p.is_dir() else 'missing'}", fix)
+    p = existing_file(path, what=what, fix=fix)
     size = p.stat().st_size
     try:
         with p.open("rb") as f:
@@ -349,7 +353,8 @@ def load_tensors(layout: Layout) -> dict[str, Any]:
 # ---- writing -------------------------------------------------------------------------------
 
 
-def _partial(path: Path) -> Path:
+def partial_path(path: Path) -> Path:
+    """The temporary name beside `path` that a write goes to first."""
     return path.with_name(f"{path.name}.partial-{os.getpid()}")
 
 
@@ -358,7 +363,7 @@ def atomic_file(path: Any) -> Iterator[Path]:
     """Yields a temporary path beside `path`; the caller writes it, and on
     success it is renamed over `path` (on failure removed)."""
     final = Path(os.fspath(path))
-    tmp = _partial(final)
+    tmp = partial_path(final)
     try:
         yield tmp
         os.replace(tmp, final)
@@ -407,7 +412,7 @@ def new_output_file(path: Any, name: str, *, reserved: tuple[str, ...] = ()) -> 
                 "beside it; choose another name"
             )
     folder = _checks.writable_dir(p.parent if str(p.parent) else Path("."), name)
-    probe = _partial(folder / p.name)
+    probe = partial_path(folder / p.name)
     try:
         probe.touch()
         probe.unlink()

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_rs import _checks, kernels
+from specdec_rs import _checks, _files, kernels
 
 if TYPE_CHECKING:
     import torch
@@ -112,12 +112,10 @@ def weights_choice(weights: Any, dtype: Any, device: Any, directory: Any = None)
     on the CPU in float32, the dequantized float32 model otherwise: another
     device, another dtype, or a converted `directory`)."""
     choice = _checks.choice(weights, "weights", WEIGHTS)
+    cpu_float32 = torch_device(device).type == "cpu" and str(torch_dtype(dtype)) == "torch.float32"
     if choice == "auto":
-        cpu = torch_device(device).type == "cpu" and str(torch_dtype(dtype)) == "torch.float32"
-        return "gguf" if cpu and directory is None else "float32"
-    if choice == "gguf" and (
-        torch_device(device).type != "cpu" or str(torch_dtype(dtype)) != "torch.float32"
-    ):
+        return "gguf" if cpu_float32 and directory is None else "float32"
+    if choice == "gguf" and not cpu_float32:
         raise ValueError(
             f"weights = 'gguf' runs on the CPU in float32 (dtype = {dtype!r}, device = "
             f"{device!r}); pass weights='float32' for another dtype or device"
@@ -188,7 +186,7 @@ def _convert_smollm2(target: Path) -> None:
     parent = _checks.writable_dir(
         target.parent, _cache_name(), hint="; set SPECDEC_CACHE to a writable folder"
     )
-    tmp = parent / f"{target.name}.partial-{os.getpid()}"
+    tmp = _files.partial_path(parent / target.name)
     try:
         kw: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **kw)
@@ -226,10 +224,10 @@ def load_local(
     kernels.check_linear_choice(linear)
     folder = Path(path)
     if folder.suffix.lower() == ".gguf":
-        if weights_choice("gguf", dtype, device) == "gguf":
-            from specdec_rs.gguf import load_gguf
+        from specdec_rs.gguf import load_gguf
 
-            return load_gguf(folder)
+        weights_choice("gguf", dtype, device)  # the CPU in float32, or a ValueError
+        return load_gguf(folder)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
     if not (folder / "config.json").is_file():

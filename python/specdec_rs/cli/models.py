@@ -116,24 +116,11 @@ def check_model_flags(args: argparse.Namespace) -> None:
     _checks.seed(args.seed, "--seed")
 
 
-def check_text(text: str, what: str) -> str:
-    """Text from the command line, which must be valid Unicode: bytes that
-    are not UTF-8 reach Python as lone surrogates, which no tokenizer takes."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raw = text[e.start].encode("utf-8", "surrogateescape")
-        raise ValueError(
-            f"{what} is not UTF-8 text (byte {raw!r} at character {e.start}); pass UTF-8 text"
-        ) from None
-    return text
-
-
 def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
     """The text and the generation's statistics (`GenerationResult.summary()`), flat."""
     config = sampling(args)
     check_model_flags(args)
-    check_text(args.prompt, "the prompt")
+    _checks.utf8_text(args.prompt, "the prompt")
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     if args.k is not None:
         _checks.integer(args.k, "--k", minimum=1, maximum=MAX_K)

@@ -209,12 +209,20 @@ class FusedLlamaLayer(nn.Module):
 
 def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:
     """[one QuantLinear of all the parts' rows] when they share a format and
-    row length and all but the last fill whole panels, else the parts."""
+    row length and all but the last fill whole panels of 8 rows (so their
+    packed panels simply follow one another), else the parts."""
+    import numpy as np
+
     first = parts[0]
     same = all(p.ggml_type == first.ggml_type and p.in_features == first.in_features for p in parts)
     if not same or any(p.out_features % 8 for p in parts[:-1]):
         return parts
-    return [_stack(parts)]
+    packed = np.concatenate([p.packed for p in parts])
+    out = QuantLinear(
+        packed, first.ggml_type, first.in_features, sum(p.out_features for p in parts)
+    )
+    out.threads = first.threads
+    return [out]
 
 
 def _rows_of(
@@ -232,21 +240,3 @@ def _rows_of(
         name: (module, 0, module.out_features)
         for (name, _), module in zip(named, modules, strict=True)
     }
-
-
-def _stack(parts: list[QuantLinear]) -> QuantLinear:
-    """One QuantLinear holding the rows of `parts` (same format and row
-    length; each a multiple of 8 rows, so their panels simply follow)."""
-    import numpy as np
-
-    first = parts[0]
-    if any(p.ggml_type != first.ggml_type or p.in_features != first.in_features for p in parts):
-        raise ValueError("the stacked weights of a layer must share one format and row length")
-    if any(p.out_features % 8 for p in parts[:-1]):
-        raise ValueError("stacked weights need multiples of 8 rows (whole panels)")
-    packed = np.concatenate([p.packed for p in parts])
-    out = QuantLinear(
-        packed, first.ggml_type, first.in_features, sum(p.out_features for p in parts)
-    )
-    out.threads = first.threads
-    return out

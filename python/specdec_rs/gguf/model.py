@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,7 +78,6 @@ def llama_config(f: GGUFFile) -> dict[str, Any]:
         raise f.fail(f"rope scaling {scaling!r} is not supported (plain RoPE only)")
     embed = f.tensors.get("token_embd.weight")
     vocab = f.metadata.get("llama.vocab_size") or (embed.rows if embed is not None else 0)
-    tokens = f.metadata.get("tokenizer.ggml.tokens")
 
     def token(key: str) -> int | None:
         value = f.metadata.get(f"tokenizer.ggml.{key}")
@@ -105,7 +105,6 @@ def llama_config(f: GGUFFile) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "hidden_act": "silu",
-        **({"_tokens": tokens} if tokens is not None else {}),
     }
 
 
@@ -216,9 +215,7 @@ def build(f: GGUFFile) -> PreTrainedModel:
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    settings = llama_config(f)
-    settings.pop("_tokens", None)
-    config = LlamaConfig(**settings)
+    config = LlamaConfig(**llama_config(f))
     h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     check_tensors(f, config)  # before any model is built: a wrong count fails in microseconds
@@ -283,15 +280,15 @@ def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF tokenizer raises many types
         raise ValueError(f"GGUF file {path}: its tokenizer cannot be built ({e})") from None
-    from specdec_rs import _checks
+    from specdec_rs import _checks, _files
 
+    tmp = _files.partial_path(folder)
     try:
-        parent = _checks.writable_dir(folder.parent, "the tokenizer cache")
-        tmp = parent / f"{folder.name}.partial-{os.getpid()}"
+        _checks.writable_dir(folder.parent, "the tokenizer cache")
         tok.save_pretrained(tmp)
-        os.replace(tmp, folder)
+        _files.replace_dir(tmp, folder)  # a damaged folder there is replaced whole
     except (OSError, ValueError):
-        pass  # no cache: it is built again next time
+        shutil.rmtree(tmp, ignore_errors=True)  # no cache: it is built again next time
     return tok
 
 

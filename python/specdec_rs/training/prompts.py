@@ -315,7 +315,7 @@ def read_prompts_file(path: Any) -> list[Prompt]:
         if not line.strip():
             continue
         if not jsonl:
-            out.append(_utf8(line.strip(), f"{p}:{n}"))
+            out.append(_checks.utf8_text(line.strip(), f"{p}:{n}"))
             continue
         try:
             item = json.loads(line)
@@ -325,18 +325,6 @@ def read_prompts_file(path: Any) -> list[Prompt]:
     if not out:
         raise ValueError(f"prompts_file = {str(p)!r} holds no prompts")
     return out
-
-
-def _utf8(text: str, where: str) -> str:
-    """`text`, which must encode as UTF-8 (a tokenizer cannot take a lone surrogate)."""
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as e:
-        raise ValueError(
-            f"{where}: the text holds {text[e.start]!r} at character {e.start}, which is not "
-            "valid Unicode text (a lone surrogate); fix or remove it"
-        ) from None
-    return text
 
 
 def _prompt_of(item: Any, where: str) -> Prompt:
@@ -356,11 +344,13 @@ def _prompt_of(item: Any, where: str) -> Prompt:
             turns = turns[:-1]
         if not turns or turns[-1]["role"] != "user" or not turns[-1]["content"].strip():
             raise ValueError(f"{where}: the conversation has no user turn for the target to answer")
-        return [{"role": t["role"], "content": _utf8(t["content"], where)} for t in turns]
+        return [
+            {"role": t["role"], "content": _checks.utf8_text(t["content"], where)} for t in turns
+        ]
     prompt = item.get("prompt") if isinstance(item, dict) else item
     if not isinstance(prompt, str) or not prompt.strip():
         raise ValueError(f"{where}: expected {EXPECTED_LINE} with a non-empty string")
-    return _utf8(prompt, where)
+    return _checks.utf8_text(prompt, where)
 
 
 def prompts_digest(path: Any) -> str:
