@@ -45,6 +45,9 @@ const QK: usize = 32;
 /// 16 positions: a verification forward reads each weight once).
 const XMAX: usize = 16;
 
+/// Panel blocks ahead that a panel's first tile prefetches (`prefetch_ahead`).
+const PREFETCH: usize = 8;
+
 /// A tile's accumulators, `[weight row][x row][lane]`, and its sums.
 type Lanes = [[[f32; LANES]; XMAX]; TILE];
 type Sums = [[f32; XMAX]; TILE];
@@ -659,6 +662,9 @@ unsafe fn avx2_tile<const OW: usize, const XR: usize>(
         let eight = v::_mm256_set1_epi32(8);
         for b in 0..lay.nb {
             let base = p.as_ptr().add(lay.base(panel, b));
+            if first == 0 {
+                prefetch_ahead(base, lay);
+            }
             let (d, m) = panel_scales(base, q);
             for c in 0..4 {
                 let mut xv = [v::_mm256_setzero_ps(); XR];
@@ -712,6 +718,24 @@ fn avx512_width(xr: usize) -> usize {
         4
     } else {
         2
+    }
+}
+
+/// Asks for the panel block `PREFETCH` blocks after the one at `base` (the
+/// next panel's first blocks near a panel's end): one tile per panel asks,
+/// the first, so the stream is in cache when the tiles reach it (the
+/// hardware prefetcher stops at 4 KiB pages). Measured on the 2-core Intel
+/// host, SmolLM2's 30 gate/up weights and its LM head on 2 threads: one row
+/// 7.6 → 5.3 ms on AVX-512 and 10.9 → 9.7 ms on AVX2; five rows 12.6 → 10.2
+/// and 28.6 → 25.0 ms (medians of 3 interleaved runs, distance 8 against 0).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn prefetch_ahead(base: *const u8, lay: Panels) {
+    use std::arch::x86_64 as v;
+    // wrapping: past the weight's end the address is only a hint, never read
+    let ahead = base.wrapping_add(PREFETCH * lay.unit);
+    for line in (0..lay.unit).step_by(64) {
+        v::_mm_prefetch::<{ v::_MM_HINT_T0 }>(ahead.wrapping_add(line) as *const i8);
     }
 }
 
@@ -788,6 +812,9 @@ unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: Q
     let upper = v::_mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
     for b in 0..lay.nb {
         let base = p.as_ptr().add(lay.base(panel, b));
+        if first_pair == 0 {
+            prefetch_ahead(base, lay);
+        }
         let (d, m) = panel_scales(base, q);
         // wv[p][c]: elements 8c..8c + 8 of rows a = 2·pair and a + 1
         let mut wv = [[v::_mm512_setzero_ps(); 4]; P];
