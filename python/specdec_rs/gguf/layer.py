@@ -19,7 +19,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specdec_rs import _core
 from specdec_rs.gguf.modules import QuantLinear
+from specdec_rs.kv_cache import PreallocatedLayer
 
 NATIVE_PREFILL = 16  # prompts up to this long are prefilled natively too
 
@@ -28,6 +30,28 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     """RoPE in transformers' half-split convention: x (B, H, n, d), cos/sin (B, 1, n, d)."""
     half = x.shape[-1] // 2
     return x * cos + torch.cat([-x[..., half:], x[..., :half]], -1) * sin
+
+
+class _RotaryArrays:
+    """The model's rotary tables of one forward as NumPy arrays (n, d),
+    converted once for all its layers: `LlamaModel.forward` passes every
+    layer the same (cos, sin) tensors. Holds the last pair it converted (so
+    their identity cannot pass to other tensors), in one tuple replaced
+    whole (threads sharing it never see a torn pair)."""
+
+    def __init__(self) -> None:
+        self._last: tuple[Any, ...] = (None, None, None, None)
+
+    def arrays(self, position_embeddings: tuple[torch.Tensor, torch.Tensor]) -> tuple[Any, Any]:
+        cos, sin = position_embeddings
+        last = self._last
+        if last[0] is not cos or last[1] is not sin:
+            c, s = (t[0].float().contiguous().numpy() for t in (cos, sin))
+            last = self._last = (cos, sin, c, s)
+        return last[2], last[3]
+
+
+_ROTARY = _RotaryArrays()
 
 
 class FusedLlamaLayer(nn.Module):
@@ -74,6 +98,9 @@ class FusedLlamaLayer(nn.Module):
             "post_attention_layernorm.weight": self.ffn_norm,
         }
         self._weights = self._native_weights()
+        # (heads, kv heads, head size, intermediate size, eps) for `_core.llama_layer`
+        inter = self.down_proj.in_features
+        self._dims = (self.heads, self.kv_heads, self.head_dim, inter, self.eps)
 
     def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
         """The layer's weights under transformers' names, as
@@ -153,15 +180,12 @@ class FusedLlamaLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """The layer as one Rust call (see `rust/llama.rs`)."""
-        from specdec_rs import _core
-        from specdec_rs.kv_cache import PreallocatedLayer
-
         n, d = hidden_states.shape[1], self.head_dim
         if layer is None:  # no cache: a temporary one for these positions
             layer = PreallocatedLayer(capacity=n)
         keys, values, past = layer.slots(n, (1, self.kv_heads, d), torch.float32)
         x = hidden_states[0].float().contiguous().clone()
-        cos, sin = (t[0].float().contiguous() for t in position_embeddings)
+        cos, sin = _ROTARY.arrays(position_embeddings)
         mask = None
         if attention_mask is not None:
             allowed = attention_mask[0, 0]
@@ -170,8 +194,8 @@ class FusedLlamaLayer(nn.Module):
             mask = allowed.to(torch.uint8).contiguous().numpy()
         _core.llama_layer(
             x.numpy(),
-            cos.numpy(),
-            sin.numpy(),
+            cos,
+            sin,
             keys[0].numpy(),
             values[0].numpy(),
             past,
@@ -179,7 +203,7 @@ class FusedLlamaLayer(nn.Module):
             self._weights,
             self.attn_norm.detach().numpy(),
             self.ffn_norm.detach().numpy(),
-            self._shape,
+            self._dims,
             self.o_proj.threads,
         )
         layer.advance(n)
@@ -200,11 +224,6 @@ class FusedLlamaLayer(nn.Module):
                     module if whole else module.select_rows(torch.arange(start, start + rows))
                 )
         return [(w.packed, w.ggml_type) for w in order]
-
-    @property
-    def _shape(self) -> tuple[int, int, int, int, float]:
-        inter = self.down_proj.in_features
-        return (self.heads, self.kv_heads, self.head_dim, inter, self.eps)
 
 
 def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:

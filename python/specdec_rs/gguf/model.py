@@ -302,11 +302,12 @@ def set_threads(model: Any, threads: int) -> None:
             module.threads = threads
 
 
-def choose_threads(model: Any, *, repeats: int = 5) -> int:
-    """The kernels' thread count for this host, by measurement: the
-    model's largest weight and its LM head at one row (a decode step's
-    products), on 1 and on 2 threads, interleaved, medians; 2 when they
-    win by more than 10%. $SPECDEC_KERNEL_THREADS overrides it."""
+def choose_threads(model: Any, *, repeats: int = 7) -> int:
+    """The kernels' thread count for this host, by measurement: a decode
+    step's largest products (the LM head and the widest layer weight, one
+    row each, both in every sample) on 1 and on 2 threads, interleaved
+    after one warm-up each, medians; 2 when they win by more than 10%.
+    $SPECDEC_KERNEL_THREADS overrides it."""
     import statistics
     import time
 
@@ -323,15 +324,21 @@ def choose_threads(model: Any, *, repeats: int = 5) -> int:
         return 1
     weights = [m for m in model.modules() if isinstance(m, QuantLinear)]
     probes = sorted(weights, key=lambda m: m.nbytes)[-2:]  # the head and the widest layer weight
+    rows = {id(p): torch.randn(1, p.in_features) for p in probes}
+
+    def sample(threads: int) -> float:
+        started = time.perf_counter()
+        for probe in probes:
+            probe.threads = threads
+            probe.product(rows[id(probe)])
+        return time.perf_counter() - started
+
     times: dict[int, list[float]] = {1: [], 2: []}
-    for probe in probes:
-        x = torch.randn(1, probe.in_features)
-        for _ in range(repeats):
-            for threads in (1, 2):
-                probe.threads = threads
-                started = time.perf_counter()
-                probe.product(x)
-                times[threads].append(time.perf_counter() - started)
+    for threads in (1, 2):
+        sample(threads)  # warm-up (the first 2-thread call starts the kernels' worker)
+    for _ in range(repeats):
+        for threads in (1, 2):
+            times[threads].append(sample(threads))
     return 2 if statistics.median(times[2]) < 0.9 * statistics.median(times[1]) else 1
 
 
