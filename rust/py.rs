@@ -626,8 +626,10 @@ fn qlinear(
 
 /// Rows `rows` (int64) of a packed weight (m rows of k values of ggml type
 /// `qtype`), dequantized into float32 `out` (len(rows), k) exactly as
-/// gguf-py's `dequantize` gives them.
+/// gguf-py's `dequantize` gives them, on `threads` threads, GIL released.
 #[pyfunction]
+#[pyo3(signature = (packed, qtype, k, m, rows, out, threads=1))]
+#[allow(clippy::too_many_arguments)]
 fn dequantize_rows(
     py: Python<'_>,
     packed: PyReadonlyArray1<'_, u8>,
@@ -636,6 +638,7 @@ fn dequantize_rows(
     m: usize,
     rows: PyReadonlyArray1<'_, i64>,
     mut out: PyReadwriteArray2<'_, f32>,
+    threads: usize,
 ) -> PyResult<()> {
     let q = qtype_of(qtype)?;
     if out.shape() != [rows.len(), k] {
@@ -655,7 +658,7 @@ fn dequantize_rows(
     let os = out
         .as_slice_mut()
         .map_err(|_| PyValueError::new_err("dequantize_rows: out must be C-contiguous"))?;
-    py.detach(|| crate::quant::dequantize_rows(ps, q, k, m, rs, os))?;
+    py.detach(|| crate::quant::dequantize_rows(ps, q, k, m, rs, os, threads))?;
     Ok(())
 }
 

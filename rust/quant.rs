@@ -316,19 +316,122 @@ fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
 }
 
 /// Rows `rows` of a packed weight (m rows of `k` values in format `q`) as
-/// float32 into `out` (rows.len(), k). Ids out of range are an error.
-pub fn dequantize_rows(p: &[u8], q: QType, k: usize, m: usize, rows: &[i64], out: &mut [f32]) -> crate::Result<()> {
+/// float32 into `out` (rows.len(), k), read straight from the panels, on
+/// `threads` threads (each a range of the rows). Ids out of range are an
+/// error. The whole weight (rows 0..m) is what a prefill's dense products
+/// multiply (`QuantLinear.dense`).
+#[allow(clippy::too_many_arguments)]
+pub fn dequantize_rows(
+    p: &[u8],
+    q: QType,
+    k: usize,
+    m: usize,
+    rows: &[i64],
+    out: &mut [f32],
+    threads: usize,
+) -> crate::Result<()> {
     check_len("dequantize", out.len(), rows.len() * k, "out", "len(rows) · k")?;
-    let raw = unpack_rows(p, q, k, m, rows)?;
-    let (elems, bytes) = q.block();
+    check_len(
+        "dequantize",
+        p.len(),
+        q.packed_len(m, k)?,
+        "packed",
+        "the packed length",
+    )?;
+    check_rows("dequantize", rows, m)?;
+    if threads == 0 || threads > crate::pool::MAX_WORKERS + 1 {
+        return Err(SpecError::Invalid(format!(
+            "dequantize: threads = {threads}; expected 1..{}",
+            crate::pool::MAX_WORKERS + 1
+        )));
+    }
     let rb = q.row_bytes(k)?;
-    for i in 0..rows.len() {
-        let row = &raw[i * rb..(i + 1) * rb];
-        for (b, chunk) in out[i * k..(i + 1) * k].chunks_mut(elems).enumerate() {
-            dequant_block(q, &row[b * bytes..], chunk);
+    let lay = Panels::of(q, k.max(QK));
+    let ptr = SharedOut(out.as_mut_ptr());
+    let parts = threads.min(rows.len() / 64).max(1); // a thread pays past some rows
+    let job = |part: usize| {
+        let (lo, hi) = (part * rows.len() / parts, (part + 1) * rows.len() / parts);
+        for (i, &r) in rows.iter().enumerate().take(hi).skip(lo) {
+            // SAFETY: each part writes only its rows lo..hi of `out` (len(rows) · k, checked).
+            let o = unsafe { std::slice::from_raw_parts_mut(ptr.at(i * k), k) };
+            dequant_row(p, q, lay, rb, r as usize, o);
         }
+    };
+    if parts == 1 {
+        job(0);
+    } else {
+        crate::pool::global(threads - 1).run(parts, &job);
     }
     Ok(())
+}
+
+/// Row `r` of a packed weight as float32 into `out` (k), block by block as
+/// `dequant_block` computes it (the same operations: gguf-py's values).
+fn dequant_row(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if path_available(Path::Avx2) {
+        // SAFETY: the CPU has AVX2 (checked); the body is the portable one,
+        // compiled with the wider vectors.
+        return unsafe { dequant_row_avx2(p, q, lay, rb, r, out) };
+    }
+    dequant_row_body(p, q, lay, rb, r, out)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+unsafe fn dequant_row_avx2(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
+    dequant_row_body(p, q, lay, rb, r, out)
+}
+
+#[inline(always)]
+fn dequant_row_body(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
+    if !q.blocked() {
+        let (row, size) = (&p[r * rb..(r + 1) * rb], q.block().1);
+        for (j, o) in out.iter_mut().enumerate() {
+            dequant_block(q, &row[j * size..], std::slice::from_mut(o));
+        }
+        return;
+    }
+    let (panel, row) = (r / TILE, r % TILE);
+    let (pair, half8) = (row / 2, 8 * (row % 2));
+    for (b, o) in out.chunks_exact_mut(QK).enumerate() {
+        let o: &mut [f32; QK] = o.try_into().expect("k is whole blocks");
+        let base = lay.base(panel, b);
+        let d = half(p, base + 2 * row);
+        let run = |c: usize| -> &[u8; 8] {
+            let at = base + lay.run(pair, c) + half8;
+            p[at..at + 8].try_into().expect("a run holds 8 bytes of a row")
+        };
+        match q {
+            QType::Q8_0 => {
+                for c in 0..4 {
+                    let src = run(c);
+                    for j in 0..8 {
+                        o[8 * c + j] = (src[j] as i8) as f32 * d;
+                    }
+                }
+            }
+            QType::Q4_0 => {
+                for h in 0..2 {
+                    let src = run(h);
+                    for j in 0..8 {
+                        o[8 * h + j] = d * ((src[j] & 0x0f) as i32 - 8) as f32;
+                        o[16 + 8 * h + j] = d * ((src[j] >> 4) as i32 - 8) as f32;
+                    }
+                }
+            }
+            _ => {
+                let m = half(p, base + 16 + 2 * row);
+                for h in 0..2 {
+                    let src = run(h);
+                    for j in 0..8 {
+                        o[8 * h + j] = d * (src[j] & 0x0f) as f32 + m;
+                        o[16 + 8 * h + j] = d * (src[j] >> 4) as f32 + m;
+                    }
+                }
+            }
+        }
+    }
 }
 
 fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) -> crate::Result<()> {
@@ -971,12 +1074,35 @@ mod tests {
                 }
                 let mut values = vec![0.0f32; m * k];
                 let all: Vec<i64> = (0..m as i64).collect();
-                dequantize_rows(&packed, q, k, m, &all, &mut values).unwrap();
+                dequantize_rows(&packed, q, k, m, &all, &mut values, 1).unwrap();
                 let want = dequant(q, &w, m, k);
                 assert!(
                     values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
                     "{q:?} m={m}"
                 );
+            }
+        }
+    }
+
+    #[test]
+    fn rows_dequantize_as_gguf_py_in_any_order_on_any_thread_count() {
+        for q in ALL {
+            let (m, k) = (300, if q.blocked() { 96 } else { 13 });
+            let w = weight(q, m, k, 5);
+            let packed = pack(&w, q, m, k).unwrap();
+            let want = dequant(q, &w, m, k);
+            // every row, reversed, then some repeated
+            let rows: Vec<i64> = (0..m as i64).rev().chain([7, 7, 299, 0]).collect();
+            for threads in [1, 2, 3] {
+                let mut got = vec![f32::NAN; rows.len() * k];
+                dequantize_rows(&packed, q, k, m, &rows, &mut got, threads).unwrap();
+                for (i, &r) in rows.iter().enumerate() {
+                    let (a, b) = (&got[i * k..(i + 1) * k], &want[r as usize * k..(r as usize + 1) * k]);
+                    assert!(
+                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "{q:?} row {r} threads={threads}"
+                    );
+                }
             }
         }
     }
@@ -1096,7 +1222,9 @@ mod tests {
         assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 0, p).is_err());
         assert!(pack(&[0; 19], QType::Q4_1, 1, 32).is_err());
         let mut one = vec![0.0f32; 32];
-        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[1], &mut one).is_err());
-        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[-1], &mut one).is_err());
+        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[1], &mut one, 1).is_err());
+        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[-1], &mut one, 1).is_err());
+        assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[0], &mut one, 0).is_err());
+        assert!(dequantize_rows(&packed[1..], QType::Q4_1, 32, 1, &[0], &mut one, 1).is_err());
     }
 }

@@ -142,6 +142,61 @@ def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target:
     assert torch.equal(singles, together)
 
 
+def test_a_long_prompt_is_prefilled_by_dense_products(
+    files: dict[str, tuple[Path, Any]], target: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A prompt of DENSE_PREFILL or more positions into an empty cache: the
+    whole weights dequantized (bit for bit) and torch's float32 products,
+    the same function as the float32 twin; the decode steps after it run on
+    the kernels (also the twin's function)."""
+    from specdec_rs.gguf.layer import DENSE_PREFILL
+    from specdec_rs.gguf.modules import QuantLinear
+
+    rows: list[int] = []
+    real = QuantLinear.dense
+
+    def counted(self: QuantLinear, x: Any) -> Any:
+        rows.append(x.shape[0])
+        return real(self, x)
+
+    monkeypatch.setattr(QuantLinear, "dense", counted)
+    twin = files["Q4_1"][1]
+    n = DENSE_PREFILL + 5
+    ids = torch.randint(0, V, (n + 2,), generator=torch.Generator().manual_seed(7))
+    with torch.inference_mode():
+        cache = models.new_cache(target)
+        prefill = models.forward(target, ids[:n], cache, keep=n)
+        assert rows and set(rows) == {n}  # every layer's products, dense
+        rows.clear()
+        step = models.forward(target, ids[n:], cache, keep=2)
+        assert rows == []  # the steps after it: the kernels
+        want = twin(ids[None]).logits[0]
+    got = torch.cat([prefill, step])
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    # the dense product itself: the float64 product of the file's values
+    layer = target.model.layers[0]
+    module = layer.gate_up[0]
+    x = torch.randn(n, module.in_features, generator=torch.Generator().manual_seed(8))
+    w = module.dequantize_rows(torch.arange(module.out_features)).double()
+    torch.testing.assert_close(real(module, x).double(), x.double() @ w.T, rtol=1e-5, atol=1e-5)
+
+
+def test_greedy_output_agrees_after_a_dense_prefill(target: Any) -> None:
+    """Target-only and speculative decoding prefill a long prompt alike, so
+    the greedy identity holds there too."""
+    from specdec_rs.gguf.layer import DENSE_PREFILL
+
+    for seed in range(2):
+        head = prompt(seed, DENSE_PREFILL + 3)
+        ids = torch.cat([head, head[:6]])  # a repeat for the lookup to find
+        plain = sd.generate(target, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
+        out = sd.generate(
+            target, sd.PromptLookup(), ids, max_new_tokens=16, k=4, temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain.tokens, seed
+        assert out.drafted > 0
+
+
 def prompt(seed: int, n: int = 7) -> Any:
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
 

@@ -159,6 +159,7 @@ def dequantize_rows(
     m: int,
     rows: npt.NDArray[np.int64],
     out: npt.NDArray[np.float32],
+    threads: int = 1,
 ) -> None: ...
 def unpack_rows(
     packed: npt.NDArray[np.uint8], qtype: int, k: int, m: int, rows: npt.NDArray[np.int64]

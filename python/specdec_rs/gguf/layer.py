@@ -13,6 +13,8 @@ overhead), so the count matters as much as the products.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -24,6 +26,24 @@ from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.kv_cache import PreallocatedLayer
 
 NATIVE_PREFILL = 16  # prompts up to this long are prefilled natively too
+# prompts at least this long are prefilled by dense products (`QuantLinear.dense`):
+# measured on the 2-core Intel host, 446 positions 1355 -> 618 ms, 214 562 -> 380 ms,
+# but 41 positions 100 -> 121 ms
+DENSE_PREFILL = 64
+
+
+@contextmanager
+def _torch_threads(threads: int) -> Iterator[None]:
+    """torch on at least `threads` threads inside (the loader sets it to one
+    when the kernels take two), as before after."""
+    before = torch.get_num_threads()
+    if threads > before:
+        torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        if threads > before:
+            torch.set_num_threads(before)
 
 
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -133,23 +153,52 @@ class FusedLlamaLayer(nn.Module):
         """hidden_states (B, n, H) -> (B, n, H); the new keys and values go
         into `cache` (layer `layer_idx`). One sequence on a preallocated
         cache (every decode, verification and prefill step) runs as one Rust
-        call (`_core.llama_layer`); batches, autograd and the prefill of a
-        prompt longer than NATIVE_PREFILL run in torch (with the same
-        products)."""
+        call (`_core.llama_layer`); batches and autograd run in torch with
+        the same products. The prefill of a prompt of DENSE_PREFILL or more
+        positions into an empty cache runs in torch with dense products
+        (`QuantLinear.dense`): every path prefills a prompt alike, so the
+        steps after it still agree bit for bit."""
         assert position_embeddings is not None, "the model passes position_embeddings"
         b, n, h = hidden_states.shape
-        if b == 1 and not (torch.is_grad_enabled() and hidden_states.requires_grad):
-            layer = cache.layers[self.layer_idx] if cache is not None else None
-            native = layer is None or callable(getattr(layer, "slots", None))
-            past = layer.get_seq_length() if layer is not None else 0
+        layers = getattr(cache, "layers", ())
+        layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
+        past = layer.get_seq_length() if layer is not None else 0
+        grad = torch.is_grad_enabled() and hidden_states.requires_grad
+        if b == 1 and not grad:
+            native = cache is None or callable(getattr(layer, "slots", None))
             # every step after the prompt runs natively (the same bits for a
             # position alone or among others); a long prompt's prefill runs
             # torch's attention (the Rust one is written for few queries)
             if native and (past > 0 or n <= NATIVE_PREFILL):
                 return self._native(hidden_states, attention_mask, layer, position_embeddings)
+        if past == 0 and b * n >= DENSE_PREFILL and not grad:
+            # a long prompt's prefill: torch's float32 products on the
+            # dequantized weights, on the kernels' thread count
+            with _torch_threads(self.o_proj.threads):
+                return self._torch(hidden_states, attention_mask, cache, position_embeddings, True)
+        return self._torch(hidden_states, attention_mask, cache, position_embeddings, False)
+
+    def _torch(
+        self,
+        hidden_states: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        cache: Any,
+        position_embeddings: tuple[torch.Tensor, torch.Tensor],
+        dense: bool,
+    ) -> torch.Tensor:
+        """The layer in torch operations; the products by the kernels, or
+        (`dense`) by `QuantLinear.dense`."""
+
+        def linear(module: Any, x: torch.Tensor) -> torch.Tensor:
+            if not dense:
+                return module(x)  # type: ignore[no-any-return]
+            out: torch.Tensor = module.dense(x.reshape(-1, module.in_features))
+            return out.view(*x.shape[:-1], module.out_features)
+
+        b, n, h = hidden_states.shape
         d = self.head_dim
         x = F.rms_norm(hidden_states, (h,), self.attn_norm, self.eps)
-        qkv = torch.cat([p(x) for p in self.qkv], -1)
+        qkv = torch.cat([linear(p, x) for p in self.qkv], -1)
         qkv = qkv.view(b, n, self.heads + 2 * self.kv_heads, d).transpose(1, 2)
         q, k, v = torch.split(qkv, [self.heads, self.kv_heads, self.kv_heads], dim=1)
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
@@ -166,10 +215,10 @@ class FusedLlamaLayer(nn.Module):
         att = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
         )
-        hidden = hidden_states + self.o_proj(att.transpose(1, 2).reshape(b, n, -1))
+        hidden = hidden_states + linear(self.o_proj, att.transpose(1, 2).reshape(b, n, -1))
         y = F.rms_norm(hidden, (h,), self.ffn_norm, self.eps)
-        gate, up = torch.cat([p(y) for p in self.gate_up], -1).chunk(2, dim=-1)
-        out: torch.Tensor = hidden + self.down_proj(F.silu(gate) * up)
+        gate, up = torch.cat([linear(p, y) for p in self.gate_up], -1).chunk(2, dim=-1)
+        out: torch.Tensor = hidden + linear(self.down_proj, F.silu(gate) * up)
         return out
 
     def _native(
