@@ -533,9 +533,11 @@ def demo(
     encoded = [workloads_mod.encode(tokenizer, m) for m in interleaved[:count]]
     advance = progress("demo", len(encoded) * len(drafter_ks))
     runs = []
-    for spec, k in drafter_ks:
-        method = TARGET_ONLY if spec == "none" else Method("specdec", "measured", k)
-        for i, ids in enumerate(encoded):
+    # prompt by prompt, every drafter on it in turn: a host whose speed
+    # drifts (shared cores, frequency) shifts every method alike
+    for i, ids in enumerate(encoded):
+        for spec, k in drafter_ks:
+            method = TARGET_ONLY if spec == "none" else Method("specdec", "measured", k)
             out = generate(
                 target,
                 built[spec],
