@@ -210,6 +210,77 @@ def test_the_default_policy_switches_a_useless_drafter_off(pair: tuple[Any, Any]
     assert sum(1 for k in out.k_per_round[10:] if k > 0) <= len(out.k_per_round[10:]) // 8 + 1
 
 
+def test_the_measured_policy_drafts_only_where_a_catch_up_can_be_repaid() -> None:
+    """A drafter that must first run a 399-position prompt, its step 0.8 of
+    the target's: over 64 tokens even drafts that are always kept save less
+    than the catch-up costs, so none is ever drafted (no probes either);
+    over 10,000 tokens, or with a step of 0.1, the first draft is tried, and
+    its round (which paid the catch-up) is not taken as the draft cost."""
+    from specdec_rs.policy import MeasuredK
+
+    def started(step_s: float, budget: int) -> MeasuredK:
+        policy = MeasuredK(k_max=2, warmup=2, smoothing=1.0)
+        policy.reset()
+        policy.observe_start(0.4, 400, 399, step_s, budget)  # 1 ms a prompt position
+        for _ in range(2):
+            assert policy.next_k() == 0  # warm-up: T(1) = 10 ms
+            policy.observe(0, 0, 0)
+            policy.observe_time(0.0, 0.010, 1)
+        return policy
+
+    dear = started(0.008, 64)
+    ks = []
+    for _ in range(60):
+        ks.append(dear.next_k())
+        dear.observe(0, 0, 0)
+        dear.observe_time(0.0, 0.010, 1)
+    assert set(ks) == {0}
+    for step_s, budget in ((0.008, 10_000), (0.001, 64)):
+        policy = started(step_s, budget)
+        assert policy.next_k() == 1
+        policy.observe(1, 1, 1)
+        policy.observe_time(0.4, 0.011, 2)  # the catch-up's round
+        assert policy.draft_s is None and policy.next_k() == 1  # c is measured next
+
+
+def test_a_draft_model_pays_its_catch_up_only_when_it_drafts(pair: tuple[Any, Any]) -> None:
+    """A separate draft model starts with an empty cache; under the default
+    policy told that the catch-up cannot be repaid it never drafts and never
+    runs the prompt, and the greedy output is the target's; told it can,
+    it drafts, and its cache holds the text."""
+    from specdec_rs.policy import MeasuredK
+
+    target, draft = pair
+
+    class Told(MeasuredK):
+        """A fixed clock: T(n) = 1 + 0.3 (n - 1), a prompt position 1, a
+        draft step `step` (the tiny models' real times are near 0 and noisy)."""
+
+        def __init__(self, step: float):
+            super().__init__(k_max=3)
+            self.step = step
+
+        def observe_start(self, prefill_s: float, positions: int, *rest: Any) -> None:
+            catch_up, _, budget = rest
+            super().observe_start(float(positions), positions, catch_up, self.step, budget)
+
+        def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
+            super().observe_time(0.01 * (positions - 1), 1.0 + 0.3 * (positions - 1), positions)
+
+    prompt = list(range(2, 40))
+    plain = sd.generate(target, None, prompt, max_new_tokens=12, temperature=0, eos_token_id=[])
+    for step, drafts in ((0.8, False), (0.01, True)):
+        drafter = sd.DraftModel(draft)
+        out = sd.generate(
+            target, drafter, prompt, max_new_tokens=12, k=Told(step), temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain.tokens
+        assert (out.drafted > 0) == drafts
+        assert drafter._cache is not None
+        held = drafter._cache.get_seq_length()  # nothing run unless it drafted
+        assert held > len(prompt) if drafts else held == 0, step
+
+
 def test_heuristic_policy_matches_transformers_schedule() -> None:
     h = HeuristicK(4)
     h.observe(4, 4, 4)

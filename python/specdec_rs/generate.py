@@ -306,6 +306,8 @@ def generate(
         budget.reset()
     with torch.inference_mode():
         decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
+        if budget is None:
+            announce_catch_up(policy, drafter, decoder, max_new)
         stop = "length"
         while decoder.generated < max_new:
             if budget is not None:
@@ -379,6 +381,20 @@ def check_tree_drafter(drafter: Any, tree: Any) -> Any:
     if callable(check):
         check()  # a drafter configured for chains only says so here, before any work
     return budget
+
+
+def announce_catch_up(policy: Any, drafter: Any, decoder: Decoder, max_new: int) -> None:
+    """Tell a policy that judges catch-ups (`MeasuredK.observe_start`) what
+    the drafter must run before its first draft (`DraftModel.catch_up`),
+    what one of its steps costs, and the target's prefill time."""
+    starting = getattr(policy, "observe_start", None)
+    catch_up = getattr(drafter, "catch_up", None)
+    if not callable(starting) or not callable(catch_up):
+        return
+    behind = catch_up(decoder.seq)
+    if behind > 0:
+        step = drafter.step_seconds()
+        starting(decoder.stats.prefill, decoder.prompt_length - 1, behind, step, max_new)
 
 
 def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:

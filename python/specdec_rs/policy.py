@@ -224,7 +224,8 @@ class MeasuredK:
     measured is interpolated between measured sizes, or is the largest
     measured one below it plus `slope` per position (longer drafts are
     tried as the estimates allow, never assumed free). The cost model then
-    picks γ as `AdaptiveK` does.
+    picks γ as `AdaptiveK` does. A drafter that must first run the prompt
+    (`observe_start`) drafts only where its drafts could repay that.
     """
 
     def __init__(
@@ -253,6 +254,41 @@ class MeasuredK:
         self.draft_s: float | None = None  # seconds per drafted token
         self.rounds = 0
         self.off_rounds = 0
+        self.emitted = 0
+        self.start: tuple[float, float, int] | None = None  # see observe_start
+        self.catching_up = False  # this round's draft time includes the catch-up
+        self.never = False  # the catch-up cannot be repaid: no drafts this generation
+
+    def observe_start(
+        self,
+        prefill_s: float,
+        prefill_positions: int,
+        catch_up: int,
+        draft_step_s: float,
+        budget: int,
+    ) -> None:
+        """A drafter that must run `catch_up` positions of the prompt before
+        its first draft (a separate model with its own cache), one of whose
+        steps takes `draft_step_s`; the target prefilled `prefill_positions`
+        in `prefill_s`; at most `budget` tokens are to come. Before the first
+        draft the policy compares the catch-up's cost (≈ c times the
+        target's prefill of as many positions, c = draft step / target
+        step) with the most the drafts could save over the rest of the
+        budget (every draft kept: max over γ of (γ + 1) / (γ·c + v(γ + 1))
+        tokens per step instead of 1); where they cannot repay it, this
+        generation never drafts."""
+        per_position = prefill_s / max(prefill_positions, 1)
+        self.start = (per_position * catch_up, draft_step_s, budget)
+
+    def _repays_catch_up(self) -> bool:
+        assert self.start is not None and self.forward_s[1]
+        one = self.forward_s[1]
+        cost_s, step_s, budget = self.start
+        c = step_s / one
+        _, v = self.costs()
+        bound = max((g + 1) / (g * c + v[g]) for g in range(1, self.k_max + 1))
+        saving = (budget - self.emitted) * one * (1.0 - 1.0 / bound)
+        return saving > c * cost_s
 
     def _ema(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
@@ -261,8 +297,9 @@ class MeasuredK:
         """One round: `positions` = the drafts + 1 the target ran over."""
         if 1 <= positions <= self.k_max + 1:
             self.forward_s[positions] = self._ema(self.forward_s[positions], target_s)
-        if positions > 1:
+        if positions > 1 and not self.catching_up:
             self.draft_s = self._ema(self.draft_s, draft_s / (positions - 1))
+        self.catching_up = False  # the catch-up's round is not a draft cost
 
     def costs(self) -> tuple[float, list[float]]:
         """(c, v(1..k_max+1)) as measured so far: v(n) measured, else
@@ -287,8 +324,14 @@ class MeasuredK:
 
     def next_k(self) -> int:
         self.rounds += 1
-        if self.rounds <= self.warmup or not self.forward_s[1]:
+        if self.never or self.rounds <= self.warmup or not self.forward_s[1]:
             return 0
+        if self.start is not None:  # a catch-up to pay before the first draft
+            if not self._repays_catch_up():
+                self.never = True
+                return 0
+            self.start, self.catching_up = None, True
+            return 1
         if self.draft_s is None:
             return 1  # one draft measures c before anything longer is tried
         c, v = self.costs()
@@ -304,6 +347,7 @@ class MeasuredK:
         return 1 if self.off_rounds % interval == 0 else 0
 
     def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.emitted += num_accepted + 1
         self.inner.observe(k, drafted, num_accepted)
 
 

@@ -20,6 +20,12 @@ class DraftModel(ModelDrafter):
     """Its cache holds a prefix of `seq`; each round feeds what it has not seen
     (the last token, or the last two after a round that accepted every draft),
     then drafts. After the round the cache is cut to the accepted length.
+
+    The cache starts empty: the first propose() runs the prompt (its
+    catch-up), so a generation whose γ policy never drafts never pays for
+    it. `catch_up(seq)` says how many positions that is and
+    `step_seconds()` what one draft step costs, for the policy to judge
+    whether the drafts can repay it (`policy.MeasuredK.observe_start`).
     """
 
     def __init__(self, model: PreTrainedModel, *, greedy: bool = False, name: str = "model"):
@@ -56,8 +62,29 @@ class DraftModel(ModelDrafter):
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None
     ) -> None:
         self._cache = models.new_cache(self.model)
-        if len(seq) > 1:
-            models.forward(self.model, seq[:-1], self._cache, keep=1)
+
+    def catch_up(self, seq: torch.Tensor) -> int:
+        """Positions of `seq` the next propose() runs beyond a round's usual
+        one or two (the prompt, before the first draft)."""
+        seen = started(self._cache, self.name).get_seq_length()
+        return max(0, len(seq) - 2 - int(seen))
+
+    def step_seconds(self, repeats: int = 2) -> float:
+        """Seconds of one draft step (one position into a fresh cache), the
+        fastest of `repeats`: the draft cost before any catch-up is paid."""
+        import time
+
+        import torch
+
+        token = torch.zeros(1, dtype=torch.long, device=models.device_of(self.model))
+        best = float("inf")
+        with torch.inference_mode():
+            for _ in range(repeats):
+                cache = models.new_cache(self.model)
+                started_at = time.perf_counter()
+                models.forward(self.model, token, cache, keep=1)
+                best = min(best, time.perf_counter() - started_at)
+        return best
 
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         cache = started(self._cache, self.name)
