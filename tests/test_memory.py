@@ -1,0 +1,60 @@
+"""Releasing the GPU libraries' resident pages on a CPU run (`_memory`):
+the right mappings, an effect where torch's CUDA build is installed, torch
+still right afterwards, and the opt-out."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+from specdec_rs._memory import OPT_OUT, is_gpu_library
+
+SCRIPT = """
+import torch
+from specdec_rs import _memory
+
+def gpu_rss_kib():
+    total, gpu = 0, False
+    for line in open("/proc/self/smaps"):
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5:
+            gpu = len(head) >= 6 and _memory.is_gpu_library(head[5])
+        elif head[0] == "Rss:" and gpu:
+            total += int(head[1])
+    return total
+
+x = torch.randn(96, 96, generator=torch.Generator().manual_seed(0))
+want = x @ x
+before = gpu_rss_kib()
+advised = _memory.release_gpu_libraries()
+after = gpu_rss_kib()
+print(advised, before, after, bool(torch.equal(x @ x, want)))
+"""
+
+
+def run(env: dict[str, str]) -> tuple[int, int, int, bool]:
+    out = subprocess.run(
+        [sys.executable, "-c", SCRIPT], capture_output=True, text=True, check=True, env=env
+    )
+    advised, before, after, same = out.stdout.split()
+    return int(advised), int(before), int(after), same == "True"
+
+
+def test_gpu_libraries_are_recognized_by_path() -> None:
+    site = "/venv/lib/python3.11/site-packages"
+    assert is_gpu_library(f"{site}/nvidia/cu13/lib/libcublasLt.so.13")
+    assert is_gpu_library(f"{site}/torch/lib/libtorch_cuda.so")
+    assert not is_gpu_library(f"{site}/torch/lib/libtorch_cpu.so")
+    assert not is_gpu_library(f"{site}/specdec_rs/_core.abi3.so")
+    assert not is_gpu_library("[heap]")
+
+
+def test_releasing_them_frees_their_pages_and_keeps_torch_right() -> None:
+    env = {k: v for k, v in os.environ.items() if k != OPT_OUT}
+    advised, before, after, same = run(env)
+    assert same  # torch computes as before
+    if sys.platform.startswith("linux") and before > 0:  # the CUDA build is mapped here
+        assert advised > 0 and after < before
+    kept = run({**env, OPT_OUT: "1"})
+    assert kept[0] == 0 and kept[3]
