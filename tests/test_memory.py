@@ -14,21 +14,23 @@ SCRIPT = """
 import torch
 from specdec_rs import _memory
 
-def gpu_rss_kib():
+def gpu_private_clean_kib():
+    # pages only this process maps: those the kernel reclaims (pages another
+    # process also maps, e.g. a second test worker with torch, stay resident)
     total, gpu = 0, False
     for line in open("/proc/self/smaps"):
         head = line.split()
         if "-" in head[0] and len(head) >= 5:
             gpu = len(head) >= 6 and _memory.is_gpu_library(head[5])
-        elif head[0] == "Rss:" and gpu:
+        elif head[0] == "Private_Clean:" and gpu:
             total += int(head[1])
     return total
 
 x = torch.randn(96, 96, generator=torch.Generator().manual_seed(0))
 want = x @ x
-before = gpu_rss_kib()
+before = gpu_private_clean_kib()
 advised = _memory.release_gpu_libraries()
-after = gpu_rss_kib()
+after = gpu_private_clean_kib()
 print(advised, before, after, bool(torch.equal(x @ x, want)))
 """
 
@@ -54,7 +56,7 @@ def test_releasing_them_frees_their_pages_and_keeps_torch_right() -> None:
     env = {k: v for k, v in os.environ.items() if k != OPT_OUT}
     advised, before, after, same = run(env)
     assert same  # torch computes as before
-    if sys.platform.startswith("linux") and before > 0:  # the CUDA build is mapped here
-        assert advised > 0 and after < before
+    if sys.platform.startswith("linux") and advised > 0:  # the CUDA build is mapped here
+        assert after <= before // 100, (before, after)  # its private pages reclaimed
     kept = run({**env, OPT_OUT: "1"})
     assert kept[0] == 0 and kept[3]

@@ -27,7 +27,9 @@ def release_gpu_libraries() -> int:
     mapped into this process (madvise MADV_PAGEOUT over each mapping), when
     torch has not initialized CUDA. Clean pages go back to the page cache
     and are read again from the files if a GPU is used later; dirty ones
-    stay (nothing is discarded), so behaviour is unchanged. Returns how many
+    stay (nothing is discarded), so behaviour is unchanged. Pages another
+    process maps too (a second torch process on the same files) stay
+    resident. Returns how many
     mappings were advised: 0 off Linux, before kernel 5.4 (EINVAL), with
     CUDA in use, or with $SPECDEC_KEEP_GPU_LIBRARIES set."""
     if not sys.platform.startswith("linux") or os.environ.get(OPT_OUT):
