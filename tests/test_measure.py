@@ -243,6 +243,24 @@ def test_the_measured_policy_drafts_only_where_a_catch_up_can_be_repaid() -> Non
         assert policy.draft_s is None and policy.next_k() == 1  # c is measured next
 
 
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        ((-1.0, 400, 399, 0.008, 64), "prefill_s"),
+        ((float("nan"), 400, 399, 0.008, 64), "prefill_s"),
+        ((0.4, 400.0, 399, 0.008, 64), "prefill_positions"),
+        ((0.4, 400, -1, 0.008, 64), "catch_up"),
+        ((0.4, 400, 399, float("inf"), 64), "draft_step_s"),
+        ((0.4, 400, 399, 0.008, True), "budget"),
+    ],
+)
+def test_the_catch_up_announcement_is_checked(args: tuple[Any, ...], name: str) -> None:
+    from specdec_rs.policy import MeasuredK
+
+    with pytest.raises(ValueError, match=name):
+        MeasuredK().observe_start(*args)
+
+
 def test_a_draft_model_pays_its_catch_up_only_when_it_drafts(pair: tuple[Any, Any]) -> None:
     """A separate draft model starts with an empty cache; under the default
     policy told that the catch-up cannot be repaid it never drafts and never

@@ -277,8 +277,13 @@ class MeasuredK:
         budget (every draft kept: max over γ of (γ + 1) / (γ·c + v(γ + 1))
         tokens per step instead of 1); where they cannot repay it, this
         generation never drafts."""
+        prefill_s = _checks.real(prefill_s, "prefill_s", minimum=0.0, hint=" (seconds)")
+        prefill_positions = _checks.integer(prefill_positions, "prefill_positions")
+        catch_up = _checks.integer(catch_up, "catch_up")
+        step_s = _checks.real(draft_step_s, "draft_step_s", minimum=0.0, hint=" (seconds)")
+        budget = _checks.integer(budget, "budget")
         per_position = prefill_s / max(prefill_positions, 1)
-        self.start = (per_position * catch_up, draft_step_s, budget)
+        self.start = (per_position * catch_up, step_s, budget)
 
     def _repays_catch_up(self) -> bool:
         assert self.start is not None and self.forward_s[1]
