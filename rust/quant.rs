@@ -339,12 +339,7 @@ pub fn dequantize_rows(
         "the packed length",
     )?;
     check_rows("dequantize", rows, m)?;
-    if threads == 0 || threads > crate::pool::MAX_WORKERS + 1 {
-        return Err(SpecError::Invalid(format!(
-            "dequantize: threads = {threads}; expected 1..{}",
-            crate::pool::MAX_WORKERS + 1
-        )));
-    }
+    check_threads("dequantize", threads)?;
     let rb = q.row_bytes(k)?;
     let lay = Panels::of(q, k.max(QK));
     let ptr = SharedOut(out.as_mut_ptr());
@@ -432,6 +427,17 @@ fn dequant_row_body(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &
             }
         }
     }
+}
+
+/// A thread count the pool can serve: 1 (the calling thread) up to its workers + 1.
+fn check_threads(what: &str, threads: usize) -> crate::Result<()> {
+    if threads == 0 || threads > crate::pool::MAX_WORKERS + 1 {
+        return Err(SpecError::Invalid(format!(
+            "{what}: threads = {threads}; expected 1..{}",
+            crate::pool::MAX_WORKERS + 1
+        )));
+    }
+    Ok(())
 }
 
 fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) -> crate::Result<()> {
@@ -537,12 +543,7 @@ pub fn qlinear(
         "the packed length (see pack)",
     )?;
     check_len("qlinear", out.len(), n * m, "out", "n · m")?;
-    if threads == 0 || threads > crate::pool::MAX_WORKERS + 1 {
-        return Err(SpecError::Invalid(format!(
-            "qlinear: threads = {threads}; expected 1..{}",
-            crate::pool::MAX_WORKERS + 1
-        )));
-    }
+    check_threads("qlinear", threads)?;
     let ptr = SharedOut(out.as_mut_ptr());
     let panels = m.div_ceil(TILE);
     let parts = threads.min(panels).max(1);
