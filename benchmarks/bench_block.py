@@ -13,7 +13,6 @@ Run: python benchmarks/bench_block.py [--drafters eagle prompt-lookup]
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any
 
 import numpy as np
@@ -25,32 +24,27 @@ from specdec_rs.measure import workloads
 def record(
     target: Any, tokenizer: Any, spec: str, args: argparse.Namespace
 ) -> list[tuple[Any, ...]]:
-    """The (p, q, drafts) of every round with drafts, over the prompts of both workloads."""
-    module = sys.modules["specdec_rs.generate"]
-    original = module.verify
+    """The (p, q, drafts) of every round with drafts (as each `Round` hands
+    them to the verifier), over the prompts of both workloads."""
     rounds: list[tuple[Any, ...]] = []
 
-    def recording(p: Any, q: Any, drafts: Any, seed: int, **kw: Any) -> Any:
-        if len(drafts):
-            rounds.append((p.numpy().copy(), q.numpy().copy(), drafts.numpy().copy()))
-        return original(p, q, drafts, seed, **kw)
+    def recording(r: sd.Round) -> None:
+        if r.drafted:
+            rounds.append((r.p.numpy().copy(), r.q.numpy().copy(), r.tokens.numpy().copy()))
 
-    module.verify = recording
-    try:
-        for workload in workloads.WORKLOADS:
-            for i, ids in enumerate(workloads.prompt_set(tokenizer, workload, args.prompts)):
-                drafter = drafters.from_spec(spec, target, tokenizer)
-                sd.generate(
-                    target,
-                    drafter,
-                    ids,
-                    max_new_tokens=args.max_new_tokens,
-                    k=args.k,
-                    temperature=args.temperature,
-                    seed=i,
-                )
-    finally:
-        module.verify = original
+    for workload in workloads.WORKLOADS:
+        for i, ids in enumerate(workloads.prompt_set(tokenizer, workload, args.prompts)):
+            drafter = drafters.from_spec(spec, target, tokenizer)
+            sd.generate(
+                target,
+                drafter,
+                ids,
+                max_new_tokens=args.max_new_tokens,
+                k=args.k,
+                temperature=args.temperature,
+                seed=i,
+                on_round=recording,
+            )
     return rounds
 
 

@@ -35,7 +35,7 @@ from typing import Any
 import specdec_rs as sd
 import torch
 from specdec_rs import _core, drafters, models
-from specdec_rs.generate import eos_set
+from specdec_rs.generation.inputs import eos_set
 from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.measure import workloads
 from specdec_rs.measure.costs import measure_costs

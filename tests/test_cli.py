@@ -189,7 +189,7 @@ def test_ctrl_c_during_the_imports_stops_quietly() -> None:
         "import sys\n"
         "class Interrupt:\n"
         "    def find_spec(self, name, path=None, target=None):\n"
-        "        if name == 'specdec_rs.cli.engine':\n"
+        "        if name == 'specdec_rs.cli.toy':\n"
         "            raise KeyboardInterrupt\n"
         "sys.meta_path.insert(0, Interrupt())\n"
         "from specdec_rs.cli import main\n"
@@ -206,9 +206,9 @@ def test_importing_the_package_and_the_command_loads_no_numpy() -> None:
     code = (
         "import sys, specdec_rs, specdec_rs.cli\n"
         "assert 'numpy' not in sys.modules, 'numpy'\n"
-        "import specdec_rs.generate, specdec_rs.verify\n"
+        "import specdec_rs.generation, specdec_rs.verify\n"
         "assert callable(specdec_rs.generate) and callable(specdec_rs.verify)\n"
-        "assert specdec_rs.generate.__module__ == 'specdec_rs.generate'\n"
+        "assert specdec_rs.generate.__module__ == 'specdec_rs.generation.loop'\n"
         "from specdec_rs import verify, drafters, PromptLookup\n"
         "assert verify is specdec_rs.verify and drafters.PromptLookup is PromptLookup\n"
         "print(len(dir(specdec_rs)) > 40)\n"
@@ -238,3 +238,23 @@ def test_the_package_names_are_listed_alike_for_the_lazy_table_and_the_type_chec
     assert typed == sd._HOME
     assert sorted(sd.__all__) == sorted(sd._HOME)
     assert all(getattr(sd, name) is not None for name in sd.__all__)
+
+
+def test_tables_keep_whole_names_when_stdout_is_not_a_terminal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Into a pipe or a file rich would cut lines at 80 columns, names in
+    table cells included ("transformers.genera…")."""
+    import io
+
+    from specdec_rs.cli.show import make_console, table
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    name = "transformers.generation.candidate_generator (assisted, sampling)"
+    out = io.StringIO()
+    console = make_console(out)
+    console.print(table("an audit", ["verifier", "case", "verdict"], [[name, "dense", "ok"]]))
+    console.print("a sentence " * 12)
+    text = out.getvalue()
+    assert name in text and "…" not in text
+    assert ("a sentence " * 12).strip() in text  # one line, not wrapped at 80 columns

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specdec_rs as sd
-from specdec_rs.generate import Decoder
+from specdec_rs.generation import Decoder
 from specdec_rs.models import forward, layer_view, new_cache, tiny_llama
 from specdec_rs.processors import SamplingConfig
 
@@ -139,7 +139,7 @@ def test_caches_match_a_fresh_forward_after_generation(target: Any, draft: Any, 
     decoder = Decoder(target, drafter, [3, 4, 5, 3, 4], config, seed=7)
     with torch.inference_mode():
         for r in range(12):
-            decoder.append(decoder.step(k=1 + r % 5))
+            decoder.append(decoder.step(k=1 + r % 5).emitted)
         seq = decoder.seq
         assert decoder.cache.get_seq_length() == len(seq) - 1
         cached = forward(target, seq[-1:], decoder.cache, keep=1)[-1]

@@ -339,7 +339,7 @@ def pair_counts(
     """Counts of the first two tokens over `runs` generations (seeds 0..runs-1),
     optionally with a buggy verifier; with `stop_at` (the exact law) stop once
     the counts' p-value falls below the significance (a bug caught)."""
-    module = sys.modules["specdec_rs.generate"]
+    module = sys.modules["specdec_rs.generation.decoder"]
     name = "verify" if setting.tree is None else "verify_tree"
     original = getattr(module, name)
     if verifier is not None:

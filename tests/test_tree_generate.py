@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 import specdec_rs as sd
-from specdec_rs import models
-from specdec_rs.drafters.base import TreeDraft, confident_tree, trie
+from specdec_rs import models, trees
+from specdec_rs.drafters.draft import TreeDraft
 from specdec_rs.drafters.lookup import lookup_all
+from specdec_rs.trees import confident_tree, trie
 
 torch = pytest.importorskip("torch")
 np = pytest.importorskip("numpy")
@@ -58,7 +59,7 @@ def test_a_tree_forward_equals_each_path_run_alone(target: Any) -> None:
 
 
 def test_the_tree_mask_lets_each_node_see_only_its_path() -> None:
-    mask = models.tree_mask([-1, -1, 0], past=2, dtype=torch.float32, device="cpu")[0, 0]
+    mask = trees.tree_mask([-1, -1, 0], past=2, dtype=torch.float32, device="cpu")[0, 0]
     seen = (mask == 0).int().tolist()
     assert seen == [
         [1, 1, 1, 0, 0, 0],
@@ -66,9 +67,9 @@ def test_the_tree_mask_lets_each_node_see_only_its_path() -> None:
         [1, 1, 1, 0, 1, 0],
         [1, 1, 1, 1, 0, 1],
     ]
-    assert models.tree_depths([-1, -1, 0, 2]) == [1, 1, 2, 3]
+    assert trees.tree_depths([-1, -1, 0, 2]) == [1, 1, 2, 3]
     with pytest.raises(ValueError, match="not an earlier node"):
-        models.tree_depths([-1, 1])
+        trees.tree_depths([-1, 1])
 
 
 def greedy_with_lookup_tree(target: Any, tree: Any) -> tuple[Any, Any]:

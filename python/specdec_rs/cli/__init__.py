@@ -23,37 +23,16 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from specdec_rs.cli import engine, measure, models, train
+    from specdec_rs.cli import flags, generate, measure, toy, train
 
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object")
     common.add_argument("--seed", type=int, default=0)
-    model = Parser(add_help=False)
-    model.add_argument(
-        "--model", default=None, help="local transformers model folder (default: SmolLM2)"
-    )
-    model.add_argument(
-        "--dtype", default="float32", help="float32 | bfloat16 | float16 (target and drafters)"
-    )
-    model.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
-    model.add_argument(
-        "--weights",
-        default="auto",
-        choices=("auto", "gguf", "float32"),
-        help="SmolLM2 (or a .gguf --model): gguf keeps the file's precision (Rust kernels), "
-        "float32 the dequantized reference (auto: gguf on the CPU in float32)",
-    )
-    model.add_argument(
-        "--linear",
-        default="auto",
-        choices=("auto", "rust", "torch"),
-        help="linear layers over few positions: Rust product on the CPU in float32 "
-        "(auto: with <= 2 torch threads) or torch's",
-    )
+    model = flags.model_parser(Parser)
     parser = Parser(prog="specdec", description="Exact speculative decoding.")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    engine.add_parsers(sub, [common])
-    models.add_parsers(sub, [common, model])
+    toy.add_parsers(sub, [common])
+    generate.add_parsers(sub, [common, model])
     measure.add_parsers(sub, [common, model])
     train.add_parsers(sub, [common, model])
     return parser
@@ -71,12 +50,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(argv: Sequence[str] | None) -> int:
-    from rich.console import Console
-
     from specdec_rs.cli import measure
+    from specdec_rs.cli.show import make_console
 
     args = build_parser().parse_args(argv)
-    console = Console()
+    console = make_console()
     try:
         result = args.run(args, console)
         if args.json:

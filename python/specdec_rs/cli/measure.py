@@ -16,7 +16,7 @@ from typing import Any
 from rich.console import Console
 
 from specdec_rs import _checks, drafters
-from specdec_rs.cli.models import check_model_flags, load_target
+from specdec_rs.cli.flags import check_model_flags, load_target
 from specdec_rs.cli.show import progress_bars, table
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import IO
 
 from rich.console import Console
 from rich.progress import Progress
@@ -11,7 +13,20 @@ from rich.table import Table
 
 from specdec_rs.measure.tables import fmt
 
-__all__ = ["fmt", "progress_bars", "table"]
+__all__ = ["fmt", "make_console", "progress_bars", "table"]
+
+PIPE_WIDTH = 1000  # columns when stdout is no terminal: tables keep their natural width
+
+
+def make_console(file: IO[str] | None = None) -> Console:
+    """The command's console. On a terminal rich fits its width; into a pipe
+    or a file (no terminal, no $COLUMNS) rich would cut every line at 80
+    columns, names in tables included ("transformers.genera…"), so lines
+    there are as long as their text."""
+    console = Console(file=file)
+    if console.is_terminal or "COLUMNS" in os.environ:
+        return console
+    return Console(file=file, width=PIPE_WIDTH)
 
 
 def table(title: str, header: Sequence[str], rows: Sequence[Sequence[str]]) -> Table:

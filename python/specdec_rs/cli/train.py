@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from rich.console import Console
 
 from specdec_rs import limits
-from specdec_rs.cli.models import check_model_flags, load_target
+from specdec_rs.cli.flags import check_model_flags, load_target
 from specdec_rs.cli.show import fmt, progress_bars, table
 from specdec_rs.training import (
     DataConfig,

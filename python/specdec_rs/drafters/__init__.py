@@ -5,14 +5,8 @@ One module per drafter; each class registers its command-line name once
 `base` for the interface the loop and the analysis use.
 """
 
-from specdec_rs.drafters.base import (
-    Draft,
-    Drafter,
-    ModelDrafter,
-    TeacherForced,
-    TreeDraft,
-    gated,
-)
+from specdec_rs.drafters.base import Drafter, ModelDrafter, TeacherForced, gated
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.early_exit import EarlyExit
 from specdec_rs.drafters.hybrid import Hybrid

@@ -51,126 +51,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 from specdec_rs import models
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.processors import Sampler, one_hot
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel
     from transformers.cache_utils import Cache
-
-
-@dataclass(frozen=True)
-class Draft:
-    """tokens: (k',) int64 proposals, k' <= k.  q: (k', V) float rows, row i the
-    distribution tokens[i] was drawn from. Both on the sampler's device."""
-
-    tokens: torch.Tensor
-    q: torch.Tensor
-
-
-@dataclass(frozen=True)
-class TreeDraft:
-    """A draft tree, as `specdec_rs.verify_tree` reads it: tokens (n,) int64
-    and parents (n,) (-1 = the root, else an earlier node); q (n + 1, V) the
-    rows the children of the root and of each node were drawn from, or None
-    with children="fixed" (deterministic candidates: exact at any
-    temperature, q not needed)."""
-
-    tokens: torch.Tensor
-    parents: list[int]
-    q: torch.Tensor | None
-    children: str = "fixed"
-
-    @property
-    def depth(self) -> int:
-        from specdec_rs.models import tree_depths
-
-        return max(tree_depths(self.parents), default=0)
-
-
-def chain_with_alternatives(
-    chain: list[int], alternatives: list[list[int]]
-) -> tuple[list[int], list[int]]:
-    """(tokens, parents) of the tree "top-w at each position": the chain
-    c_0 c_1 ... (each under the previous) and, beside each c_d, its
-    alternatives for that position as leaves under the same parent.
-
-    >>> chain_with_alternatives([5, 6], [[7], [8]])
-    ([5, 7, 6, 8], [-1, -1, 0, 0])
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    parent = -1
-    for d, c in enumerate(chain):
-        here = len(tokens)
-        tokens.append(c)
-        parents.append(parent)
-        for alt in alternatives[d] if d < len(alternatives) else []:
-            if alt != c:
-                tokens.append(alt)
-                parents.append(parent)
-        parent = here
-    return tokens, parents
-
-
-def confident_tree(
-    ranked: list[tuple[list[int], list[float]]], budget: int
-) -> tuple[list[int], list[int]]:
-    """EAGLE-2's reranking on a drafted chain: `ranked[d]` holds the draft's
-    top tokens at depth d (best first, the first one the chain's token) and
-    their draft probabilities. A candidate's confidence is the product of
-    the chain's probabilities above it and its own; the `budget` most
-    confident candidates form the tree (chain tokens continue the chain, the
-    others are leaves beside it). A child is never more confident than its
-    parent, so the kept set is a tree.
-
-    >>> confident_tree([([5, 7], [0.6, 0.3]), ([6, 8], [0.9, 0.05])], 3)
-    ([5, 7, 6], [-1, -1, 0])
-    >>> confident_tree([([5, 7], [0.9, 0.1]), ([6, 8], [0.5, 0.4]), ([1, 2], [0.9, 0.1])], 5)
-    ([5, 7, 6, 8, 1], [-1, -1, 0, 0, 2])
-    """
-    scored: list[tuple[float, int, int]] = []  # (-confidence, depth, rank)
-    above = 1.0
-    for d, (_, probs) in enumerate(ranked):
-        scored += [(-above * p, d, r) for r, p in enumerate(probs)]
-        above *= probs[0] if probs else 0.0
-    keep = sorted(sorted(scored)[:budget], key=lambda s: (s[1], s[2]))
-    tokens: list[int] = []
-    parents: list[int] = []
-    chain = {-1: -1}  # depth -> the chain's node there (-1: the root)
-    for _, d, r in keep:
-        if d - 1 not in chain:
-            break  # the chain above was not kept (ties): stop here
-        tokens.append(ranked[d][0][r])
-        parents.append(chain[d - 1])
-        if r == 0:
-            chain[d] = len(tokens) - 1
-    return tokens, parents
-
-
-def trie(continuations: list[list[int]], budget: int) -> tuple[list[int], list[int]]:
-    """(tokens, parents) of the prefix tree of `continuations` (in order of
-    preference), at most `budget` nodes; shared prefixes share nodes.
-
-    >>> trie([[1, 2, 3], [1, 4], [5]], 10)
-    ([1, 2, 3, 4, 5], [-1, 0, 1, 0, -1])
-    """
-    tokens: list[int] = []
-    parents: list[int] = []
-    child: dict[tuple[int, int], int] = {}
-    for cont in continuations:
-        node = -1
-        for t in cont:
-            nxt = child.get((node, t))
-            if nxt is None:
-                if len(tokens) >= budget:
-                    break
-                nxt = len(tokens)
-                tokens.append(t)
-                parents.append(node)
-                child[(node, t)] = nxt
-            node = nxt
-    return tokens, parents
 
 
 def fixed_tree(tokens: list[int], parents: list[int], sampler: Sampler) -> TreeDraft:

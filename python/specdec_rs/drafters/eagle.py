@@ -14,16 +14,11 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from specdec_rs import _checks, models
-from specdec_rs.drafters.base import (
-    Draft,
-    TeacherForced,
-    TreeDraft,
-    confident_tree,
-    empty_draft,
-    fixed_tree,
-)
+from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
+from specdec_rs.trees import confident_tree
 
 if TYPE_CHECKING:
     import torch

@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
-from specdec_rs.drafters.base import Draft, ModelDrafter, draft_autoregressive, started
+from specdec_rs.drafters.base import ModelDrafter, draft_autoregressive, started
+from specdec_rs.drafters.draft import Draft
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
 

@@ -9,12 +9,14 @@ pending features simply pile up over lookup rounds and run in one step).
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import Draft, TeacherForced, TreeDraft, one_hot_draft
+from specdec_rs.drafters.base import TeacherForced, one_hot_draft
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.lookup import PromptLookup
 from specdec_rs.drafters.registry import register
@@ -95,18 +97,18 @@ class Hybrid:
         found = self.lookup.find(seq.cpu().numpy(), k)
         if len(found):
             self.last_source = "lookup"
-            return one_hot_draft(torch.from_numpy(found), sampler)
+            return replace(one_hot_draft(torch.from_numpy(found), sampler), source="lookup")
         self.last_source = "eagle"
-        return self.eagle.propose(seq, k, sampler)
+        return replace(self.eagle.propose(seq, k, sampler), source="eagle")
 
     def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
         """Lookup's tree of matches when the text repeats, else the head's tree."""
         tree = self.lookup.propose_tree(seq, budget, sampler)
         if len(tree.tokens):
             self.last_source = "lookup"
-            return tree
+            return replace(tree, source="lookup")
         self.last_source = "eagle"
-        return self.eagle.propose_tree(seq, budget, sampler)
+        return replace(self.eagle.propose_tree(seq, budget, sampler), source="eagle")
 
     def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
         """Lookup's row where it finds a match before answer position t, the head's elsewhere."""

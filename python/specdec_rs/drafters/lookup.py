@@ -9,17 +9,11 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import (
-    Draft,
-    TeacherForced,
-    TreeDraft,
-    empty_draft,
-    fixed_tree,
-    one_hot_draft,
-    trie,
-)
+from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree, one_hot_draft
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
+from specdec_rs.trees import trie
 
 if TYPE_CHECKING:
     import torch

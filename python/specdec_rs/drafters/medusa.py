@@ -16,14 +16,8 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import (
-    Draft,
-    TeacherForced,
-    TreeDraft,
-    chain_with_alternatives,
-    empty_draft,
-    fixed_tree,
-)
+from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree
+from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.eagle import (
     check_head_target,
     draft_rows,
@@ -31,6 +25,7 @@ from specdec_rs.drafters.eagle import (
 )
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
+from specdec_rs.trees import chain_with_alternatives
 
 if TYPE_CHECKING:
     import torch

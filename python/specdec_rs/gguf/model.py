@@ -354,7 +354,7 @@ def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, An
     and the kernels' spinning worker would take turns on the same cores)."""
     import torch
 
-    from specdec_rs import models
+    from specdec_rs._files import cache_dir
 
     f = read(path)
     model = build(f)
@@ -362,5 +362,5 @@ def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, An
     set_threads(model, threads)
     if threads > 1:
         torch.set_num_threads(1)
-    tok = tokenizer_for(f.path, models.cache_dir()) if tokenizer else None
+    tok = tokenizer_for(f.path, cache_dir()) if tokenizer else None
     return model, tok

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters
-from specdec_rs.generate import GenerationResult, eos_set, generate
+from specdec_rs.generation import GenerationResult, generate
+from specdec_rs.generation.inputs import eos_set
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.costs import Costs

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters, theory
-from specdec_rs.generate import generate
+from specdec_rs.generation import generate
 from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.acceptance import Acceptance, acceptance_matrix, replay, summarize
 from specdec_rs.measure.costs import Costs, measure_costs

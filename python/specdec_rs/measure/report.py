@@ -15,9 +15,11 @@ from specdec_rs.measure.tables import fmt, markdown_table
 
 
 def to_json(report: Any, indent: int | None = None) -> str:
-    """A report (a dataclass or a dict) as JSON, NaN written as null."""
+    """A report as JSON, NaN written as null: its `summary()` where it has
+    one (a flat view, e.g. a generation's), else its dataclass fields, or a dict."""
     is_instance = dataclasses.is_dataclass(report) and not isinstance(report, type)
-    data = dataclasses.asdict(report) if is_instance else report
+    summary = getattr(report, "summary", None)
+    data = summary() if callable(summary) else dataclasses.asdict(report) if is_instance else report
     return json.dumps(json_safe(data), indent=indent)
 
 

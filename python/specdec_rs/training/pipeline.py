@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from specdec_rs import models
+from specdec_rs import _files
 from specdec_rs.training.data import DataConfig, build_dataset, chat_ends
 from specdec_rs.training.train import TrainConfig, TrainResult, train_drafter
 
@@ -36,11 +36,11 @@ class TrainReport:
 
 
 def default_data_dir() -> Path:
-    return models.cache_dir() / "training-data"
+    return _files.cache_dir() / "training-data"
 
 
 def default_out(kind: str) -> Path:
-    return models.cache_dir() / "heads" / f"{kind}.safetensors"
+    return _files.cache_dir() / "heads" / f"{kind}.safetensors"
 
 
 def process_device(device: str) -> str:

@@ -11,28 +11,21 @@ specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
 from __future__ import annotations
 
 import argparse
-import functools
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from specdec_rs import _checks, drafters, models
+from specdec_rs import _checks, drafters
+from specdec_rs.cli.flags import add_sampling_arguments, check_model_flags, load_target, sampling
 from specdec_rs.cli.show import fmt, progress_bars, table
-from specdec_rs.generate import GenerationResult, generate
+from specdec_rs.generation import GenerationResult, generate
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads
 from specdec_rs.policy import MAX_K, MAX_TREE, measured_policy
-from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-
-def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> None:
-    p.add_argument("--temperature", type=float, default=temperature)
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=None)
-    p.add_argument("--min-p", type=float, default=None)
+    pass
 
 
 def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -79,52 +72,20 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     d.set_defaults(run=run_demo, show=show_demo)
 
 
-def sampling(args: argparse.Namespace) -> SamplingConfig:
-    return SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)
+@dataclass(frozen=True)
+class GeneratedText:
+    """The decoded text and the generation's result; `--json` writes
+    `summary()`: the text beside the result's statistics, flat."""
+
+    text: str
+    result: GenerationResult
+
+    def summary(self) -> dict[str, Any]:
+        return {"text": self.text, **self.result.summary()}
 
 
-def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """--model (a local folder or .gguf file) or SmolLM2-135M-Instruct, in
-    --dtype on --device, its weights as --weights and its float linear
-    layers as --linear say."""
-    weights = getattr(args, "weights", "auto")
-    return _load(args.model, args.dtype, args.device, args.linear, weights)
-
-
-@functools.cache
-def _load(path: str | None, dtype: str, device: str, linear: str, weights: str) -> tuple[Any, Any]:
-    """Loaded once per process (a program calling main() repeatedly, e.g. the tests).
-    On the CPU the GPU libraries torch mapped are released first (`_memory`:
-    about 150 MiB of resident memory), before the model's memory peaks."""
-    from transformers.utils import logging
-
-    from specdec_rs import _memory
-
-    if models.torch_device(device).type == "cpu":
-        _memory.release_gpu_libraries()
-
-    logging.disable_progress_bar()
-    if path is None:
-        return models.load_smollm2(dtype=dtype, device=device, linear=linear, weights=weights)
-    if weights == "float32" and str(path).lower().endswith(".gguf"):
-        raise ValueError(
-            f"--model {path} is a GGUF file, read at its own precision; --weights float32 "
-            "applies to SmolLM2 (or convert the file to a transformers folder)"
-        )
-    return models.load_local(path, dtype=dtype, device=device, linear=linear)
-
-
-def check_model_flags(args: argparse.Namespace) -> None:
-    """--dtype, --device, --weights and --seed, before a model loads."""
-    models.torch_dtype(args.dtype)
-    models.torch_device(args.device)
-    if args.model is None:
-        models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
-    _checks.seed(args.seed, "--seed")
-
-
-def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
-    """The text and the generation's statistics (`GenerationResult.summary()`), flat."""
+def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText:
+    """The text and the generation's statistics."""
     config = sampling(args)
     check_model_flags(args)
     _checks.utf8_text(args.prompt, "the prompt")
@@ -165,7 +126,7 @@ def run_generate(args: argparse.Namespace, console: Console) -> dict[str, Any]:
         allow_past_context=args.allow_past_context,
         tree=args.tree,
     )
-    return {"text": tokenizer.decode(result.tokens, skip_special_tokens=True), **result.summary()}
+    return GeneratedText(tokenizer.decode(result.tokens, skip_special_tokens=True), result)
 
 
 class TextStream:
@@ -185,7 +146,8 @@ class TextStream:
             self.printed = len(text)
 
 
-def show_generate(r: dict[str, Any], console: Console) -> None:
+def show_generate(g: GeneratedText, console: Console) -> None:
+    r = g.result
     console.out("")
     header = [
         "new tokens",
@@ -198,29 +160,25 @@ def show_generate(r: dict[str, Any], console: Console) -> None:
         "verify s",
     ]
     row = [
-        str(r["new_tokens"]),
-        fmt(r["tokens_per_second"], ".1f"),
-        str(r["rounds"]),
-        fmt(r["tokens_per_pass"], ".2f"),
-        fmt(r["alpha"], ".3f"),
-        fmt(r["time_draft"], ".2f"),
-        fmt(r["time_target"], ".2f"),
-        fmt(r["time_verify"], ".3f"),
+        str(r.new_tokens),
+        fmt(r.tokens_per_second, ".1f"),
+        str(r.rounds),
+        fmt(r.tokens_per_pass, ".2f"),
+        fmt(r.alpha, ".3f"),
+        fmt(r.time_draft, ".2f"),
+        fmt(r.time_target, ".2f"),
+        fmt(r.time_verify, ".3f"),
     ]
-    shape = (
-        r["policy"].replace("tree:", "tree of ")
-        if r["policy"].startswith("tree")
-        else f"k = {r['k']}"
-    )
-    title = f"drafter {r['drafter']}, {shape}, temperature {r['temperature']:g}"
+    shape = f"tree of {r.k}" if r.tree else f"k = {r.k}"
+    title = f"drafter {r.drafter}, {shape}, temperature {r.temperature:g}"
     console.print(table(title, header, [row]))
-    if r["position_alpha"]:
-        alphas = ", ".join(fmt(a, ".2f") for a in r["position_alpha"])
+    if r.reached:
+        alphas = ", ".join(fmt(a, ".2f") for a in r.position_alpha)
         console.print(
             f"acceptance by draft position: [{alphas}]; "
-            f"rounds by drafts kept: {r['accepted_histogram']}"
+            f"rounds by drafts kept: {r.accepted_histogram}"
         )
-    elif r["drafter"] != "none":
+    elif r.drafter != "none":
         console.print("no drafts were proposed (α undefined)")
 
 

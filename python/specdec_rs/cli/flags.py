@@ -1,0 +1,92 @@
+"""The flags the model commands share (--model, --dtype, --device, --weights,
+--linear; the sampling flags), their checks, and `load_target`."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.processors import SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+
+def model_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.ArgumentParser:
+    """The parent parser of every command that loads a model."""
+    model = parser_class(add_help=False)
+    model.add_argument(
+        "--model", default=None, help="local transformers model folder (default: SmolLM2)"
+    )
+    model.add_argument(
+        "--dtype", default="float32", help="float32 | bfloat16 | float16 (target and drafters)"
+    )
+    model.add_argument("--device", default="cpu", help="torch device: cpu, cuda, cuda:1, ...")
+    model.add_argument(
+        "--weights",
+        default="auto",
+        choices=("auto", "gguf", "float32"),
+        help="SmolLM2 (or a .gguf --model): gguf keeps the file's precision (Rust kernels), "
+        "float32 the dequantized reference (auto: gguf on the CPU in float32)",
+    )
+    model.add_argument(
+        "--linear",
+        default="auto",
+        choices=("auto", "rust", "torch"),
+        help="linear layers over few positions: Rust product on the CPU in float32 "
+        "(auto: with <= 2 torch threads) or torch's",
+    )
+    return model
+
+
+def add_sampling_arguments(p: argparse.ArgumentParser, temperature: float) -> None:
+    p.add_argument("--temperature", type=float, default=temperature)
+    p.add_argument("--top-k", type=int, default=None)
+    p.add_argument("--top-p", type=float, default=None)
+    p.add_argument("--min-p", type=float, default=None)
+
+
+def sampling(args: argparse.Namespace) -> SamplingConfig:
+    return SamplingConfig(args.temperature, args.top_k, args.top_p, args.min_p)
+
+
+def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """--model (a local folder or .gguf file) or SmolLM2-135M-Instruct, in
+    --dtype on --device, its weights as --weights and its float linear
+    layers as --linear say."""
+    weights = getattr(args, "weights", "auto")
+    return _load(args.model, args.dtype, args.device, args.linear, weights)
+
+
+@functools.cache
+def _load(path: str | None, dtype: str, device: str, linear: str, weights: str) -> tuple[Any, Any]:
+    """Loaded once per process (a program calling main() repeatedly, e.g. the tests).
+    On the CPU the GPU libraries torch mapped are released first (`_memory`:
+    about 150 MiB of resident memory), before the model's memory peaks."""
+    from transformers.utils import logging
+
+    from specdec_rs import _memory
+
+    if models.torch_device(device).type == "cpu":
+        _memory.release_gpu_libraries()
+
+    logging.disable_progress_bar()
+    if path is None:
+        return models.load_smollm2(dtype=dtype, device=device, linear=linear, weights=weights)
+    if weights == "float32" and str(path).lower().endswith(".gguf"):
+        raise ValueError(
+            f"--model {path} is a GGUF file, read at its own precision; --weights float32 "
+            "applies to SmolLM2 (or convert the file to a transformers folder)"
+        )
+    return models.load_local(path, dtype=dtype, device=device, linear=linear)
+
+
+def check_model_flags(args: argparse.Namespace) -> None:
+    """--dtype, --device, --weights and --seed, before a model loads."""
+    models.torch_dtype(args.dtype)
+    models.torch_device(args.device)
+    if args.model is None:
+        models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
+    _checks.seed(args.seed, "--seed")

@@ -1,0 +1,157 @@
+"""A drafter's proposal, as the loop hands it to the verifier: a chain
+(`Draft`) or a tree (`TreeDraft`), and the checks every proposal passes
+before the target runs. p = target, q = draft, k = γ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks
+from specdec_rs.trees import tree_depths
+from specdec_rs.verify import CHILDREN
+
+if TYPE_CHECKING:
+    import torch
+
+Flag = tuple["torch.Tensor", str]  # a 0-d bool tensor on the device, and what it means
+
+
+@dataclass(frozen=True)
+class Draft:
+    """tokens: (k',) int64 proposals, k' <= k.  q: (k', V) float rows, row i the
+    distribution tokens[i] was drawn from. Both on the sampler's device.
+    source: the part that drafted, for a drafter made of parts (the hybrid)."""
+
+    tokens: torch.Tensor
+    q: torch.Tensor
+    source: str | None = None
+
+
+@dataclass(frozen=True)
+class TreeDraft:
+    """A draft tree, as `specdec_rs.verify_tree` reads it: tokens (n,) int64
+    and parents (n,) (-1 = the root, else an earlier node); q (n + 1, V) the
+    rows the children of the root and of each node were drawn from, or None
+    with children="fixed" (deterministic candidates: exact at any
+    temperature, q not needed). source: as for `Draft`."""
+
+    tokens: torch.Tensor
+    parents: list[int]
+    q: torch.Tensor | None
+    children: str = "fixed"
+    source: str | None = None
+
+    @property
+    def depth(self) -> int:
+        return max(tree_depths(self.parents), default=0)
+
+
+def checked_draft(
+    draft: Any, k: int, vocab: int, name: str, eager: bool
+) -> tuple[torch.Tensor, torch.Tensor, list[Flag]]:
+    """(tokens (k',) int64, q (k', V), flags) of a drafter's proposal, checked
+    before the target runs: a Draft, k' <= k, integer ids in [0, V), float q
+    rows of shape (k', V), each finite, >= 0 and summing to 1. ValueError
+    naming the drafter otherwise.
+
+    `eager` (CPU): the value checks raise at once. Otherwise they cost a host
+    sync, so they come back as flags for the round's single copy; the tokens
+    returned are then clamped into [0, V) so the target's embedding never
+    sees an id it cannot index.
+    """
+    import torch
+
+    tokens, q = getattr(draft, "tokens", None), getattr(draft, "q", None)
+    if not isinstance(tokens, torch.Tensor) or not isinstance(q, torch.Tensor):
+        raise ValueError(
+            f"drafter {name} returned {type(draft).__name__}; expected a Draft(tokens, q) "
+            "of torch tensors"
+        )
+    if tokens.ndim != 1 or tokens.dtype.is_floating_point or tokens.dtype == torch.bool:
+        raise ValueError(
+            f"drafter {name} proposed tokens of shape {tuple(tokens.shape)} and dtype "
+            f"{tokens.dtype}; expected a 1-D tensor of integer ids"
+        )
+    if len(tokens) > k:
+        raise ValueError(
+            f"drafter {name} proposed {len(tokens)} tokens; this round asked for <= {k}"
+        )
+    if q.shape != (len(tokens), vocab) or not q.is_floating_point():
+        raise ValueError(
+            f"drafter {name} returned q of shape {tuple(q.shape)} and dtype {q.dtype}; expected "
+            f"float rows of shape ({len(tokens)}, {vocab}): the distributions the drafts came from"
+        )
+    tokens = tokens.to(torch.long)
+    if len(tokens) == 0:
+        return tokens, q, []
+    outside = (tokens < 0) | (tokens >= vocab)
+    sums, low = q.sum(-1, dtype=torch.float64), q.amin(-1)
+    tol = _checks.torch_sum_tolerance(q.dtype, vocab)
+    bad_q = ~torch.isfinite(sums) | (low < 0) | ((sums - 1).abs() > tol)
+    outside_text = f"drafter {name} proposed ids outside the vocabulary [0, {vocab})"
+    bad_q_text = (
+        f"drafter {name} returned q rows that are not probability rows (finite, >= 0, sum "
+        f"1 ± {tol:.0e}): q must be the distributions the drafts were drawn from"
+    )
+    if not eager:
+        return (
+            tokens.clamp(0, vocab - 1),
+            q,
+            [(outside.any(), outside_text), (bad_q.any(), bad_q_text)],
+        )
+    if bool(outside.any()):
+        raise ValueError(f"{outside_text}: {tokens.tolist()}")
+    if bool(bad_q.any()):
+        i = int(bad_q.nonzero()[0, 0])
+        raise ValueError(
+            f"{bad_q_text}; row {i} sums to {float(sums[i]):.6g}, "
+            f"smallest entry {float(low[i]):.3g}"
+        )
+    return tokens, q, []
+
+
+def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
+    """A drafter's TreeDraft, checked before the target runs: at most `budget`
+    integer ids in [0, V) (not bools), integer parents in topological order,
+    a known children kind, and a float q tensor of shape (n + 1, V) unless
+    children="fixed". Returned as a TreeDraft of int64 tokens and int parents."""
+    import torch
+
+    tokens, parents = getattr(draft, "tokens", None), getattr(draft, "parents", None)
+    children, q = getattr(draft, "children", None), getattr(draft, "q", "missing")
+    if not isinstance(tokens, torch.Tensor) or parents is None or isinstance(q, str):
+        raise ValueError(
+            f"drafter {name} returned {type(draft).__name__} from propose_tree; expected a "
+            "TreeDraft(tokens, parents, q, children)"
+        )
+    parents = _checks.integers(parents, f"drafter {name}'s tree parents", minimum=-1)
+    n = len(tokens)
+    integer = not tokens.dtype.is_floating_point and tokens.dtype != torch.bool
+    if tokens.ndim != 1 or not integer or n > budget or len(parents) != n:
+        raise ValueError(
+            f"drafter {name} proposed a tree of {n} tokens (shape {tuple(tokens.shape)}, dtype "
+            f"{tokens.dtype}) with {len(parents)} parents; expected at most {budget} integer "
+            "ids and one parent each"
+        )
+    tree_depths(parents)
+    _checks.choice(children, f"drafter {name}'s children", CHILDREN)
+    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(f"drafter {name} proposed ids outside the vocabulary [0, {vocab})")
+    if children == "fixed" and q is not None:
+        raise ValueError(f'drafter {name}: children="fixed" trees carry q=None')
+    if children != "fixed":
+        if not isinstance(q, torch.Tensor) or not q.is_floating_point():
+            dtype = f" of {q.dtype}" if hasattr(q, "dtype") else ""
+            raise ValueError(
+                f"drafter {name} returned q as a {type(q).__name__}{dtype}; expected "
+                f"({n + 1}, {vocab}) as a float torch tensor: the rows each node's children "
+                "were drawn from"
+            )
+        if q.shape != (n + 1, vocab):
+            raise ValueError(
+                f"drafter {name} returned q of shape {tuple(q.shape)}; expected "
+                f"({n + 1}, {vocab}): the rows each node's children were drawn from"
+            )
+    return TreeDraft(tokens.long(), parents, q, str(children), getattr(draft, "source", None))

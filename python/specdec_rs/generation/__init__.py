@@ -1,0 +1,17 @@
+"""Speculative generation with transformers causal LMs. p = target, q = draft, k = γ.
+
+- `loop`: `generate`, the rounds until the budget or an EOS, γ from a policy.
+- `decoder`: `Decoder`, one generation's state and its round (chain or tree).
+- `rounds`: `Round`, what one round did, and the running `Stats`.
+- `result`: `GenerationResult`, the tokens and the statistics.
+- `inputs`: the checks of generate()'s inputs.
+The checks of a drafter's proposals live with `Draft` / `TreeDraft`
+(`specdec_rs.drafters.draft`).
+"""
+
+from specdec_rs.generation.decoder import Decoder
+from specdec_rs.generation.loop import generate
+from specdec_rs.generation.result import GenerationResult
+from specdec_rs.generation.rounds import Round
+
+__all__ = ["Decoder", "GenerationResult", "Round", "generate"]

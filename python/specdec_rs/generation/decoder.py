@@ -1,0 +1,244 @@
+"""`Decoder`: the state of one speculative generation and its round.
+p = target, q = draft, k = γ.
+
+A round: the drafter proposes a chain of k' <= k tokens (`Draft`) or a tree
+of at most `budget` nodes (`TreeDraft`), with the rows q they were drawn
+from; one target forward over [last token, drafts] gives p at every
+position (a tree forward masks each node to its own path); the Rust
+verifier keeps an accepted prefix or path plus one token; the target cache
+is cut to the accepted length (a tree's: compacted to the accepted path),
+and the new last token waits for the next round.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs._core import row_seed
+from specdec_rs.drafters.draft import Flag, checked_draft, checked_tree
+from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
+from specdec_rs.generation.result import GenerationResult
+from specdec_rs.generation.rounds import Round, Stats
+from specdec_rs.processors import Sampler, SamplingConfig
+from specdec_rs.verify import verify, verify_gathered, verify_tree
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from specdec_rs.drafters import Drafter
+
+
+class Decoder:
+    """The state of one speculative generation: the sequence (on the host),
+    the target's cache (always all of seq but its last token), the drafter,
+    the RNGs. Runs wherever the target's weights are.
+
+    Draft tokens come from `sampler` (a torch.Generator on the target's
+    device seeded with `seed`); round r's accept/residual draws come from the
+    Rust stream row_seed(seed, r).
+
+    How a chain round reaches the Rust verifier (`transfer`): on the CPU the
+    rows are read in place (zero-copy); elsewhere ("gathered") p_i(x_i),
+    q_i(x_i), the drafts and the deferred checks travel to the host in one
+    copy, then only the row(s) the last token is drawn from.
+    transfer="gathered" runs that path on the CPU too (tests).
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter: Drafter | None,
+        input_ids: Any,
+        config: SamplingConfig,
+        seed: int,
+        vocab_size: int | None = None,
+        *,
+        transfer: str = "auto",
+    ):
+        import torch
+
+        self.t_start = time.perf_counter()
+        self.target, self.drafter, self.config, self.seed = target, drafter, config, seed
+        vocab = shared_vocab(target, drafter, vocab_size)
+        self.vocab = vocab
+        self.seq = prompt_tensor(input_ids, vocab)
+        self.prompt_length = len(self.seq)
+        self.device = models.device_of(target)
+        transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
+        self.gathered = transfer == "gathered" or self.device.type != "cpu"
+        generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
+        self.sampler = Sampler(config, vocab, generator)
+        self.stats = Stats()
+        self.cache = models.new_cache(target)
+        self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+        hidden = None
+        if self.prompt_length > 1:
+            _, hidden = models.forward_with_hidden(
+                target, self.seq[:-1], self.cache, keep=1, hidden=self.wants_hidden
+            )
+        if drafter is not None:
+            drafter.start(self.seq, self.cache, hidden)
+        self.stats.prefill = time.perf_counter() - self.t_start
+
+    @property
+    def generated(self) -> int:
+        return len(self.seq) - self.prompt_length
+
+    def step(self, k: int) -> Round:
+        """One round with a chain of up to k drafts (k = 0, or no drafter: a
+        plain target step through the same code). Its `emitted` tokens
+        (1..k+1) go to append() next (or a prefix of them, at EOS)."""
+        return self._round(k, tree=False)
+
+    def step_tree(self, budget: int) -> Round:
+        """One round with a draft tree of at most `budget` nodes (the
+        drafter's `propose_tree`); emits 1..depth + 1 tokens."""
+        return self._round(budget, tree=True)
+
+    def _round(self, asked: int, tree: bool) -> Round:
+        seq, sampler, drafter = self.seq, self.sampler, self.drafter
+        t0 = time.perf_counter()
+        proposal, flags = self._propose(asked, tree)
+        tokens, parents = proposal.tokens, getattr(proposal, "parents", None)
+        t1 = time.perf_counter()
+        if parents is None:
+            logits, hidden = models.forward_with_hidden(
+                self.target,
+                _joined(seq[-1:], tokens, self.device),
+                self.cache,
+                keep=len(tokens) + 1,
+                hidden=self.wants_hidden,
+            )
+        else:
+            logits, hidden = models.forward_tree(
+                self.target, seq[-1:], tokens, parents, self.cache, hidden=self.wants_hidden
+            )
+        t2 = time.perf_counter()
+        p = sampler.probs(logits, name="the target's logits")
+        emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
+        n = len(seq)  # the cache held n - 1 entries; the forward added 1 + len(tokens)
+        if parents is None:
+            models.crop(self.cache, n + len(kept))
+        else:
+            keep = [*range(n), *(n + i for i in kept)]
+            models.keep_positions(self.cache, _long(keep))
+        if drafter is not None:
+            rows = hidden
+            if hidden is not None:
+                rows = (
+                    hidden[: len(kept) + 1]
+                    if parents is None
+                    else hidden[[0, *(i + 1 for i in kept)]]
+                )
+            drafter.update(seq, len(kept), rows)
+        t3 = time.perf_counter()
+        r = Round(
+            index=self.stats.rounds,
+            asked=asked,
+            drafted=len(tokens),
+            depth=len(tokens) if parents is None else proposal.depth,
+            accepted=len(kept),
+            emitted=emitted,
+            source=getattr(proposal, "source", None),
+            tree=tree,
+            draft_s=t1 - t0,
+            target_s=t2 - t1,
+            verify_s=t3 - t2,
+            positions=len(tokens) + 1,
+            p=p,
+            q=proposal.q,
+            tokens=tokens,
+        )
+        self.stats.add(r)
+        return r
+
+    def _propose(self, asked: int, tree: bool) -> tuple[Any, list[Flag]]:
+        """The drafter's checked proposal (an empty chain without a drafter or
+        with k = 0) and the value checks deferred to the verifier's copy."""
+        import torch
+
+        from specdec_rs.drafters.draft import Draft
+
+        drafter = self.drafter
+        if tree:
+            assert drafter is not None
+            propose_tree = getattr(drafter, "propose_tree")  # noqa: B009 (optional member)
+            draft = propose_tree(self.seq, asked, self.sampler)
+            return checked_tree(draft, asked, self.vocab, drafter.name), []
+        if drafter is None or asked == 0:
+            empty = torch.zeros(0, dtype=torch.long, device=self.device)
+            return Draft(empty, None), []  # type: ignore[arg-type]
+        draft = drafter.propose(self.seq, asked, self.sampler)
+        tokens, q, flags = checked_draft(
+            draft, asked, self.vocab, drafter.name, eager=not self.gathered
+        )
+        return Draft(tokens, q, getattr(draft, "source", None)), flags
+
+    def _verify(
+        self, p: torch.Tensor, proposal: Any, flags: list[Flag], seed: int
+    ) -> tuple[tuple[int, ...], list[int]]:
+        """(emitted tokens, indices of the drafts kept) of the round's verification."""
+        parents = getattr(proposal, "parents", None)
+        if parents is not None:
+            for flag, what in self.sampler.take_flags():
+                if bool(flag):
+                    raise ValueError(what)
+            q = None if proposal.q is None else proposal.q.cpu()
+            out, nodes = verify_tree(
+                p.cpu(), q, proposal.tokens.cpu(), parents, seed, children=proposal.children
+            )
+            return tuple(int(t) for t in out), [int(i) for i in nodes]
+        q = proposal.q if proposal.q is not None else p[:0]
+        if self.gathered:
+            out = verify_gathered(p, q, proposal.tokens, seed, flags + self.sampler.take_flags())
+        else:
+            out = verify(p, q, proposal.tokens, seed)
+        emitted = tuple(int(t) for t in out)
+        return emitted, list(range(len(emitted) - 1))
+
+    def append(self, tokens: list[int] | tuple[int, ...]) -> None:
+        import torch
+
+        self.seq = torch.cat([self.seq, torch.tensor(tokens, dtype=torch.long)])
+
+    def result(self, stop: str, policy: str, k: int | None, tree: bool) -> GenerationResult:
+        """k: the k to report (None: the most any round used)."""
+        s = self.stats
+        return GenerationResult(
+            tokens=[int(t) for t in self.seq[self.prompt_length :]],
+            prompt_length=self.prompt_length,
+            drafter=self.drafter.name if self.drafter is not None else "none",
+            k=max(s.k_per_round, default=0) if k is None else k,
+            policy=policy,
+            tree=tree,
+            temperature=self.config.temperature,
+            seed=self.seed,
+            stop_reason=stop,
+            rounds=s.rounds,
+            drafted=s.drafted,
+            accepted_histogram=s.histogram,
+            reached=s.reached,
+            accepted=s.accepted,
+            time_prefill=s.prefill,
+            time_draft=s.draft,
+            time_target=s.target,
+            time_verify=s.verify,
+            time_total=time.perf_counter() - self.t_start,
+            k_per_round=s.k_per_round,
+            kept_per_round=s.kept_per_round,
+        )
+
+
+def _joined(last: torch.Tensor, drafts: torch.Tensor, device: Any) -> torch.Tensor:
+    import torch
+
+    return torch.cat([last.to(device), drafts.to(device)])
+
+
+def _long(values: list[int]) -> torch.Tensor:
+    import torch
+
+    return torch.tensor(values)

@@ -1,0 +1,191 @@
+"""The generation loop: `generate` runs rounds of the `Decoder` until the
+budget or an EOS, each round's γ from a policy, and returns the result.
+p = target, q = draft, k = γ.
+
+Each round: the drafter proposes k' <= k tokens with the rows q they were drawn
+from; one target forward over [last token, drafts] gives p at k'+1 positions;
+the Rust `verify` keeps an accepted prefix plus one token; the target cache is
+cut to the accepted length (the new last token waits for the next round).
+With drafter=None every round is a plain target step through the same code
+(the like-for-like baseline). Batch size 1.
+
+>>> import specdec_rs as sd
+>>> from specdec_rs.models import tiny_llama
+>>> target = tiny_llama(num_layers=2)
+>>> out = sd.generate(target, sd.PromptLookup(), [5, 6, 7, 5, 6], max_new_tokens=8,
+...                   k=3, temperature=0, eos_token_id=[])
+>>> plain = sd.generate(target, None, [5, 6, 7, 5, 6], max_new_tokens=8,
+...                     temperature=0, eos_token_id=[])
+>>> out.tokens == plain.tokens, out.new_tokens
+(True, 8)
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.generation.decoder import Decoder
+from specdec_rs.generation.inputs import (
+    check_context,
+    check_drafter,
+    check_tree_drafter,
+    eos_set,
+    prompt_tensor,
+    shared_vocab,
+)
+from specdec_rs.generation.result import GenerationResult
+from specdec_rs.generation.rounds import Round
+from specdec_rs.limits import MAX_NEW_TOKENS
+from specdec_rs.policy import FixedK, KPolicy, as_policy
+from specdec_rs.processors import SamplingConfig
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+    from specdec_rs.drafters import Drafter
+
+
+def generate(
+    target: PreTrainedModel,
+    drafter: Drafter | None,
+    input_ids: Any,
+    *,
+    max_new_tokens: int,
+    k: int | KPolicy = 4,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Iterable[int] | None = None,
+    vocab_size: int | None = None,
+    on_tokens: Callable[[list[int]], None] | None = None,
+    on_round: Callable[[Round], None] | None = None,
+    allow_past_context: bool = False,
+    transfer: str = "auto",
+    tree: Any = None,
+) -> GenerationResult:
+    """Sample up to `max_new_tokens` from the target, speculatively.
+
+    The output has exactly the distribution of target-only sampling with the
+    same processors (at temperature 0: the target's greedy output). Stops after
+    the first EOS (kept) or at the budget. `on_tokens` gets each round's new ids.
+    k: drafts per round, or a policy choosing them each round (see policy.py).
+    seed=None draws one (reported in the result); same seed, same output.
+    input_ids: one prompt, (n,) or (1, n); batch > 1 is a ValueError.
+    A prompt plus max_new_tokens past the target's context
+    (config.max_position_embeddings) is a ValueError before any work unless
+    allow_past_context=True. Everything a drafter proposes is checked before
+    the target runs (at most k ids in [0, V), q of shape (k', V)).
+    The models run wherever their weights are (CPU or an accelerator); the
+    probabilities reach the Rust verifier in place on the CPU, and elsewhere
+    by one small copy per round plus the one or two rows sampled from
+    (transfer="gathered" takes that path on the CPU too).
+    tree: draft a tree of at most `tree` nodes per round instead of a chain
+    (the drafter's `propose_tree`; k is then unused): one target forward over
+    all nodes with a tree attention mask, `verify_tree`, and the target cache
+    compacted to the accepted path. A tree policy (e.g. `AdaptiveTree`, with
+    next_budget(), observe(budget, depth, emitted) and reset()) chooses the
+    size each round instead.
+    """
+    import torch
+
+    models.check_model(target, "target")
+    check_drafter(drafter, target)
+    config = SamplingConfig(temperature, top_k, top_p, min_p)
+    policy = as_policy(k)
+    policy.reset()
+    max_new = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS)
+    seed = secrets.randbits(63) if seed is None else _checks.seed(seed)
+    eos = eos_set(eos_token_id, target)
+    for name, hook in (("on_tokens", on_tokens), ("on_round", on_round)):
+        if hook is not None:
+            _checks.function(hook, name)
+    allow = _checks.boolean(allow_past_context, "allow_past_context")
+    prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
+    check_context(target, len(prompt), max_new, allow)
+    trees = None if tree is None else check_tree_drafter(drafter, tree)
+    route = source_router(policy, drafter)
+    if trees is not None:
+        trees.reset()
+    with torch.inference_mode():
+        decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
+        if trees is None:
+            announce_catch_up(policy, drafter, decoder, max_new)
+        stop = "length"
+        while decoder.generated < max_new:
+            if trees is not None:
+                r = decoder.step_tree(trees.next_budget())
+                trees.observe_round(r)
+            else:
+                if route is not None:
+                    route(decoder.seq)
+                want = policy.next_k() if drafter is not None else 0
+                r = decoder.step(round_k(want, max_new - decoder.generated))
+                if drafter is not None:
+                    policy.observe_round(r)
+            if on_round is not None:
+                on_round(r)
+            new = list(r.emitted[: max_new - decoder.generated])
+            hit = next((i for i, t in enumerate(new) if t in eos), None)
+            if hit is not None:
+                new = new[: hit + 1]
+                stop = "eos"
+            decoder.append(new)
+            if on_tokens is not None:
+                on_tokens(new)
+            if stop == "eos":
+                break
+    if drafter is None:
+        return decoder.result(stop, "none", 0, tree=False)
+    if trees is not None:
+        return decoder.result(stop, trees.name, getattr(trees, "k", None), tree=True)
+    fixed = policy.k if isinstance(policy, FixedK) else None
+    return decoder.result(stop, policy.name, fixed, tree=False)
+
+
+def round_k(k: int, remaining: int) -> int:
+    """Drafts this round: a round emits at most k+1 tokens, never past the budget."""
+    return max(0, min(k, remaining - 1))
+
+
+def source_router(policy: KPolicy, drafter: Any) -> Callable[[Any], None] | None:
+    """For a policy with one γ per source (``use(source)``, e.g. `BySource`):
+    a function that tells it, before each round, which source the drafter
+    will draft from (``drafter.source(seq)``). None for other policies."""
+    use = getattr(policy, "use", None)
+    if not callable(use) or drafter is None:
+        return None
+    source = getattr(drafter, "source", None)
+    if not callable(source):
+        raise ValueError(
+            f"the policy {policy.name} chooses γ per source of drafts, but the drafter "
+            f"{getattr(drafter, 'name', drafter)!r} has no source(seq); use it with a drafter "
+            "that mixes sources (e.g. hybrid) or give a single policy"
+        )
+    parts = getattr(drafter, "parts", None)
+    for name in parts if isinstance(parts, dict) else ():
+        use(name)  # every source the drafter may name has a policy (checked before any work)
+    policy.reset()
+
+    def route(seq: Any) -> None:
+        use(source(seq))
+
+    return route
+
+
+def announce_catch_up(policy: Any, drafter: Any, decoder: Decoder, max_new: int) -> None:
+    """Tell a policy that judges catch-ups (`MeasuredK.observe_start`) what
+    the drafter must run before its first draft (`DraftModel.catch_up`),
+    what one of its steps costs, and the target's prefill time."""
+    starting = getattr(policy, "observe_start", None)
+    catch_up = getattr(drafter, "catch_up", None)
+    if not callable(starting) or not callable(catch_up):
+        return
+    behind = catch_up(decoder.seq)
+    if behind > 0:
+        step = drafter.step_seconds()
+        starting(decoder.stats.prefill, decoder.prompt_length - 1, behind, step, max_new)

@@ -1,0 +1,86 @@
+"""The result of one generation: its tokens and the statistics that explain its speed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from specdec_rs.timing import Throughput
+
+
+@dataclass(frozen=True)
+class GenerationResult(Throughput):
+    """New tokens and the statistics that explain the speed.
+
+    k: the most drafts any round asked for (a tree: its node budget); policy:
+    how k was chosen (its name); tree: the rounds drafted trees.
+    accepted_histogram[m]: rounds that kept m drafts (m = 0..k).
+    reached[i], accepted[i]: rounds whose draft i (0-based) was checked / kept;
+    position_alpha[i] = accepted[i] / reached[i] is P(accept i | reached i).
+    alpha = sum(accepted) / sum(reached): the i.i.d. estimate of α.
+    k_per_round, kept_per_round: drafts asked for and kept, round by round.
+    Times in seconds; total includes the prefill.
+    """
+
+    tokens: list[int]
+    prompt_length: int
+    drafter: str
+    k: int
+    policy: str
+    tree: bool
+    temperature: float
+    seed: int
+    stop_reason: str
+    rounds: int
+    drafted: int
+    accepted_histogram: list[int]
+    reached: list[int]
+    accepted: list[int]
+    time_prefill: float
+    time_draft: float
+    time_target: float
+    time_verify: float
+    time_total: float
+    k_per_round: list[int] = field(repr=False)
+    kept_per_round: list[int] = field(repr=False)
+
+    @property
+    def tokens_per_pass(self) -> float:
+        """New tokens per target forward (the prefill not counted)."""
+        return self.new_tokens / self.rounds if self.rounds else 0.0
+
+    @property
+    def alpha(self) -> float:
+        """Accepted drafts / drafts checked (nan when nothing was drafted)."""
+        checked = sum(self.reached)
+        return sum(self.accepted) / checked if checked else float("nan")
+
+    @property
+    def position_alpha(self) -> list[float]:
+        return [
+            a / r if r else float("nan") for a, r in zip(self.accepted, self.reached, strict=True)
+        ]
+
+    def summary(self) -> dict[str, Any]:
+        """The statistics as a flat dict (NaN where undefined; `to_json` writes null)."""
+        return {
+            "drafter": self.drafter,
+            "k": self.k,
+            "policy": self.policy,
+            "tree": self.tree,
+            "temperature": self.temperature,
+            "seed": self.seed,
+            "new_tokens": self.new_tokens,
+            "stop_reason": self.stop_reason,
+            "rounds": self.rounds,
+            "tokens_per_pass": self.tokens_per_pass,
+            "alpha": self.alpha,
+            "position_alpha": self.position_alpha,
+            "accepted_histogram": self.accepted_histogram,
+            "tokens_per_second": self.tokens_per_second,
+            "time_prefill": self.time_prefill,
+            "time_draft": self.time_draft,
+            "time_target": self.time_target,
+            "time_verify": self.time_verify,
+            "time_total": self.time_total,
+        }

@@ -1,0 +1,83 @@
+"""What one draft-verify round did (`Round`) and the running sums of a
+generation's rounds (`Stats`). p = target, q = draft, k = γ.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Round:
+    """One round, as the decoder returns it and the policies and `on_round` see it.
+
+    index: the round's number (0-based; its verifier stream is row_seed(seed, index)).
+    asked: drafts the round asked for (k, capped by the budget), or a tree's node budget.
+    drafted: proposals the drafter returned (chain tokens, or tree nodes).
+    depth: drafts on the longest path the verifier could keep (a chain: drafted).
+    accepted: drafts kept; emitted: the round's tokens (accepted + 1), before any
+    EOS or budget cut. source: the part that drafted (a hybrid's "lookup" or
+    "eagle"), else None. tree: the drafts formed a tree.
+    draft_s, target_s, verify_s: seconds drafting, in the target forward, and
+    verifying (with the cache and drafter updates); positions: the target
+    forward's positions (drafted + 1).
+    p, q, tokens: what the verifier read: the target's processed rows, the
+    drafter's rows (None for a fixed tree) and the drafts (on the models' device).
+    """
+
+    index: int
+    asked: int
+    drafted: int
+    depth: int
+    accepted: int
+    emitted: tuple[int, ...]
+    source: str | None
+    tree: bool
+    draft_s: float
+    target_s: float
+    verify_s: float
+    positions: int
+    p: Any = field(default=None, repr=False, compare=False)
+    q: Any = field(default=None, repr=False, compare=False)
+    tokens: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def checked(self) -> int:
+        """Drafts the verifier reached: those kept and the first rejected, if any."""
+        return min(self.accepted + 1, self.depth)
+
+
+class Stats:
+    """The running sums of a generation's rounds (lists grow with the longest
+    round seen). A chain round counts under k = asked, a tree round under its
+    depth; drafted counts every proposal (tree nodes included)."""
+
+    def __init__(self) -> None:
+        self.rounds = 0
+        self.drafted = 0
+        self.histogram = [0]
+        self.reached: list[int] = []
+        self.accepted: list[int] = []
+        self.k_per_round: list[int] = []
+        self.kept_per_round: list[int] = []
+        self.prefill = self.draft = self.target = self.verify = 0.0
+
+    def add(self, r: Round) -> None:
+        k = r.depth if r.tree else r.asked
+        grow = k - len(self.reached)
+        if grow > 0:
+            self.histogram += [0] * grow
+            self.reached += [0] * grow
+            self.accepted += [0] * grow
+        self.rounds += 1
+        self.drafted += r.drafted
+        self.k_per_round.append(k)
+        self.kept_per_round.append(r.accepted)
+        self.histogram[r.accepted] += 1
+        for i in range(r.checked):  # drafts 0..m-1 kept, draft m (if any) rejected
+            self.reached[i] += 1
+            self.accepted[i] += i < r.accepted
+        self.draft += r.draft_s
+        self.target += r.target_s
+        self.verify += r.verify_s

@@ -1,0 +1,98 @@
+"""What a γ policy is and how the loop hands it a round. p = target, q = draft, k = γ.
+
+A policy sees only what past rounds did, so changing γ between rounds keeps the
+output exact: each round is an exact speculative step whatever k it uses.
+
+A chain policy has a `name`, `reset()`, `next_k()` and `observe(k, drafted,
+num_accepted)`; a tree policy `name`, `reset()`, `next_budget()` and
+`observe(budget, depth, emitted)`. The loop hands each finished round, a
+`generation.Round`, to the policy's `observe_round(round)`: the built-in
+policies derive from `ChainPolicy` / `TreePolicy`, which map the round onto
+`observe`; `chain.as_policy` and `tree.as_tree_policy` give any other object
+with the methods above the same `observe_round` (`Foreign`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from specdec_rs.generation.rounds import Round
+
+MAX_K = 1024  # the most drafts a policy may ask for in one round
+MAX_TREE = 4096  # the most nodes of a draft tree
+
+
+class KPolicy(Protocol):
+    name: str
+
+    def reset(self) -> None:
+        """Forget past rounds: generate() calls it first, so one policy object
+        reused across calls gives the same output for the same seed."""
+        ...
+
+    def next_k(self) -> int:
+        """Drafts to request this round (the decoder caps it by the budget)."""
+        ...
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        """The round asked for k, got `drafted` proposals, kept `num_accepted`."""
+        ...
+
+    def observe_round(self, r: Round) -> None:
+        """What the round did (`as_policy` supplies it where a policy has none)."""
+        ...
+
+
+class ChainPolicy:
+    """Base of the built-in γ policies: a round reaches `observe` as
+    (k asked, drafts proposed, drafts kept)."""
+
+    name: str
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        raise NotImplementedError
+
+    def observe_round(self, r: Round) -> None:
+        self.observe(r.asked, r.drafted, r.accepted)
+
+
+class TreePolicy:
+    """Base of the built-in tree policies: a round reaches `observe` as
+    (node budget, the tree's depth, tokens emitted)."""
+
+    name: str
+
+    def observe(self, budget: int, depth: int, emitted: int) -> None:
+        raise NotImplementedError
+
+    def observe_round(self, r: Round) -> None:
+        self.observe(r.asked, r.depth, len(r.emitted))
+
+
+class Foreign:
+    """Another object with a policy's methods, seen through `observe_round`
+    (its own attributes, e.g. `use` or `k`, stay reachable)."""
+
+    def __init__(self, inner: Any, tree: bool):
+        self.inner, self.tree = inner, tree
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def observe_round(self, r: Round) -> None:
+        if self.tree:
+            self.inner.observe(r.asked, r.depth, len(r.emitted))
+            return
+        self.inner.observe(r.asked, r.drafted, r.accepted)
+        timed = getattr(self.inner, "observe_time", None)  # a policy that measures its costs
+        if callable(timed):
+            timed(r.draft_s, r.target_s, r.positions)
+
+
+def is_policy(obj: Any, methods: tuple[str, ...], what: str) -> bool:
+    if not all(callable(getattr(obj, m, None)) for m in methods):
+        return False
+    if not isinstance(getattr(obj, "name", None), str):
+        raise ValueError(f"the {what} {obj!r} needs a `name` string attribute")
+    return True

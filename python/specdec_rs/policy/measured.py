@@ -1,0 +1,179 @@
+"""`MeasuredK`, the default γ policy: the cost model with costs measured as it runs.
+p = target, q = draft, k = γ.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks
+from specdec_rs.policy.base import ChainPolicy, KPolicy
+from specdec_rs.policy.chain import AdaptiveK, BySource
+
+if TYPE_CHECKING:
+    from specdec_rs.generation.rounds import Round
+
+
+class MeasuredK(ChainPolicy):
+    """`AdaptiveK` whose costs are measured while it runs: no calibration
+    before the first token, and speculation that does not pay at this
+    host's step cost switches itself off (γ = 0, with a one-draft probe
+    every `probe` rounds or rarer, so probing costs at most `probe_budget`
+    of the time, and a change is still seen).
+
+    generate() reports each round's wall-clock (`observe_time`): the target
+    forward over n positions gives T(n) (decayed means), so v(n) = T(n)/T(1);
+    the drafting time per drafted token over T(1) gives c. The first
+    `warmup` rounds are target-only, to measure T(1), the next drafts one
+    token, to measure c. A v(n) not yet
+    measured is interpolated between measured sizes, or is the largest
+    measured one below it plus `slope` per position (longer drafts are
+    tried as the estimates allow, never assumed free). The cost model then
+    picks γ as `AdaptiveK` does. A drafter that must first run the prompt
+    (`observe_start`) drafts only where its drafts could repay that.
+    """
+
+    def __init__(
+        self,
+        *,
+        k_max: int = 8,
+        decay: float = 0.97,
+        probe: int = 8,
+        smoothing: float = 0.25,
+        warmup: int = 2,
+        slope: float = 0.1,
+        probe_budget: float = 0.03,
+    ):
+        self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
+        self.probe_budget = _checks.real(probe_budget, "probe_budget", above=0.0, maximum=1.0)
+        self.k_max = self.inner.k_max
+        self.smoothing = _checks.real(smoothing, "smoothing", above=0.0, maximum=1.0)
+        self.warmup = _checks.integer(warmup, "warmup", minimum=1, maximum=1000)
+        self.slope = _checks.real(slope, "slope", minimum=0.0)
+        self.name = "measured"
+        self.reset()
+
+    def reset(self) -> None:
+        self.inner.reset()
+        self.forward_s: list[float | None] = [None] * (self.k_max + 2)  # T(n), n = 0..k_max+1
+        self.draft_s: float | None = None  # seconds per drafted token
+        self.rounds = 0
+        self.off_rounds = 0
+        self.emitted = 0
+        self.start: tuple[float, float, int] | None = None  # see observe_start
+        self.catching_up = False  # this round's draft time includes the catch-up
+        self.never = False  # the catch-up cannot be repaid: no drafts this generation
+
+    def observe_start(
+        self,
+        prefill_s: float,
+        prefill_positions: int,
+        catch_up: int,
+        draft_step_s: float,
+        budget: int,
+    ) -> None:
+        """A drafter that must run `catch_up` positions of the prompt before
+        its first draft (a separate model with its own cache), one of whose
+        steps takes `draft_step_s`; the target prefilled `prefill_positions`
+        in `prefill_s`; at most `budget` tokens are to come. Before the first
+        draft the policy compares the catch-up's cost (≈ c times the
+        target's prefill of as many positions, c = draft step / target
+        step) with the most the drafts could save over the rest of the
+        budget (every draft kept: max over γ of (γ + 1) / (γ·c + v(γ + 1))
+        tokens per step instead of 1); where they cannot repay it, this
+        generation never drafts."""
+        prefill_s = _checks.real(prefill_s, "prefill_s", minimum=0.0, hint=" (seconds)")
+        prefill_positions = _checks.integer(prefill_positions, "prefill_positions")
+        catch_up = _checks.integer(catch_up, "catch_up")
+        step_s = _checks.real(draft_step_s, "draft_step_s", minimum=0.0, hint=" (seconds)")
+        budget = _checks.integer(budget, "budget")
+        per_position = prefill_s / max(prefill_positions, 1)
+        self.start = (per_position * catch_up, step_s, budget)
+
+    def _repays_catch_up(self) -> bool:
+        assert self.start is not None and self.forward_s[1]
+        one = self.forward_s[1]
+        cost_s, step_s, budget = self.start
+        c = step_s / one
+        _, v = self.costs()
+        bound = max((g + 1) / (g * c + v[g]) for g in range(1, self.k_max + 1))
+        saving = (budget - self.emitted) * one * (1.0 - 1.0 / bound)
+        return saving > c * cost_s
+
+    def _ema(self, old: float | None, new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
+        """One round: `positions` = the drafts + 1 the target ran over."""
+        if 1 <= positions <= self.k_max + 1:
+            self.forward_s[positions] = self._ema(self.forward_s[positions], target_s)
+        if positions > 1 and not self.catching_up:
+            self.draft_s = self._ema(self.draft_s, draft_s / (positions - 1))
+        self.catching_up = False  # the catch-up's round is not a draft cost
+
+    def costs(self) -> tuple[float, list[float]]:
+        """(c, v(1..k_max+1)) as measured so far: v(n) measured, else
+        interpolated between the measured sizes around n, else the largest
+        measured size below n plus `slope` per position."""
+        one = self.forward_s[1]
+        assert one is not None and one > 0
+        seen = {n: t / one for n, t in enumerate(self.forward_s) if n >= 1 and t is not None}
+        v = []
+        for n in range(1, self.k_max + 2):
+            if n in seen:
+                v.append(seen[n])
+                continue
+            lo = max(m for m in seen if m < n)
+            hi = min((m for m in seen if m > n), default=None)
+            if hi is None:
+                v.append(seen[lo] + self.slope * (n - lo))
+            else:
+                v.append(seen[lo] + (seen[hi] - seen[lo]) * (n - lo) / (hi - lo))
+        c = (self.draft_s or 0.0) / one
+        return c, v
+
+    def next_k(self) -> int:
+        self.rounds += 1
+        if self.never or self.rounds <= self.warmup or not self.forward_s[1]:
+            return 0
+        if self.start is not None:  # a catch-up to pay before the first draft
+            if not self._repays_catch_up():
+                self.never = True
+                return 0
+            self.start, self.catching_up = None, True
+            return 1
+        if self.draft_s is None:
+            return 1  # one draft measures c before anything longer is tried
+        c, v = self.costs()
+        self.inner.c, self.inner.v = c, v
+        rates = self.inner.rates()
+        best = max(range(len(rates)), key=rates.__getitem__)
+        if best > 0:
+            return best
+        # off: a probe (one draft) now and then, rarer the dearer it is, so
+        # probing costs at most `probe_budget` of the time
+        self.off_rounds += 1
+        interval = max(self.inner.probe, math.ceil((c + v[1] - 1.0) / self.probe_budget))
+        return 1 if self.off_rounds % interval == 0 else 0
+
+    def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+        self.emitted += num_accepted + 1
+        self.inner.observe(k, drafted, num_accepted)
+
+    def observe_round(self, r: Round) -> None:
+        """The round's counts, then its timings (`observe_time`)."""
+        self.observe(r.asked, r.drafted, r.accepted)
+        self.observe_time(r.draft_s, r.target_s, r.positions)
+
+
+def measured_policy(drafter: Any, k_max: int = 8) -> KPolicy:
+    """The default γ policy for `drafter`: `MeasuredK` (at most `k_max`
+    drafts a round), one per source for a drafter that mixes sources (the
+    hybrid: its prompt-lookup rounds may draft up to 8)."""
+    parts = getattr(drafter, "parts", None)
+    if isinstance(parts, dict) and parts:
+        return BySource(
+            {name: MeasuredK(k_max=max(k_max, 8) if name == "lookup" else k_max) for name in parts}
+        )
+    return MeasuredK(k_max=k_max)
