@@ -8,6 +8,7 @@ pub mod block;
 pub mod error;
 pub mod linear;
 pub mod llama;
+pub mod names;
 pub mod pool;
 pub mod prob;
 pub mod quant;
@@ -20,6 +21,7 @@ pub mod verify;
 mod py;
 
 pub use error::{Loc, Result, SpecError};
+pub use names::Named;
 pub use rng::row_seed;
 pub use sim::{simulate, simulate_round_lengths, Chain, Rounds, Sim, TreeSim, Variant};
 pub use tree::{verify_tree, Children, Topology, TreeRule, Walk};

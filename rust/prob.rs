@@ -97,9 +97,10 @@ fn min(a: f64, b: f64) -> f64 {
 ///
 /// NaN and ±inf show up in the sum and negatives in the running minimum;
 /// testing each entry's class instead keeps LLVM from vectorizing the loop.
+#[inline]
 fn sum_and_ok<T: Prob>(row: &[T]) -> (f64, bool) {
     #[cfg(target_arch = "x86_64")]
-    if wide_simd() {
+    if row.len() >= LANES && wide_simd() {
         // SAFETY: the CPU supports AVX2 (checked at run time just above).
         return unsafe { sum_and_ok_avx2(row) };
     }
@@ -216,6 +217,7 @@ pub fn check_entry(x: f64, loc: Loc, col: usize) -> Result<()> {
 ///
 /// `weight(j)` must be the same values the chunk sums were built from.
 /// Returns an index with weight > 0; the caller guarantees Σ chunk sums > 0.
+#[inline(always)]
 pub(crate) fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, weight: W) -> usize {
     let mut before = 0.0;
     let mut chosen = None;
@@ -257,18 +259,23 @@ pub(crate) fn pick<W: Fn(usize) -> f64>(sums: &[f64], len: usize, target: f64, w
     last.unwrap_or(start)
 }
 
+/// Per-chunk sums, inline for rows of up to 4 chunks (4096 entries): a small
+/// row's round allocates nothing (the Monte Carlo engine runs millions a second).
+pub type ChunkSums = smallvec::SmallVec<[f64; 4]>;
+
 /// Per-chunk sums of a row's sampling weights, from which `pick` finds the
 /// token at a given mass (total > 0).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Weights {
-    pub sums: Vec<f64>,
+    pub sums: ChunkSums,
     pub total: f64,
 }
 
 /// The weights w = row, after checking the whole row (finite, ≥ 0, sum 1 ± tol).
+#[inline]
 pub fn row_weights<T: Prob>(row: Row<'_, T>) -> Result<Weights> {
     let Row { data, loc, tol } = row;
-    let mut sums = Vec::with_capacity(data.len().div_ceil(CHUNK));
+    let mut sums = ChunkSums::with_capacity(data.len().div_ceil(CHUNK));
     let mut all_ok = true;
     let mut total = 0.0;
     for chunk in data.chunks(CHUNK) {
@@ -295,15 +302,20 @@ pub fn sample_row<T: Prob>(row: Row<'_, T>, u: f64) -> Result<usize> {
 }
 
 /// The token at mass u · Σw of `row` (w from `row_weights(row)`).
+#[inline(always)]
 pub fn pick_row<T: Prob>(row: &[T], w: &Weights, u: f64) -> usize {
     pick(&w.sums, row.len(), u * w.total, |j| row[j].to_f64())
 }
 
 /// Per-chunk sums of max(0, a·p − b·q), Σp, Σq and validity, in one pass.
 /// With a = b = 1 the sums are bitwise those of max(0, p − q).
+///
+/// Rows shorter than one vector take the portable body (bitwise the same, and
+/// inlined: the engine's toy rows have a few entries).
+#[inline]
 fn residual_chunk<P: Prob, Q: Prob>(p: &[P], q: &[Q], a: f64, b: f64) -> (f64, f64, f64, bool) {
     #[cfg(target_arch = "x86_64")]
-    if wide_simd() {
+    if p.len() >= LANES && wide_simd() {
         // SAFETY: the CPU supports AVX2 (checked at run time just above).
         return unsafe { residual_chunk_avx2(p, q, a, b) };
     }
@@ -412,6 +424,7 @@ pub enum Residual {
 
 /// `Residual` of a p row and a q row in one pass over both, checking each
 /// against its own precision's tolerance.
+#[inline]
 pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) -> Result<Residual> {
     residual_weights_scaled(p_row, q_row, 1.0, 1.0)
 }
@@ -421,6 +434,7 @@ pub fn residual_weights<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>) 
 /// tree's max(0, p − q/(1 − drawn mass)) for children drawn without
 /// replacement (a = 1), the token-wise residual (a = b = 1). Without
 /// residual mass it falls back to p.
+#[inline]
 pub fn residual_weights_scaled<P: Prob, Q: Prob>(
     p_row: Row<'_, P>,
     q_row: Row<'_, Q>,
@@ -429,7 +443,7 @@ pub fn residual_weights_scaled<P: Prob, Q: Prob>(
 ) -> Result<Residual> {
     let (p, q) = (p_row.data, q_row.data);
     let chunks = p.len().div_ceil(CHUNK);
-    let (mut sums, mut p_sums) = (Vec::with_capacity(chunks), Vec::with_capacity(chunks));
+    let (mut sums, mut p_sums) = (ChunkSums::with_capacity(chunks), ChunkSums::with_capacity(chunks));
     let (mut total, mut p_sum, mut q_sum, mut all_ok) = (0.0, 0.0, 0.0, true);
     for (pc, qc) in p.chunks(CHUNK).zip(q.chunks(CHUNK)) {
         let (w, ps, qs, ok) = residual_chunk(pc, qc, a, b);
@@ -463,6 +477,7 @@ pub fn residual_weights_scaled<P: Prob, Q: Prob>(
 }
 
 /// The token at mass u · Σw of the residual of p and q.
+#[inline(always)]
 pub fn pick_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], r: &Residual, u: f64) -> usize {
     match r {
         Residual::Mass { w, a, b } => pick(&w.sums, p.len(), u * w.total, |j| {
@@ -476,6 +491,163 @@ pub fn pick_residual<P: Prob, Q: Prob>(p: &[P], q: &[Q], r: &Residual, u: f64) -
 pub fn sample_residual<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Row<'_, Q>, u: f64) -> Result<usize> {
     let r = residual_weights(p_row, q_row)?;
     Ok(pick_residual(p_row.data, q_row.data, &r, u))
+}
+
+// ---- the updated residual of a tree walk ----------------------------------
+// After rejections among a node's children, p' = max(0, p' − b·q) / z for
+// each; the scans below read p and q once and apply the updates on the fly.
+
+/// One rejection among a node's children: p' ← max(0, p' − b·q) / z.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Update {
+    pub b: f64,
+    pub z: f64,
+}
+
+/// p'(x) from p(x) and q(x) after `updates` (the same arithmetic as the
+/// passes: multiplied by 1/z).
+#[inline(always)]
+pub fn updated(px: f64, qx: f64, updates: &[Update]) -> f64 {
+    updates.iter().fold(px, |y, u| (y - u.b * qx).max(0.0) * (1.0 / u.z))
+}
+
+/// p'(x) after `N` updates, unrolled (N is known at compile time).
+#[inline(always)]
+fn updated_n<const N: usize>(px: f64, qx: f64, ups: &[(f64, f64); N]) -> f64 {
+    let mut y = px;
+    for &(b, inv_z) in ups {
+        y = (y - b * qx).max(0.0) * inv_z;
+    }
+    y
+}
+
+/// Sums over one chunk of max(0, p' − b·q) and of p', with `LANES` accumulators.
+#[inline(always)]
+fn later_chunk_body<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
+    let (mut w, mut s) = ([0.0f64; LANES], [0.0f64; LANES]);
+    let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
+    let (pt, qt) = (pc.remainder(), qc.remainder());
+    for (c, d) in pc.zip(qc) {
+        for l in 0..LANES {
+            let (x, y) = (c[l].to_f64(), d[l].to_f64());
+            let xp = updated_n(x, y, ups);
+            w[l] += (xp - b * y).max(0.0);
+            s[l] += xp;
+        }
+    }
+    later_tail(pt, qt, ups, b, &w, &s)
+}
+
+/// The lanes folded, then the tail entries (fewer than `LANES`) added.
+#[inline(always)]
+fn later_tail<const N: usize, P: Prob, Q: Prob>(
+    pt: &[P],
+    qt: &[Q],
+    ups: &[(f64, f64); N],
+    b: f64,
+    w: &[f64; LANES],
+    s: &[f64; LANES],
+) -> (f64, f64) {
+    let (mut w, mut s): (f64, f64) = (w.iter().sum(), s.iter().sum());
+    for (&x, &y) in pt.iter().zip(qt) {
+        let xp = updated_n(x.to_f64(), y.to_f64(), ups);
+        w += (xp - b * y.to_f64()).max(0.0);
+        s += xp;
+    }
+    (w, s)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn later_chunk_avx2<const N: usize, P: Prob, Q: Prob>(
+    p: &[P],
+    q: &[Q],
+    ups: &[(f64, f64); N],
+    b: f64,
+) -> (f64, f64) {
+    use std::arch::x86_64::*;
+    let (zero, vb) = (_mm256_setzero_pd(), _mm256_set1_pd(b));
+    let factors = ups.map(|(ub, inv_z)| (_mm256_set1_pd(ub), _mm256_set1_pd(inv_z)));
+    let updated = |x: __m256d, y: __m256d| {
+        let mut v = x;
+        for &(ub, inv_z) in &factors {
+            v = _mm256_mul_pd(_mm256_max_pd(_mm256_sub_pd(v, _mm256_mul_pd(ub, y)), zero), inv_z);
+        }
+        v
+    };
+    let (mut w0, mut w1, mut s0, mut s1) = (zero, zero, zero, zero);
+    let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
+    let (pt, qt) = (pc.remainder(), qc.remainder());
+    for (c, d) in pc.zip(qc) {
+        let (x0, x1) = P::load8(c);
+        let (y0, y1) = Q::load8(d);
+        let (u0, u1) = (updated(x0, y0), updated(x1, y1));
+        w0 = _mm256_add_pd(w0, _mm256_max_pd(_mm256_sub_pd(u0, _mm256_mul_pd(vb, y0)), zero));
+        w1 = _mm256_add_pd(w1, _mm256_max_pd(_mm256_sub_pd(u1, _mm256_mul_pd(vb, y1)), zero));
+        s0 = _mm256_add_pd(s0, u0);
+        s1 = _mm256_add_pd(s1, u1);
+    }
+    later_tail(pt, qt, ups, b, &lanes(w0, w1), &lanes(s0, s1))
+}
+
+fn later_chunk<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
+    #[cfg(target_arch = "x86_64")]
+    if wide_simd() {
+        // SAFETY: the CPU supports AVX2 (checked at run time just above).
+        return unsafe { later_chunk_avx2(p, q, ups, b) };
+    }
+    later_chunk_body(p, q, ups, b)
+}
+
+/// Chunk sums of w = max(0, p' − b·q) and of p' with N updates.
+fn later_sums<const N: usize, P: Prob, Q: Prob>(
+    p: &[P],
+    q: &[Q],
+    ups: &[(f64, f64); N],
+    b: f64,
+) -> (ChunkSums, ChunkSums) {
+    p.chunks(CHUNK)
+        .zip(q.chunks(CHUNK))
+        .map(|(pc, qc)| later_chunk(pc, qc, ups, b))
+        .unzip()
+}
+
+/// The updates as (b, 1/z) pairs, the form the passes use.
+fn factors(updates: &[Update]) -> Vec<(f64, f64)> {
+    updates.iter().map(|u| (u.b, 1.0 / u.z)).collect()
+}
+
+/// Chunk sums of w = max(0, p' − b·q) and of p' itself, where p' is p after
+/// `updates` (non-empty: the rows were checked by the first update's pass).
+/// Up to three updates run unrolled and vectorized; more take a general loop.
+pub fn later_weights<P: Prob, Q: Prob>(p: &[P], q: &[Q], updates: &[Update], b: f64) -> (Weights, Weights) {
+    let f = factors(updates);
+    let (w_sums, p_sums): (ChunkSums, ChunkSums) = match f.len() {
+        1 => later_sums(p, q, &[f[0]], b),
+        2 => later_sums(p, q, &[f[0], f[1]], b),
+        3 => later_sums(p, q, &[f[0], f[1], f[2]], b),
+        _ => p
+            .chunks(CHUNK)
+            .zip(q.chunks(CHUNK))
+            .map(|(pc, qc)| {
+                pc.iter().zip(qc).fold((0.0, 0.0), |(w, s), (&x, &y)| {
+                    let xp = updated(x.to_f64(), y.to_f64(), updates);
+                    (w + (xp - b * y.to_f64()).max(0.0), s + xp)
+                })
+            })
+            .unzip(),
+    };
+    let total = |v: &ChunkSums| v.iter().sum();
+    (
+        Weights {
+            total: total(&w_sums),
+            sums: w_sums,
+        },
+        Weights {
+            total: total(&p_sums),
+            sums: p_sums,
+        },
+    )
 }
 
 #[cfg(test)]
@@ -625,5 +797,31 @@ pub(crate) mod tests {
             sample_row(at(&[0.0f64; 4]), 0.5),
             Err(SpecError::NotNormalized { .. })
         ));
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn vector_later_pass_equals_the_portable_one_bitwise() {
+        if !wide_simd() {
+            return; // nothing to compare on this CPU
+        }
+        for n in [0, 1, 7, 8, 9, 1023, 1024] {
+            let (p, q) = test_rows(n, false);
+            let p32: Vec<f32> = p.iter().map(|&x| x as f32).collect();
+            let ups = [(1.0, 1.0 / 0.6), (0.8, 1.0 / 0.7), (1.0, 1.0 / 0.9)];
+            // SAFETY: AVX2 checked above.
+            unsafe {
+                let same =
+                    |x: (f64, f64), y: (f64, f64)| x.0.to_bits() == y.0.to_bits() && x.1.to_bits() == y.1.to_bits();
+                assert!(same(
+                    later_chunk_avx2(&p, &q, &[ups[0]], 1.0),
+                    later_chunk_body(&p, &q, &[ups[0]], 1.0)
+                ));
+                assert!(same(
+                    later_chunk_avx2(&p32, &q, &ups, 0.5),
+                    later_chunk_body(&p32, &q, &ups, 0.5)
+                ));
+            }
+        }
     }
 }

@@ -16,6 +16,7 @@ use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
 
 use crate::error::SpecError;
+use crate::names::Named;
 use crate::prob::Prob;
 use crate::sim::{Chain, Sim, TreeSim, Variant};
 use crate::tree::{Children, Topology, TreeRule};
@@ -315,135 +316,96 @@ fn chain(
     )?)
 }
 
-/// Joint histogram (flat) of the first `num_tokens` tokens; see `specdec_rs.simulate`.
-#[pyfunction]
-#[pyo3(signature = (p_table, q_table, *, k, runs, num_tokens, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
-#[allow(clippy::too_many_arguments)]
-fn simulate(
-    py: Python<'_>,
-    p_table: PyReadonlyArray2<'_, f64>,
-    q_table: PyReadonlyArray2<'_, f64>,
-    k: usize,
-    runs: u64,
-    num_tokens: usize,
-    start: usize,
-    variant: &str,
-    seed: u64,
-    p_tol: Option<f64>,
-    q_tol: Option<f64>,
-    threads: Option<usize>,
-) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
-    let sim = Sim {
-        variant: variant.parse()?,
-        k,
-        start,
-        seed,
-    };
-    let hist = interruptible(py, threads, |stop| {
-        crate::sim::simulate(&chain, &sim, runs, num_tokens, stop)
-    })?;
-    Ok(hist.into_pyarray(py).unbind())
+/// The rounds a simulation repeats: a chain of k drafts or a tree.
+enum Rounds {
+    Chain(Sim),
+    Tree(TreeSim),
 }
 
-/// Counts of rounds by tokens emitted; see `specdec_rs.simulate_round_lengths`.
-#[pyfunction]
-#[pyo3(signature = (p_table, q_table, *, k, rounds, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
-#[allow(clippy::too_many_arguments)]
-fn simulate_round_lengths(
-    py: Python<'_>,
-    p_table: PyReadonlyArray2<'_, f64>,
-    q_table: PyReadonlyArray2<'_, f64>,
-    k: usize,
-    rounds: u64,
-    start: usize,
-    variant: &str,
-    seed: u64,
-    p_tol: Option<f64>,
-    q_tol: Option<f64>,
-    threads: Option<usize>,
-) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
-    let sim = Sim {
-        variant: variant.parse()?,
-        k,
-        start,
-        seed,
-    };
-    let counts = interruptible(py, threads, |stop| {
-        crate::sim::simulate_round_lengths(&chain, &sim, rounds, stop)
-    })?;
-    Ok(counts.into_pyarray(py).unbind())
+/// One Monte Carlo setup, checked once when built: the toy tables, the start
+/// token, the seed and the rounds (a chain of `k` drafts with `variant`, or,
+/// with `parents`, trees of that shape whose children are drawn as
+/// `children` says, walked by the tree `variant`). `histogram` and
+/// `round_lengths` run it; see `specdec_rs.sim`.
+#[pyclass(frozen, module = "specdec_rs._core")]
+struct Simulation {
+    chain: Chain,
+    rounds: Rounds,
 }
 
-fn tree_sim(
-    parents: &PyReadonlyArray1<'_, i64>,
-    children: &str,
-    variant: &str,
-    start: usize,
-    seed: u64,
-) -> PyResult<TreeSim> {
-    let parents: Vec<i64> = parents.as_array().iter().copied().collect();
-    Ok(TreeSim {
-        topo: Topology::new(&parents)?,
-        kind: children.parse()?,
-        rule: variant.parse::<TreeRule>()?,
-        start,
-        seed,
-    })
-}
+#[pymethods]
+impl Simulation {
+    #[new]
+    #[pyo3(signature = (p_table, q_table, *, start, seed, variant="exact", k=None, parents=None, children="iid", p_tol=None, q_tol=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        p_table: PyReadonlyArray2<'_, f64>,
+        q_table: PyReadonlyArray2<'_, f64>,
+        start: usize,
+        seed: u64,
+        variant: &str,
+        k: Option<usize>,
+        parents: Option<PyReadonlyArray1<'_, i64>>,
+        children: &str,
+        p_tol: Option<f64>,
+        q_tol: Option<f64>,
+    ) -> PyResult<Self> {
+        let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
+        let rounds = match (k, parents) {
+            (Some(k), None) => Rounds::Chain(Sim {
+                variant: variant.parse()?,
+                k,
+                start,
+                seed,
+            }),
+            (None, Some(parents)) => {
+                let parents: Vec<i64> = parents.as_array().iter().copied().collect();
+                Rounds::Tree(TreeSim {
+                    topo: Topology::new(&parents)?,
+                    kind: children.parse()?,
+                    rule: variant.parse::<TreeRule>()?,
+                    start,
+                    seed,
+                })
+            }
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give k (chain rounds) or parents (tree rounds), not both",
+                ))
+            }
+        };
+        match &rounds {
+            Rounds::Chain(sim) => crate::sim::Rounds::check(sim, &chain)?,
+            Rounds::Tree(sim) => crate::sim::Rounds::check(sim, &chain)?,
+        }
+        Ok(Simulation { chain, rounds })
+    }
 
-/// Joint histogram (flat) of the first `num_tokens` tokens of tree rounds; see `specdec_rs.simulate_tree`.
-#[pyfunction]
-#[pyo3(signature = (p_table, q_table, *, parents, children, runs, num_tokens, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
-#[allow(clippy::too_many_arguments)]
-fn simulate_tree(
-    py: Python<'_>,
-    p_table: PyReadonlyArray2<'_, f64>,
-    q_table: PyReadonlyArray2<'_, f64>,
-    parents: PyReadonlyArray1<'_, i64>,
-    children: &str,
-    runs: u64,
-    num_tokens: usize,
-    start: usize,
-    variant: &str,
-    seed: u64,
-    p_tol: Option<f64>,
-    q_tol: Option<f64>,
-    threads: Option<usize>,
-) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
-    let sim = tree_sim(&parents, children, variant, start, seed)?;
-    let hist = interruptible(py, threads, |stop| {
-        crate::sim::simulate(&chain, &sim, runs, num_tokens, stop)
-    })?;
-    Ok(hist.into_pyarray(py).unbind())
-}
+    /// Joint histogram (flat) of the first `num_tokens` tokens over `runs` runs.
+    #[pyo3(signature = (runs, num_tokens, threads=None))]
+    fn histogram(
+        &self,
+        py: Python<'_>,
+        runs: u64,
+        num_tokens: usize,
+        threads: Option<usize>,
+    ) -> PyResult<Py<PyArray1<i64>>> {
+        let hist = interruptible(py, threads, |stop| match &self.rounds {
+            Rounds::Chain(sim) => crate::sim::simulate(&self.chain, sim, runs, num_tokens, stop),
+            Rounds::Tree(sim) => crate::sim::simulate(&self.chain, sim, runs, num_tokens, stop),
+        })?;
+        Ok(hist.into_pyarray(py).unbind())
+    }
 
-/// Counts of tree rounds by tokens emitted; see `specdec_rs.simulate_tree_round_lengths`.
-#[pyfunction]
-#[pyo3(signature = (p_table, q_table, *, parents, children, rounds, start, variant, seed, p_tol=None, q_tol=None, threads=None))]
-#[allow(clippy::too_many_arguments)]
-fn simulate_tree_round_lengths(
-    py: Python<'_>,
-    p_table: PyReadonlyArray2<'_, f64>,
-    q_table: PyReadonlyArray2<'_, f64>,
-    parents: PyReadonlyArray1<'_, i64>,
-    children: &str,
-    rounds: u64,
-    start: usize,
-    variant: &str,
-    seed: u64,
-    p_tol: Option<f64>,
-    q_tol: Option<f64>,
-    threads: Option<usize>,
-) -> PyResult<Py<PyArray1<i64>>> {
-    let chain = chain(&p_table, &q_table, p_tol, q_tol)?;
-    let sim = tree_sim(&parents, children, variant, start, seed)?;
-    let counts = interruptible(py, threads, |stop| {
-        crate::sim::simulate_round_lengths(&chain, &sim, rounds, stop)
-    })?;
-    Ok(counts.into_pyarray(py).unbind())
+    /// Counts of `rounds` rounds by tokens emitted.
+    #[pyo3(signature = (rounds, threads=None))]
+    fn round_lengths(&self, py: Python<'_>, rounds: u64, threads: Option<usize>) -> PyResult<Py<PyArray1<i64>>> {
+        let counts = interruptible(py, threads, |stop| match &self.rounds {
+            Rounds::Chain(sim) => crate::sim::simulate_round_lengths(&self.chain, sim, rounds, stop),
+            Rounds::Tree(sim) => crate::sim::simulate_round_lengths(&self.chain, sim, rounds, stop),
+        })?;
+        Ok(counts.into_pyarray(py).unbind())
+    }
 }
 
 /// Phase 1 of a round from gathered values; see `specdec_rs.verify_gathered`.
@@ -804,11 +766,8 @@ fn row_seed(seed: u64, index: u64) -> u64 {
 fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify, m)?)?;
     m.add_function(wrap_pyfunction!(verify_batch, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate_round_lengths, m)?)?;
+    m.add_class::<Simulation>()?;
     m.add_function(wrap_pyfunction!(verify_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate_tree, m)?)?;
-    m.add_function(wrap_pyfunction!(simulate_tree_round_lengths, m)?)?;
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
     m.add_function(wrap_pyfunction!(accept_gathered, m)?)?;
     m.add_function(wrap_pyfunction!(finish_round, m)?)?;
@@ -823,7 +782,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;
     m.add("CHILDREN", Children::names().collect::<Vec<_>>())?;
-    m.add("METHODS", Method::TABLE.iter().map(|(_, n)| *n).collect::<Vec<_>>())?;
+    m.add("METHODS", Method::names().collect::<Vec<_>>())?;
     m.add("MAX_THREADS", MAX_THREADS)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())

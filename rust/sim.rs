@@ -2,14 +2,16 @@
 //!
 //! p = target, q = draft, k = γ. A table has shape (S, V): S = V is a Markov
 //! chain on the last token (row r is the distribution after token r), S = 1 a
-//! prefix-independent model. Besides the exact rule, the engine reproduces the
-//! known bugs (`Variant`) so that tests can show they are caught.
+//! prefix-independent model. The exact rounds run the verifier's own code
+//! (`verify::chain_round`, `block::block_round`, `tree::walk`); besides them
+//! the engine reproduces the known bugs (`Variant`), which alone keep code of
+//! their own, so that tests can show they are caught.
 //!
 //! Work is cut into fixed blocks of `BLOCK` runs (or rounds), block b drawing
 //! from the stream of `row_seed(seed, b)`: counts are integer sums over
 //! blocks, identical for any thread count.
 
-use std::str::FromStr;
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use ndarray::ArrayView2;
@@ -18,9 +20,11 @@ use rayon::prelude::*;
 
 use crate::block::block_round;
 use crate::error::{Loc, Result, SpecError};
+use crate::names::{from_name, Named};
 use crate::prob::{check_row, Row};
 use crate::rng::{row_seed, stream, Stream};
 use crate::tree::{walk, Children, Topology, TreeRows, TreeRule, Update, Walk};
+use crate::verify::{chain_round_with, Last};
 
 /// Runs (or rounds) per independent random stream.
 const BLOCK: u64 = 4096;
@@ -50,9 +54,9 @@ pub enum Variant {
     Block,
 }
 
-impl Variant {
-    /// Every variant with its name: the one table both directions read.
-    pub const TABLE: [(Variant, &'static str); 9] = [
+impl Named for Variant {
+    const WHAT: &'static str = "variant";
+    const TABLE: &'static [(Variant, &'static str)] = &[
         (Variant::Exact, "exact"),
         (Variant::NoBonus, "no_bonus"),
         (Variant::ResampleFromP, "resample_from_p"),
@@ -63,31 +67,9 @@ impl Variant {
         (Variant::OffByOne, "off_by_one"),
         (Variant::Block, "block"),
     ];
-
-    pub fn name(self) -> &'static str {
-        Variant::TABLE.iter().find(|(v, _)| *v == self).map_or("", |(_, n)| n)
-    }
-
-    pub fn names() -> impl Iterator<Item = &'static str> {
-        Variant::TABLE.iter().map(|(_, n)| *n)
-    }
 }
 
-impl FromStr for Variant {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self> {
-        Variant::TABLE
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(v, _)| *v)
-            .ok_or_else(|| {
-                SpecError::Invalid(format!(
-                    "unknown variant {s:?}; expected one of {}",
-                    Variant::names().collect::<Vec<_>>().join(", ")
-                ))
-            })
-    }
-}
+from_name!(Variant);
 
 /// A toy target/draft pair with the per-row tables a round needs precomputed.
 pub struct Chain {
@@ -103,6 +85,10 @@ pub struct Chain {
     order_q: Vec<usize>,
     /// Per state, the number of tokens q gives positive probability.
     support_q: Vec<usize>,
+    /// Per state, the verifier's weights of a round's last token there
+    /// (`Last::of` on the state's rows): after a rejection and as the bonus.
+    residual: Vec<Last>,
+    bonus: Vec<Last>,
 }
 
 /// Normalized cumulative sums; from the last positive entry on, +inf, so a
@@ -161,6 +147,8 @@ impl Chain {
             argmax_p: vec![],
             order_q: vec![],
             support_q: vec![],
+            residual: vec![],
+            bonus: vec![],
         };
         for r in 0..s {
             let (pr, qr) = (chain.p_row(r).to_vec(), chain.q_row(r).to_vec());
@@ -172,6 +160,12 @@ impl Chain {
             order.sort_by(|&a, &b| qr[b].total_cmp(&qr[a]).then(a.cmp(&b)));
             chain.order_q.extend(order);
             chain.support_q.push(qr.iter().filter(|&&x| x > 0.0).count());
+            let (p_row, q_row) = (
+                chain.table_row(&chain.p, "p_table", r),
+                chain.table_row(&chain.q, "q_table", r),
+            );
+            chain.residual.push(Last::of(p_row, Some(q_row))?);
+            chain.bonus.push(Last::of(p_row, None::<Row<'_, f64>>)?);
         }
         Ok(chain)
     }
@@ -223,6 +217,30 @@ impl Chain {
         Ok(())
     }
 
+    /// The exact chain round: the verifier's own round (`chain_round_with`)
+    /// on the table rows of each draft's context, the last token's weights
+    /// those `Last::of` gave for that row when the chain was built.
+    fn exact_round(&self, last: usize, rng: &mut Stream, drafts: &[usize], out: &mut Vec<usize>) -> Result<()> {
+        let k = drafts.len();
+        let ctx = |i: usize| self.state(if i == 0 { last } else { drafts[i - 1] });
+        let weights = |m: usize| {
+            let table = if m < k { &self.residual } else { &self.bonus };
+            Ok(Cow::Borrowed(&table[ctx(m)]))
+        };
+        let (kept, y) = chain_round_with(
+            k,
+            |i| drafts[i],
+            |i| self.table_row(&self.p, "p_table", ctx(i)),
+            |i| self.table_row(&self.q, "q_table", ctx(i)),
+            rng,
+            None,
+            weights,
+        )?;
+        out.extend_from_slice(&drafts[..kept]);
+        out.push(y);
+        Ok(())
+    }
+
     /// One round after context token `last`; appends the emitted tokens to `out`
     /// (cleared first). `drafts` is scratch space.
     pub fn round(
@@ -242,9 +260,12 @@ impl Chain {
             drafts.push(x);
             cur = x;
         }
-        if variant == Variant::Block {
-            return self.block_round(last, rng, drafts, out);
+        match variant {
+            Variant::Block => return self.block_round(last, rng, drafts, out),
+            Variant::Exact => return self.exact_round(last, rng, drafts, out),
+            _ => {}
         }
+        // The known bugs (and no_bonus) keep a rule of their own.
         let mut ctx = last; // the token before draft i
         let mut all_accepted = true;
         for &x in drafts.iter() {
@@ -689,7 +710,7 @@ mod tests {
         let p = array![[0.5, 0.5]];
         let q = array![[0.5, 0.5], [0.5, 0.5]];
         assert!(Chain::new(p.view(), q.view(), 1e-6, 1e-6).is_err());
-        for (v, name) in Variant::TABLE {
+        for &(v, name) in Variant::TABLE {
             assert_eq!(name.parse::<Variant>().unwrap(), v);
             assert_eq!(v.name(), name);
         }
@@ -748,7 +769,7 @@ mod tests {
     fn tree_rounds_are_exact_for_every_children_kind() {
         let chain = lab_chain();
         let exact = exact_pairs(&chain);
-        for (kind, _) in Children::TABLE {
+        for &(kind, _) in Children::TABLE {
             let hist = simulate(&chain, &tree_sim(&BINARY, kind, TreeRule::Exact, 1), 30_000, 2, &GO).unwrap();
             let t = tv(&hist, &exact);
             println!("{kind:?}: TV {t:.4}");

@@ -24,18 +24,16 @@
 //! entry, so each rejection costs one pass over p and q (the pass that finds
 //! its z) and an accepted child costs two gathers.
 
-use std::str::FromStr;
-
 use ndarray::{ArrayView1, ArrayView2};
 use rand::RngExt;
 
 use crate::error::{Loc, Result, SpecError};
+use crate::names::{from_name, Named};
+pub use crate::prob::Update;
 use crate::prob::{
-    check_entry, check_row, pick, pick_residual, residual_weights_scaled, sample_row, Prob, Residual, Row, Weights,
-    CHUNK, LANES,
+    check_entry, check_row, later_weights, pick, pick_residual, residual_weights_scaled, sample_row, updated, Prob,
+    Residual, Row,
 };
-#[cfg(target_arch = "x86_64")]
-use crate::prob::{lanes, wide_simd};
 use crate::rng::{stream, Stream};
 use crate::verify::Checks;
 
@@ -47,33 +45,16 @@ pub enum Children {
     Fixed,
 }
 
-impl Children {
-    pub const TABLE: [(Children, &'static str); 3] = [
+impl Named for Children {
+    const WHAT: &'static str = "children kind";
+    const TABLE: &'static [(Children, &'static str)] = &[
         (Children::Iid, "iid"),
         (Children::WithoutReplacement, "without_replacement"),
         (Children::Fixed, "fixed"),
     ];
-
-    pub fn names() -> impl Iterator<Item = &'static str> {
-        Children::TABLE.iter().map(|(_, n)| *n)
-    }
 }
 
-impl FromStr for Children {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self> {
-        Children::TABLE
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(c, _)| *c)
-            .ok_or_else(|| {
-                SpecError::Invalid(format!(
-                    "unknown children kind {s:?}; expected one of {}",
-                    Children::names().collect::<Vec<_>>().join(", ")
-                ))
-            })
-    }
-}
+from_name!(Children);
 
 /// The rule a walk applies: exact, or one of the known tree bugs (the engine
 /// reproduces them so that tests can show they are caught).
@@ -93,35 +74,18 @@ pub enum TreeRule {
     AsIid,
 }
 
-impl TreeRule {
-    pub const TABLE: [(TreeRule, &'static str); 5] = [
+impl Named for TreeRule {
+    const WHAT: &'static str = "tree variant";
+    const TABLE: &'static [(TreeRule, &'static str)] = &[
         (TreeRule::Exact, "exact"),
         (TreeRule::NoUpdate, "no_update"),
         (TreeRule::OriginalP, "original_p"),
         (TreeRule::BonusAtRejected, "bonus_at_rejected"),
         (TreeRule::AsIid, "as_iid"),
     ];
-
-    pub fn names() -> impl Iterator<Item = &'static str> {
-        TreeRule::TABLE.iter().map(|(_, n)| *n)
-    }
 }
 
-impl FromStr for TreeRule {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self> {
-        TreeRule::TABLE
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(r, _)| *r)
-            .ok_or_else(|| {
-                SpecError::Invalid(format!(
-                    "unknown tree variant {s:?}; expected one of {}",
-                    TreeRule::names().collect::<Vec<_>>().join(", ")
-                ))
-            })
-    }
-}
+from_name!(TreeRule);
 
 /// The shape of a tree: each row's children (row 0 the root, row i + 1 node i).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -228,165 +192,12 @@ impl Topology {
     }
 }
 
-/// One rejection among a node's children: p' ← max(0, p' − b·q) / z.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Update {
-    pub b: f64,
-    pub z: f64,
-}
-
-/// p'(x) from p(x) and q(x) after `updates` (the same arithmetic as the
-/// passes: multiplied by 1/z).
-#[inline(always)]
-fn updated(px: f64, qx: f64, updates: &[Update]) -> f64 {
-    updates.iter().fold(px, |y, u| (y - u.b * qx).max(0.0) * (1.0 / u.z))
-}
-
 /// What a walk emitted: the tokens (accepted path, then one more) and the
 /// accepted nodes (one fewer).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Walk {
     pub tokens: Vec<i64>,
     pub nodes: Vec<usize>,
-}
-
-/// p'(x) after `N` updates, unrolled (N is known at compile time).
-#[inline(always)]
-fn updated_n<const N: usize>(px: f64, qx: f64, ups: &[(f64, f64); N]) -> f64 {
-    let mut y = px;
-    for &(b, inv_z) in ups {
-        y = (y - b * qx).max(0.0) * inv_z;
-    }
-    y
-}
-
-/// Sums over one chunk of max(0, p' − b·q) and of p', with `LANES` accumulators.
-#[inline(always)]
-fn later_chunk_body<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
-    let (mut w, mut s) = ([0.0f64; LANES], [0.0f64; LANES]);
-    let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
-    let (pt, qt) = (pc.remainder(), qc.remainder());
-    for (c, d) in pc.zip(qc) {
-        for l in 0..LANES {
-            let (x, y) = (c[l].to_f64(), d[l].to_f64());
-            let xp = updated_n(x, y, ups);
-            w[l] += (xp - b * y).max(0.0);
-            s[l] += xp;
-        }
-    }
-    later_tail(pt, qt, ups, b, &w, &s)
-}
-
-/// The lanes folded, then the tail entries (fewer than `LANES`) added.
-#[inline(always)]
-fn later_tail<const N: usize, P: Prob, Q: Prob>(
-    pt: &[P],
-    qt: &[Q],
-    ups: &[(f64, f64); N],
-    b: f64,
-    w: &[f64; LANES],
-    s: &[f64; LANES],
-) -> (f64, f64) {
-    let (mut w, mut s): (f64, f64) = (w.iter().sum(), s.iter().sum());
-    for (&x, &y) in pt.iter().zip(qt) {
-        let xp = updated_n(x.to_f64(), y.to_f64(), ups);
-        w += (xp - b * y.to_f64()).max(0.0);
-        s += xp;
-    }
-    (w, s)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn later_chunk_avx2<const N: usize, P: Prob, Q: Prob>(
-    p: &[P],
-    q: &[Q],
-    ups: &[(f64, f64); N],
-    b: f64,
-) -> (f64, f64) {
-    use std::arch::x86_64::*;
-    let (zero, vb) = (_mm256_setzero_pd(), _mm256_set1_pd(b));
-    let factors = ups.map(|(ub, inv_z)| (_mm256_set1_pd(ub), _mm256_set1_pd(inv_z)));
-    let updated = |x: __m256d, y: __m256d| {
-        let mut v = x;
-        for &(ub, inv_z) in &factors {
-            v = _mm256_mul_pd(_mm256_max_pd(_mm256_sub_pd(v, _mm256_mul_pd(ub, y)), zero), inv_z);
-        }
-        v
-    };
-    let (mut w0, mut w1, mut s0, mut s1) = (zero, zero, zero, zero);
-    let (pc, qc) = (p.chunks_exact(LANES), q.chunks_exact(LANES));
-    let (pt, qt) = (pc.remainder(), qc.remainder());
-    for (c, d) in pc.zip(qc) {
-        let (x0, x1) = P::load8(c);
-        let (y0, y1) = Q::load8(d);
-        let (u0, u1) = (updated(x0, y0), updated(x1, y1));
-        w0 = _mm256_add_pd(w0, _mm256_max_pd(_mm256_sub_pd(u0, _mm256_mul_pd(vb, y0)), zero));
-        w1 = _mm256_add_pd(w1, _mm256_max_pd(_mm256_sub_pd(u1, _mm256_mul_pd(vb, y1)), zero));
-        s0 = _mm256_add_pd(s0, u0);
-        s1 = _mm256_add_pd(s1, u1);
-    }
-    later_tail(pt, qt, ups, b, &lanes(w0, w1), &lanes(s0, s1))
-}
-
-fn later_chunk<const N: usize, P: Prob, Q: Prob>(p: &[P], q: &[Q], ups: &[(f64, f64); N], b: f64) -> (f64, f64) {
-    #[cfg(target_arch = "x86_64")]
-    if wide_simd() {
-        // SAFETY: the CPU supports AVX2 (checked at run time just above).
-        return unsafe { later_chunk_avx2(p, q, ups, b) };
-    }
-    later_chunk_body(p, q, ups, b)
-}
-
-/// Chunk sums of w = max(0, p' − b·q) and of p' with N updates.
-fn later_sums<const N: usize, P: Prob, Q: Prob>(
-    p: &[P],
-    q: &[Q],
-    ups: &[(f64, f64); N],
-    b: f64,
-) -> (Vec<f64>, Vec<f64>) {
-    p.chunks(CHUNK)
-        .zip(q.chunks(CHUNK))
-        .map(|(pc, qc)| later_chunk(pc, qc, ups, b))
-        .unzip()
-}
-
-/// The updates as (b, 1/z) pairs, the form the passes use.
-fn factors(updates: &[Update]) -> Vec<(f64, f64)> {
-    updates.iter().map(|u| (u.b, 1.0 / u.z)).collect()
-}
-
-/// Chunk sums of w = max(0, p' − b·q) and of p' itself, where p' is p after
-/// `updates` (non-empty: the rows were checked by the first update's pass).
-/// Up to three updates run unrolled and vectorized; more take a general loop.
-fn later_weights<P: Prob, Q: Prob>(p: &[P], q: &[Q], updates: &[Update], b: f64) -> (Weights, Weights) {
-    let f = factors(updates);
-    let (w_sums, p_sums) = match f.len() {
-        1 => later_sums(p, q, &[f[0]], b),
-        2 => later_sums(p, q, &[f[0], f[1]], b),
-        3 => later_sums(p, q, &[f[0], f[1], f[2]], b),
-        _ => p
-            .chunks(CHUNK)
-            .zip(q.chunks(CHUNK))
-            .map(|(pc, qc)| {
-                pc.iter().zip(qc).fold((0.0, 0.0), |(w, s), (&x, &y)| {
-                    let xp = updated(x.to_f64(), y.to_f64(), updates);
-                    (w + (xp - b * y.to_f64()).max(0.0), s + xp)
-                })
-            })
-            .unzip(),
-    };
-    let total = |v: &Vec<f64>| v.iter().sum();
-    (
-        Weights {
-            total: total(&w_sums),
-            sums: w_sums,
-        },
-        Weights {
-            total: total(&p_sums),
-            sums: p_sums,
-        },
-    )
 }
 
 /// The mass z of max(0, p' − b·q) after a rejection (one pass), or the
@@ -632,32 +443,6 @@ pub fn verify_tree<P: Prob, Q: Prob>(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[cfg(target_arch = "x86_64")]
-    #[test]
-    fn vector_later_pass_equals_the_portable_one_bitwise() {
-        if !crate::prob::wide_simd() {
-            return; // nothing to compare on this CPU
-        }
-        for n in [0, 1, 7, 8, 9, 1023, 1024] {
-            let (p, q) = crate::prob::tests::test_rows(n, false);
-            let p32: Vec<f32> = p.iter().map(|&x| x as f32).collect();
-            let ups = [(1.0, 1.0 / 0.6), (0.8, 1.0 / 0.7), (1.0, 1.0 / 0.9)];
-            // SAFETY: AVX2 checked above.
-            unsafe {
-                let same =
-                    |x: (f64, f64), y: (f64, f64)| x.0.to_bits() == y.0.to_bits() && x.1.to_bits() == y.1.to_bits();
-                assert!(same(
-                    later_chunk_avx2(&p, &q, &[ups[0]], 1.0),
-                    later_chunk_body(&p, &q, &[ups[0]], 1.0)
-                ));
-                assert!(same(
-                    later_chunk_avx2(&p32, &q, &ups, 0.5),
-                    later_chunk_body(&p32, &q, &ups, 0.5)
-                ));
-            }
-        }
-    }
 
     fn walk_once(
         parents: &[i64],

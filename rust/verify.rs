@@ -18,10 +18,11 @@ use ndarray::{ArrayView1, ArrayView2, ArrayView3, Axis};
 use rand::RngExt;
 use rayon::prelude::*;
 
-use std::str::FromStr;
+use std::borrow::Cow;
 
 use crate::block::block_round;
 use crate::error::{Loc, Result, SpecError};
+use crate::names::{from_name, Named};
 use crate::prob::{
     check_entry, check_row, pick_residual, pick_row, residual_weights, row_weights, Prob, Residual, Row, Weights,
 };
@@ -76,20 +77,12 @@ pub enum Method {
     Block,
 }
 
-impl Method {
-    pub const TABLE: [(Method, &'static str); 2] = [(Method::Token, "token"), (Method::Block, "block")];
+impl Named for Method {
+    const WHAT: &'static str = "method";
+    const TABLE: &'static [(Method, &'static str)] = &[(Method::Token, "token"), (Method::Block, "block")];
 }
 
-impl FromStr for Method {
-    type Err = SpecError;
-    fn from_str(s: &str) -> Result<Self> {
-        Method::TABLE
-            .iter()
-            .find(|(_, n)| *n == s)
-            .map(|(m, _)| *m)
-            .ok_or_else(|| SpecError::Invalid(format!("unknown method {s:?}; expected \"token\" or \"block\"")))
-    }
-}
+from_name!(Method);
 
 /// How much of the input a round checks, and each array's row-sum tolerance.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -143,28 +136,28 @@ fn names(batch: Option<usize>) -> (&'static str, &'static str) {
 }
 
 /// The accept tests of a round on its gathered values: `gathered(i)` gives
-/// (p_i(x_i), q_i(x_i)) for draft x_i = `drafts[i]`. Draft i is kept when
+/// (p_i(x_i), q_i(x_i)) for draft x_i = `token(i)`. Draft i is kept when
 /// u_i · q_i(x_i) < p_i(x_i); the first rejection ends the loop. Returns the
 /// number kept, m ≤ k, after drawing m + 1 uniforms (k when all are kept).
 /// Each gathered value is checked (finite, ≥ 0, q_i(x_i) > 0).
 pub fn accept_prefix(
     k: usize,
     gathered: impl Fn(usize) -> (f64, f64),
-    drafts: &ArrayView1<'_, i64>,
+    token: impl Fn(usize) -> i64,
     rng: &mut Stream,
     batch: Option<usize>,
 ) -> Result<usize> {
     let (p_name, q_name) = names(batch);
     for i in 0..k {
-        let x = drafts[i] as usize;
+        let x = token(i);
         let (px, qx) = gathered(i);
-        check_entry(px, Loc::new(p_name, batch, i), x)?;
-        check_entry(qx, Loc::new(q_name, batch, i), x)?;
+        check_entry(px, Loc::new(p_name, batch, i), x as usize)?;
+        check_entry(qx, Loc::new(q_name, batch, i), x as usize)?;
         if qx <= 0.0 {
             return Err(SpecError::ZeroDraftProb {
                 batch,
                 index: i,
-                token: drafts[i],
+                token: x,
             });
         }
         let u: f64 = rng.random();
@@ -199,47 +192,48 @@ fn check_drafts(drafts: &ArrayView1<'_, i64>, v: usize, batch: Option<usize>) ->
     Ok(())
 }
 
-/// What the round's last token is drawn from.
-enum Last {
+/// What a round's last token is drawn from: the residual of p_m and q_m
+/// after a rejection at draft m, or the bonus row p_k.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Last {
     Residual(Residual),
     Bonus(Weights),
 }
 
-/// The weights of the round's last token after `m` kept drafts: the residual
-/// of p_m and q_m (m < k) or the bonus row p_k. With `checks.full`, every
-/// other row is checked in the same pass (row-parallel for large inputs), so
-/// each byte of p and q is read once.
-fn last_weights<P: Prob, Q: Prob>(
-    p: &ArrayView2<'_, P>,
-    q: &ArrayView2<'_, Q>,
-    m: usize,
-    checks: Checks,
-    batch: Option<usize>,
-) -> Result<Last> {
-    let k = q.nrows();
-    let (p_name, q_name) = names(batch);
-    let p_row = |i: usize| -> Result<Row<'_, P>> {
-        Ok(Row::new(
-            row_slice(p, i, p_name)?,
-            Loc::new(p_name, batch, i),
-            checks.p_tol,
-        ))
-    };
-    let q_row = |i: usize| -> Result<Row<'_, Q>> {
-        Ok(Row::new(
-            row_slice(q, i, q_name)?,
-            Loc::new(q_name, batch, i),
-            checks.q_tol,
-        ))
-    };
-    let sample = || -> Result<Last> {
-        if m < k {
-            Ok(Last::Residual(residual_weights(p_row(m)?, q_row(m)?)?))
-        } else {
-            Ok(Last::Bonus(row_weights(p_row(k)?)?))
+impl Last {
+    /// The weights after `m` of `k` drafts were kept: `residual_weights(p_m,
+    /// q_m)` (m < k) or `row_weights(p_k)`; `p_row` / `q_row` are those rows.
+    pub fn of<P: Prob, Q: Prob>(p_row: Row<'_, P>, q_row: Option<Row<'_, Q>>) -> Result<Last> {
+        match q_row {
+            Some(q_row) => Ok(Last::Residual(residual_weights(p_row, q_row)?)),
+            None => Ok(Last::Bonus(row_weights(p_row)?)),
         }
-    };
-    if !checks.full {
+    }
+
+    /// The token at mass u of these weights (`p`, `q`: the rows they came from).
+    #[inline(always)]
+    pub fn pick<P: Prob, Q: Prob>(&self, p: &[P], q: &[Q], u: f64) -> usize {
+        match self {
+            Last::Residual(r) => pick_residual(p, q, r, u),
+            Last::Bonus(w) => pick_row(p, w, u),
+        }
+    }
+}
+
+/// The weights of the round's last token after `m` of `k` kept drafts: the
+/// residual of p_m and q_m (m < k) or the bonus row p_k. With `full`, every
+/// other row is checked in the same pass (row-parallel for large inputs), so
+/// each byte of p and q is read once; the error of the first bad row in the
+/// order p_0..p_k, q_0..q_{k-1} is returned.
+fn last_weights<'a, P, Q, PF, QF>(k: usize, m: usize, p_row: &PF, q_row: &QF, full: bool) -> Result<Last>
+where
+    P: Prob,
+    Q: Prob,
+    PF: Fn(usize) -> Row<'a, P> + Sync,
+    QF: Fn(usize) -> Row<'a, Q> + Sync,
+{
+    let sample = || Last::of(p_row(m), (m < k).then(|| q_row(m)));
+    if !full {
         return sample();
     }
     // Tasks in error-report order: p rows 0..=k (row m samples), then q rows.
@@ -248,16 +242,17 @@ fn last_weights<P: Prob, Q: Prob>(
             return sample().map(Some);
         }
         if t <= k {
-            return check_row(p_row(t)?).map(|_| None);
+            return check_row(p_row(t)).map(|_| None);
         }
         let i = t - (k + 1);
         if i == m {
             return Ok(None); // read with p_m by the residual
         }
-        check_row(q_row(i)?).map(|_| None)
+        check_row(q_row(i)).map(|_| None)
     };
     let tasks = 2 * k + 1;
-    let results: Vec<Result<Option<Last>>> = if p.len() + q.len() < PARALLEL_CHECK_MIN {
+    let entries = (2 * k + 1) * p_row(0).data.len();
+    let results: Vec<Result<Option<Last>>> = if entries < PARALLEL_CHECK_MIN {
         (0..tasks).map(task).collect()
     } else {
         (0..tasks).into_par_iter().map(task).collect()
@@ -271,20 +266,65 @@ fn last_weights<P: Prob, Q: Prob>(
     last.ok_or_else(|| SpecError::Invalid("internal error: the round sampled nothing".into()))
 }
 
-fn pick_last<P: Prob, Q: Prob>(
-    p: &ArrayView2<'_, P>,
-    q: &ArrayView2<'_, Q>,
-    m: usize,
-    last: &Last,
-    u: f64,
+/// One token-wise round (the shipped rule) on rows given by accessors:
+/// `x(i)` is draft i (in [0, V)), `p_row(i)` for i in 0..=k and `q_row(i)`
+/// for i in 0..k the rows it is verified on. Returns (m, the last token):
+/// drafts 0..m are kept, then the token drawn from the residual of p_m and
+/// q_m (m < k) or from the bonus row p_k (m = k). `verify` and
+/// `verify_batch` run it; the Monte Carlo engine's exact chain round runs
+/// `chain_round_with` on the same rule. `full`: check every row, not only
+/// those read; `batch` labels errors.
+pub fn chain_round<'a, P, Q, PF, QF>(
+    k: usize,
+    x: impl Fn(usize) -> usize,
+    p_row: PF,
+    q_row: QF,
+    rng: &mut Stream,
+    full: bool,
     batch: Option<usize>,
-) -> Result<i64> {
-    let (p_name, q_name) = names(batch);
-    let token = match last {
-        Last::Residual(r) => pick_residual(row_slice(p, m, p_name)?, row_slice(q, m, q_name)?, r, u),
-        Last::Bonus(w) => pick_row(row_slice(p, q.nrows(), p_name)?, w, u),
+) -> Result<(usize, usize)>
+where
+    P: Prob,
+    Q: Prob,
+    PF: Fn(usize) -> Row<'a, P> + Sync,
+    QF: Fn(usize) -> Row<'a, Q> + Sync,
+{
+    let last = |m: usize| last_weights(k, m, &p_row, &q_row, full).map(Cow::Owned);
+    chain_round_with(k, x, &p_row, &q_row, rng, batch, last)
+}
+
+/// `chain_round` with the last token's weights from `last(m)`, which must
+/// equal `Last::of` on the rows the round would read (p_m and q_m, or p_k):
+/// the engine passes them computed once per table row, the verifier
+/// computes them from the round's rows.
+pub fn chain_round_with<'a, 'w, P, Q>(
+    k: usize,
+    x: impl Fn(usize) -> usize,
+    p_row: impl Fn(usize) -> Row<'a, P>,
+    q_row: impl Fn(usize) -> Row<'a, Q>,
+    rng: &mut Stream,
+    batch: Option<usize>,
+    last: impl FnOnce(usize) -> Result<Cow<'w, Last>>,
+) -> Result<(usize, usize)>
+where
+    P: Prob,
+    Q: Prob,
+{
+    let gathered = |i: usize| {
+        let xi = x(i);
+        (p_row(i).data[xi].to_f64(), q_row(i).data[xi].to_f64())
     };
-    Ok(token as i64)
+    let m = accept_prefix(k, gathered, |i| x(i) as i64, rng, batch)?;
+    let weights = last(m)?;
+    let u: f64 = rng.random();
+    let q: &[Q] = if m < k { q_row(m).data } else { &[] };
+    Ok((m, weights.pick(p_row(m).data, q, u)))
+}
+
+/// A C-contiguous (rows, V) array's data.
+fn contiguous<'a, T>(a: &'a ArrayView2<'_, T>, name: &str) -> Result<&'a [T]> {
+    a.as_slice()
+        .ok_or_else(|| SpecError::Invalid(format!("{name} is not C-contiguous; pass np.ascontiguousarray({name})")))
 }
 
 /// One round into `out` (length ≥ k + 1); returns the number of tokens emitted.
@@ -303,49 +343,21 @@ pub fn verify_into<P: Prob, Q: Prob>(
 ) -> Result<usize> {
     let (k, v) = round_dims(p.dim(), q.dim(), drafts.len())?;
     check_drafts(drafts, v, batch)?;
-    if method == Method::Block {
-        return block_into(p, q, drafts, rng, checks, batch, out);
-    }
-    let gathered = |i: usize| {
-        let x = drafts[i] as usize;
-        (p[[i, x]].to_f64(), q[[i, x]].to_f64())
-    };
-    let m = accept_prefix(k, gathered, drafts, rng, batch)?;
-    let last = last_weights(p, q, m, checks, batch)?;
-    let u: f64 = rng.random();
-    for (o, &x) in out.iter_mut().zip(drafts.iter()).take(m) {
-        *o = x;
-    }
-    out[m] = pick_last(p, q, m, &last, u, batch)?;
-    Ok(m + 1)
-}
-
-/// A C-contiguous (rows, V) array's data.
-fn contiguous<'a, T>(a: &'a ArrayView2<'_, T>, name: &str) -> Result<&'a [T]> {
-    a.as_slice()
-        .ok_or_else(|| SpecError::Invalid(format!("{name} is not C-contiguous; pass np.ascontiguousarray({name})")))
-}
-
-/// `verify_into` with block verification (checked shapes and drafts).
-fn block_into<P: Prob, Q: Prob>(
-    p: &ArrayView2<'_, P>,
-    q: &ArrayView2<'_, Q>,
-    drafts: &ArrayView1<'_, i64>,
-    rng: &mut Stream,
-    checks: Checks,
-    batch: Option<usize>,
-    out: &mut [i64],
-) -> Result<usize> {
     let (p_name, q_name) = names(batch);
-    if checks.full {
-        check_rows(p, p_name, batch, checks.p_tol)?;
-        check_rows(q, q_name, batch, checks.q_tol)?;
-    }
-    let (k, v) = (q.nrows(), p.ncols());
     let (pd, qd) = (contiguous(p, p_name)?, contiguous(q, q_name)?);
     let p_row = |i: usize| Row::new(&pd[i * v..(i + 1) * v], Loc::new(p_name, batch, i), checks.p_tol);
     let q_row = |i: usize| Row::new(&qd[i * v..(i + 1) * v], Loc::new(q_name, batch, i), checks.q_tol);
-    let (kept, last) = block_round(k, |i| drafts[i] as usize, p_row, q_row, rng, batch)?;
+    let x = |i: usize| drafts[i] as usize;
+    let (kept, last) = match method {
+        Method::Token => chain_round(k, x, p_row, q_row, rng, checks.full, batch)?,
+        Method::Block => {
+            if checks.full {
+                check_rows(p, p_name, batch, checks.p_tol)?;
+                check_rows(q, q_name, batch, checks.q_tol)?;
+            }
+            block_round(k, x, p_row, q_row, rng, batch)?
+        }
+    };
     for (o, &x) in out.iter_mut().zip(drafts.iter()).take(kept) {
         *o = x;
     }
@@ -364,8 +376,8 @@ pub fn accept_gathered(px: ArrayView1<'_, f64>, qx: ArrayView1<'_, f64>, seed: u
             qx.len()
         )));
     }
-    let ids = ndarray::Array1::<i64>::zeros(k); // the values are gathered already
-    accept_prefix(k, |i| (px[i], qx[i]), &ids.view(), &mut stream(seed), None)
+    // the values are gathered already: error messages name no token
+    accept_prefix(k, |i| (px[i], qx[i]), |_| 0, &mut stream(seed), None)
 }
 
 /// Phase 2: the round's last token after `m` of `k` drafts were kept: from

@@ -2,10 +2,13 @@
 convert torch tensors, lists and mixed dtypes, check arguments and choose the
 row-sum tolerances."""
 
+from typing import final
+
 import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "Simulation",
     "CHILDREN",
     "METHODS",
     "MAX_THREADS",
@@ -22,10 +25,6 @@ __all__ = [
     "VARIANTS",
     "__version__",
     "row_seed",
-    "simulate",
-    "simulate_round_lengths",
-    "simulate_tree",
-    "simulate_tree_round_lengths",
     "TREE_VARIANTS",
     "verify",
     "verify_batch",
@@ -71,62 +70,28 @@ def verify_tree(
     p_tol: float | None = None,
     q_tol: float | None = None,
 ) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]: ...
-def simulate_tree(
-    p_table: npt.NDArray[np.float64],
-    q_table: npt.NDArray[np.float64],
-    *,
-    parents: npt.NDArray[np.int64],
-    children: str,
-    runs: int,
-    num_tokens: int,
-    start: int,
-    variant: str,
-    seed: int,
-    p_tol: float | None = None,
-    q_tol: float | None = None,
-    threads: int | None = None,
-) -> npt.NDArray[np.int64]: ...
-def simulate_tree_round_lengths(
-    p_table: npt.NDArray[np.float64],
-    q_table: npt.NDArray[np.float64],
-    *,
-    parents: npt.NDArray[np.int64],
-    children: str,
-    rounds: int,
-    start: int,
-    variant: str,
-    seed: int,
-    p_tol: float | None = None,
-    q_tol: float | None = None,
-    threads: int | None = None,
-) -> npt.NDArray[np.int64]: ...
-def simulate(
-    p_table: npt.NDArray[np.float64],
-    q_table: npt.NDArray[np.float64],
-    *,
-    k: int,
-    runs: int,
-    num_tokens: int,
-    start: int,
-    variant: str,
-    seed: int,
-    p_tol: float | None = None,
-    q_tol: float | None = None,
-    threads: int | None = None,
-) -> npt.NDArray[np.int64]: ...
-def simulate_round_lengths(
-    p_table: npt.NDArray[np.float64],
-    q_table: npt.NDArray[np.float64],
-    *,
-    k: int,
-    rounds: int,
-    start: int,
-    variant: str,
-    seed: int,
-    p_tol: float | None = None,
-    q_tol: float | None = None,
-    threads: int | None = None,
-) -> npt.NDArray[np.int64]: ...
+
+@final
+class Simulation:
+    def __new__(
+        cls,
+        p_table: npt.NDArray[np.float64],
+        q_table: npt.NDArray[np.float64],
+        *,
+        start: int,
+        seed: int,
+        variant: str = "exact",
+        k: int | None = None,
+        parents: npt.NDArray[np.int64] | None = None,
+        children: str = "iid",
+        p_tol: float | None = None,
+        q_tol: float | None = None,
+    ) -> Simulation: ...
+    def histogram(
+        self, runs: int, num_tokens: int, threads: int | None = None
+    ) -> npt.NDArray[np.int64]: ...
+    def round_lengths(self, rounds: int, threads: int | None = None) -> npt.NDArray[np.int64]: ...
+
 def row_seed(seed: int, index: int) -> int: ...
 def accept_gathered(px: npt.NDArray[np.float64], qx: npt.NDArray[np.float64], seed: int) -> int: ...
 def finish_round(

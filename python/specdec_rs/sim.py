@@ -27,24 +27,48 @@ MAX_K = 10_000  # drafts per round; a round is O(k) work in the engine
 MAX_NUM_TOKENS = 64  # the histogram has one axis per token; NumPy arrays have at most 64
 
 
-def _common(
-    p_table: Any, q_table: Any, k: Any, start: Any, variant: Any, seed: Any, threads: Any
-) -> dict[str, Any]:
-    """The checked arguments shared by both simulations: tables as float64 with
-    the row-sum tolerance of their own precision, and the keyword arguments."""
+def _setup(
+    p_table: Any, q_table: Any, start: Any, variant: Any, seed: Any, **rounds: Any
+) -> tuple[_core.Simulation, int]:
+    """The checked simulation and V: tables as float64 with the row-sum
+    tolerance of their own precision; `rounds` is k=... (chains) or
+    parents=..., children=... (trees), checked here and, with the tables, by
+    `_core.Simulation` (once, before any round runs)."""
     p, p_tol = _checks.prob_array(p_table, "p_table", 2)
     q, q_tol = _checks.prob_array(q_table, "q_table", 2)
-    return {
-        "p_table": p.astype(np.float64, copy=False),
-        "q_table": q.astype(np.float64, copy=False),
-        "k": _checks.integer(k, "k", maximum=MAX_K),
-        "start": _checks.integer(start, "start", maximum=_checks.U64_MAX),  # < V: checked in Rust
-        "variant": _checks.choice(variant, "variant", _core.VARIANTS),
-        "seed": _checks.seed(seed),
-        "p_tol": p_tol,
-        "q_tol": q_tol,
-        "threads": _checks.threads(threads),
-    }
+    if "k" in rounds:
+        rounds["k"] = _checks.integer(rounds["k"], "k", maximum=MAX_K)
+        variant = _checks.choice(variant, "variant", _core.VARIANTS)
+    else:
+        from specdec_rs.verify import CHILDREN
+
+        rounds["parents"] = _checks.token_array(rounds["parents"], "parents", 1)
+        rounds["children"] = _checks.choice(rounds["children"], "children", CHILDREN)
+        variant = _checks.choice(variant, "variant", _core.TREE_VARIANTS)
+    sim = _core.Simulation(
+        p.astype(np.float64, copy=False),
+        q.astype(np.float64, copy=False),
+        start=_checks.integer(start, "start", maximum=_checks.U64_MAX),  # < V: checked in Rust
+        seed=_checks.seed(seed),
+        variant=variant,
+        p_tol=p_tol,
+        q_tol=q_tol,
+        **rounds,
+    )
+    return sim, p.shape[1]
+
+
+def _histogram(
+    sim: _core.Simulation, vocab: int, runs: Any, num_tokens: Any, threads: Any
+) -> npt.NDArray[np.int64]:
+    m = _checks.integer(num_tokens, "num_tokens", minimum=1, maximum=MAX_NUM_TOKENS)
+    runs = _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX)
+    return sim.histogram(runs, m, _checks.threads(threads)).reshape((vocab,) * m)
+
+
+def _round_lengths(sim: _core.Simulation, rounds: Any, threads: Any) -> npt.NDArray[np.int64]:
+    rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
+    return sim.round_lengths(rounds, _checks.threads(threads))
 
 
 def simulate(
@@ -65,11 +89,8 @@ def simulate(
     until at least num_tokens are out. Returns int64 counts of shape
     (V,) * num_tokens summing to `runs`; compare with Π p(t_j | t_{j−1}).
     """
-    args = _common(p_table, q_table, k, start, variant, seed, threads)
-    m = _checks.integer(num_tokens, "num_tokens", minimum=1, maximum=MAX_NUM_TOKENS)
-    runs = _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX)
-    flat = _core.simulate(runs=runs, num_tokens=m, **args)
-    return flat.reshape((args["p_table"].shape[1],) * m)
+    sim, vocab = _setup(p_table, q_table, start, variant, seed, k=k)
+    return _histogram(sim, vocab, runs, num_tokens, threads)
 
 
 def simulate_round_lengths(
@@ -87,19 +108,8 @@ def simulate_round_lengths(
     (index 0 is always 0). Rounds run as continuing generations from `start`
     in blocks of 4096: each round's context is the previous round's last token.
     """
-    args = _common(p_table, q_table, k, start, variant, seed, threads)
-    rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
-    return _core.simulate_round_lengths(rounds=rounds, **args)
-
-
-def _tree_args(parents: Any, children: Any, variant: Any) -> dict[str, Any]:
-    from specdec_rs.verify import CHILDREN
-
-    return {
-        "parents": _checks.token_array(parents, "parents", 1),
-        "children": _checks.choice(children, "children", CHILDREN),
-        "variant": _checks.choice(variant, "variant", _core.TREE_VARIANTS),
-    }
+    sim, _ = _setup(p_table, q_table, start, variant, seed, k=k)
+    return _round_lengths(sim, rounds, threads)
 
 
 def simulate_tree(
@@ -119,13 +129,8 @@ def simulate_tree(
     `parents` (as in `verify_tree`) from q, as `children` says, and walks it.
     Returns the joint histogram of the first `num_tokens` tokens, shape (V,) * num_tokens.
     """
-    args = _common(p_table, q_table, 0, start, "exact", seed, threads)
-    del args["k"]
-    args.update(_tree_args(parents, children, variant))
-    m = _checks.integer(num_tokens, "num_tokens", minimum=1, maximum=MAX_NUM_TOKENS)
-    runs = _checks.integer(runs, "runs", minimum=1, maximum=_checks.U64_MAX)
-    flat = _core.simulate_tree(runs=runs, num_tokens=m, **args)
-    return flat.reshape((args["p_table"].shape[1],) * m)
+    sim, vocab = _setup(p_table, q_table, start, variant, seed, parents=parents, children=children)
+    return _histogram(sim, vocab, runs, num_tokens, threads)
 
 
 def simulate_tree_round_lengths(
@@ -142,8 +147,5 @@ def simulate_tree_round_lengths(
 ) -> npt.NDArray[np.int64]:
     """Counts of tree rounds by tokens emitted: shape (depth + 2,), index =
     tokens emitted; continuing generations as in `simulate_round_lengths`."""
-    args = _common(p_table, q_table, 0, start, "exact", seed, threads)
-    del args["k"]
-    args.update(_tree_args(parents, children, variant))
-    rounds = _checks.integer(rounds, "rounds", minimum=1, maximum=_checks.U64_MAX)
-    return _core.simulate_tree_round_lengths(rounds=rounds, **args)
+    sim, _ = _setup(p_table, q_table, start, variant, seed, parents=parents, children=children)
+    return _round_lengths(sim, rounds, threads)
