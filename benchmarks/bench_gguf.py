@@ -40,6 +40,7 @@ from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.measure import workloads
 from specdec_rs.measure.costs import measure_costs
 from specdec_rs.measure.hf import hf_generate
+from specdec_rs.measure.methods import adaptive_policy
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.processors import SamplingConfig
 from specdec_rs.timing import median_seconds
@@ -230,12 +231,7 @@ def main() -> None:
         methods[f"ours gguf + {spec} (cost-model γ)"] = ("ours", made[spec], "adaptive")
 
     def policy(spec: str, drafter: Any) -> Any:
-        parts = getattr(drafter, "parts", None)
-        if parts:
-            return sd.BySource(
-                {n: sd.AdaptiveK(costs.cost_ratio[f"{spec}/{n}"], costs.verify_cost) for n in parts}
-            )
-        return sd.AdaptiveK(costs.cost_ratio[spec], costs.verify_cost)
+        return adaptive_policy(costs, spec, drafter, k_max=8)
 
     rows: dict[tuple[str, str, float], list[tuple[int, float]]] = {}
     greedy: dict[str, list[list[int]]] = {"ours float32": [], "ours gguf": []}

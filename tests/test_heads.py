@@ -570,8 +570,11 @@ def test_costs_time_each_part_of_a_hybrid(target: Any, trained: dict[str, Path])
     costs = measure_costs(
         target, prompt(4, 12), {"hybrid": hybrid, "none": None}, k_max=2, repeats=2
     )
-    assert set(costs.cost_ratio) == {"hybrid", "hybrid/lookup", "hybrid/eagle"}
-    assert all(c > 0 for c in costs.cost_ratio.values())
+    assert set(costs.cost_ratio) == {"hybrid"} and set(costs.part_cost_ratio) == {"hybrid"}
+    assert set(costs.part_cost_ratio["hybrid"]) == {"lookup", "eagle"}  # keyed (spec, part)
+    assert all(
+        c > 0 for c in [*costs.cost_ratio.values(), *costs.part_cost_ratio["hybrid"].values()]
+    )
 
 
 def gated(target: Any, trained: dict[str, Path], confidence: float, greedy: bool = False) -> Any:

@@ -21,7 +21,9 @@ from specdec_rs.cli.flags import add_sampling_arguments, check_model_flags, load
 from specdec_rs.cli.show import fmt, progress_bars, table
 from specdec_rs.generation import GenerationResult, generate
 from specdec_rs.limits import MAX_NEW_TOKENS
-from specdec_rs.measure import bench, workloads
+from specdec_rs.measure import workloads
+from specdec_rs.measure.demo import DemoReport, demo, demo_job
+from specdec_rs.measure.methods import Method, Policy
 from specdec_rs.policy import MAX_K, MAX_TREE, measured_policy
 
 if TYPE_CHECKING:
@@ -182,32 +184,32 @@ def show_generate(g: GeneratedText, console: Console) -> None:
         console.print("no drafts were proposed (α undefined)")
 
 
-def run_demo(args: argparse.Namespace, console: Console) -> bench.DemoReport:
+def run_demo(args: argparse.Namespace, console: Console) -> DemoReport:
     config = sampling(args)
     check_model_flags(args)
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     _checks.integer(args.prompts, "--prompts", minimum=1, maximum=2 * len(workloads.CHAT_PROMPTS))
     target, tokenizer = load_target(args)
+    job = demo_job(
+        target,
+        tokenizer,
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        temperature=config.temperature,
+        seed=args.seed,
+    )
     with progress_bars(console) as progress:
-        return bench.demo(
-            target,
-            tokenizer,
-            prompts=args.prompts,
-            max_new_tokens=args.max_new_tokens,
-            temperature=config.temperature,
-            seed=args.seed,
-            progress=progress,
-        )
+        return demo(job, prompts=args.prompts, progress=progress)
 
 
-def demo_k(method: bench.Method) -> str:
+def demo_k(method: Method) -> str:
     """The γ cell of a demo row: k, "<= k" (measured, at most k), or 0."""
-    if method.policy == "fixed":
+    if method.policy == Policy.FIXED:
         return str(method.k or 0)
-    return f"<= {method.k}" if method.policy == "measured" else "0"
+    return f"<= {method.k}" if method.policy == Policy.MEASURED else "0"
 
 
-def show_demo(r: bench.DemoReport, console: Console) -> None:
+def show_demo(r: DemoReport, console: Console) -> None:
     rows = [
         [
             row.totals.drafter,

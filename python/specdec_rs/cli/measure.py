@@ -5,7 +5,8 @@ specdec predict [--drafters prompt-lookup eagle medusa hybrid early-exit:24 trun
                 [--temperatures 0 0.7] [--prompts 20] [--max-new-tokens 128] [--k-max 8]
                 [--repeats 100] [--json]
 specdec bench   [same options] [--out bench-results] [--no-transformers]
-                [--transformers-ks 2 4 ...]   writes report.md, results.json, speedup.png
+                [--transformers-ks 2 4 ...] [--ks 1 2 4] [--policies adaptive heuristic]
+                [--trees 4 8]   writes report.md, results.json, speedup.png
 """
 
 from __future__ import annotations
@@ -20,13 +21,12 @@ from specdec_rs.cli.flags import check_model_flags, load_target
 from specdec_rs.cli.show import progress_bars, table
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import bench, workloads
-from specdec_rs.measure.predict import (
-    DEFAULT_DRAFTERS,
-    PredictReport,
-    check_drafter_specs,
-    predict,
-)
+from specdec_rs.measure.bench import MAX_TREE_SIZE
+from specdec_rs.measure.job import DEFAULT_DRAFTERS, MAX_K_MAX, Job, check_drafter_specs
+from specdec_rs.measure.methods import DEFAULT_POLICIES, POLICIES
+from specdec_rs.measure.predict import PredictReport, predict
 from specdec_rs.measure.report import bench_markdown, to_json, write_bench
+from specdec_rs.policy import MAX_K
 
 __all__ = ["add_parsers", "to_json"]
 
@@ -70,6 +70,27 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
             default=[],
             help="also run transformers at each of these constant k",
         )
+        p.add_argument(
+            "--ks",
+            nargs="*",
+            type=int,
+            default=None,
+            help="fixed γ values to run (default: chosen by each drafter's measured cost)",
+        )
+        p.add_argument(
+            "--policies",
+            nargs="*",
+            default=[x.value for x in DEFAULT_POLICIES],
+            help=f"γ policies to run, of {', '.join(x.value for x in POLICIES)}",
+        )
+        p.add_argument(
+            "--trees",
+            nargs="*",
+            type=int,
+            default=[],
+            help="tree sizes (nodes per round) to run, for drafters that draft trees, "
+            "and an adaptive tree over them",
+        )
         p.set_defaults(run=run_bench, show=show_bench)
 
 
@@ -83,31 +104,43 @@ def check_arguments(args: argparse.Namespace) -> None:
     for t in args.temperatures:
         _checks.real(t, "--temperatures", minimum=0.0)
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
-    _checks.integer(args.k_max, "--k-max", minimum=1, maximum=64)
+    _checks.integer(args.k_max, "--k-max", minimum=1, maximum=MAX_K_MAX)
     _checks.integer(args.repeats, "--repeats", minimum=1, maximum=100_000)
     check_drafter_specs(args.drafters)
+    for k in getattr(args, "ks", None) or []:
+        _checks.integer(k, "--ks", minimum=1, maximum=MAX_K)
+    for k in getattr(args, "transformers_ks", None) or []:
+        _checks.integer(k, "--transformers-ks", minimum=1, maximum=MAX_K)
+    for policy in getattr(args, "policies", None) or []:
+        _checks.choice(policy, "--policies", [x.value for x in POLICIES])
+    for n in getattr(args, "trees", None) or []:
+        _checks.integer(n, "--trees", minimum=1, maximum=MAX_TREE_SIZE)
     if getattr(args, "out", None) is not None:
         _checks.writable_dir(args.out, "--out")
 
 
-def job_arguments(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "drafter_specs": args.drafters,
-        "workloads": args.workloads,
-        "temperatures": args.temperatures,
-        "prompts": args.prompts,
-        "max_new_tokens": args.max_new_tokens,
-        "k_max": args.k_max,
-        "seed": args.seed,
-        "repeats": args.repeats,
-    }
+def build_job(args: argparse.Namespace) -> Job:
+    """The flags' job: the model loaded, the drafters built, the costs measured."""
+    target, tokenizer = load_target(args)
+    return Job.build(
+        target,
+        tokenizer,
+        drafter_specs=args.drafters,
+        workloads=args.workloads,
+        temperatures=args.temperatures,
+        prompts=args.prompts,
+        max_new_tokens=args.max_new_tokens,
+        k_max=args.k_max,
+        seed=args.seed,
+        repeats=args.repeats,
+    )
 
 
 def run_predict(args: argparse.Namespace, console: Console) -> PredictReport:
     check_arguments(args)
-    target, tokenizer = load_target(args)
+    job = build_job(args)
     with progress_bars(console) as progress:
-        return predict(target, tokenizer, **job_arguments(args), progress=progress)
+        return predict(job, progress=progress)
 
 
 def show_predict(r: PredictReport, console: Console) -> None:
@@ -162,14 +195,15 @@ def show_predict(r: PredictReport, console: Console) -> None:
 
 def run_bench(args: argparse.Namespace, console: Console) -> bench.BenchReport:
     check_arguments(args)
-    target, tokenizer = load_target(args)
+    job = build_job(args)
     with progress_bars(console) as progress:
         report = bench.run_bench(
-            target,
-            tokenizer,
-            **job_arguments(args),
+            job,
             transformers=not args.no_transformers,
             transformers_ks=args.transformers_ks,
+            ks=args.ks,
+            policies=args.policies,
+            trees=args.trees,
             progress=progress,
         )
     write_bench(report, args.out)

@@ -1,95 +1,41 @@
-"""Measured generation next to the prediction, and the demo. p = target,
-q = draft, k = γ.
+"""Measured generation next to the prediction. p = target, q = draft, k = γ.
 
-A job runs each (workload, temperature, drafter, method) over the same
-prompts, prompt by prompt (so machine drift hits every method alike), and
-reports totals: tokens/s over all new tokens and all wall time (prefill
-included), the speedup against target-only through the same loop in the same
-setting, and the decode-only speedup (prefill excluded, what the predictions
-describe).
+A bench runs each (workload, temperature, drafter, method) of a `Job` over
+the same prompts, prompt by prompt (so machine drift hits every method
+alike), and reports totals: tokens/s over all new tokens and all wall time
+(prefill included), the speedup against target-only through the same loop in
+the same setting, and the decode-only speedup (prefill excluded, what the
+predictions describe).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, fields, replace
+from functools import reduce
+from typing import Any
 
-from specdec_rs import _checks, drafters
+from specdec_rs import _checks
 from specdec_rs.generation import GenerationResult, generate
 from specdec_rs.generation.inputs import eos_set
-from specdec_rs.limits import MAX_NEW_TOKENS
-from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.costs import Costs
 from specdec_rs.measure.hf import hf_generate, strategy
-from specdec_rs.measure.predict import (
-    DEFAULT_DRAFTERS,
-    Answers,
-    ForecastPoint,
-    PredictReport,
-    Progress,
-    check_drafter_specs,
-    measure_job_costs,
-    no_progress,
-    predict,
-)
-from specdec_rs.policy import (
-    MAX_K,
-    AdaptiveK,
-    AdaptiveTree,
-    BySource,
-    HeuristicK,
-    KPolicy,
-    measured_policy,
-)
+from specdec_rs.measure.job import Job, Progress, no_progress
+from specdec_rs.measure.methods import DEFAULT_POLICIES, POLICIES, TARGET_ONLY, Method, Policy
+from specdec_rs.measure.predict import Answers, ForecastPoint, PredictReport, predict
+from specdec_rs.policy import MAX_K
 from specdec_rs.processors import SamplingConfig
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+MAX_TREE_SIZE = 256  # the largest tree a bench runs (nodes per round)
 
 
-@dataclass(frozen=True)
-class Method:
-    """How a run drafts. engine: "specdec" (this loop) or "transformers"
-    (its generate()). policy: "none" (target only), "fixed" (k drafts a round),
-    "adaptive" (AdaptiveK from the measured costs), "measured" (MeasuredK,
-    its costs measured as it runs, at most k drafts), "heuristic" (HeuristicK),
-    "tree" (draft trees of k nodes a round), "adaptive-tree" (AdaptiveTree
-    over tree sizes up to k, from the measured v(n) and c), or "default"
-    (transformers' own schedule)."""
-
-    engine: str
-    policy: str
-    k: int | None = None
-
-    @property
-    def label(self) -> str:
-        name = {
-            "none": "target-only",
-            "fixed": f"k={self.k}",
-            "tree": f"tree={self.k}",
-            "measured": f"measured (k <= {self.k})",
-        }.get(self.policy, self.policy)
-        if self.policy == "adaptive-tree":
-            name = f"adaptive tree (<= {self.k} nodes)"
-        return name if self.engine == "specdec" else f"transformers {name}".replace(" default", "")
-
-
-TARGET_ONLY = Method("specdec", "none")
-
-
-@dataclass(frozen=True)
-class Run:
-    """One generation: new tokens, wall seconds (prefill included), prefill
-    seconds (None for transformers), target passes, drafts kept and checked
-    (in all, and by draft position: kept_at[i] / checked_at[i] is
+@dataclass(frozen=True, kw_only=True)
+class Counts:
+    """What runs add up to: new tokens, wall seconds (prefill included),
+    prefill seconds (None for transformers), target passes, drafts kept and
+    checked (in all, and by draft position: kept_at[i] / checked_at[i] is
     P(draft i + 1 kept | checked))."""
 
-    workload: str
-    temperature: float
-    drafter: str
-    method: Method
-    prompt: int
     tokens: int
     seconds: float
     prefill: float | None
@@ -99,71 +45,24 @@ class Run:
     kept_at: tuple[int, ...] = ()
     checked_at: tuple[int, ...] = ()
 
-    @classmethod
-    def of(
-        cls, out: GenerationResult, workload: str, drafter: str, method: Method, prompt: int
-    ) -> Run:
-        """The numbers of one `generate` result."""
-        return cls(
-            workload,
-            out.temperature,
-            drafter,
-            method,
-            prompt,
-            out.new_tokens,
-            out.time_total,
-            out.time_prefill,
-            out.rounds,
-            sum(out.accepted),
-            sum(out.reached),
-            tuple(out.accepted),
-            tuple(out.reached),
-        )
+    def counts(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(Counts)}
 
-
-def _add(rows: Sequence[tuple[int, ...]]) -> tuple[int, ...]:
-    """Element-wise sum of tuples of different lengths."""
-    width = max((len(r) for r in rows), default=0)
-    return tuple(sum(r[i] for r in rows if i < len(r)) for i in range(width))
-
-
-@dataclass(frozen=True)
-class Totals:
-    """Runs of one (workload, temperature, drafter, method) summed over prompts."""
-
-    workload: str
-    temperature: float
-    drafter: str
-    method: Method
-    tokens: int
-    seconds: float
-    prefill: float | None
-    passes: int
-    kept: int
-    checked: int
-    kept_at: tuple[int, ...] = ()
-    checked_at: tuple[int, ...] = ()
-
-    @classmethod
-    def of(cls, runs: Sequence[Run]) -> Totals:
-        first = runs[0]
+    def plus(self, other: Counts) -> dict[str, Any]:
+        """The sums of both counts (prefill None when either has none)."""
         prefill = (
-            None if any(r.prefill is None for r in runs) else sum(r.prefill or 0.0 for r in runs)
+            None if self.prefill is None or other.prefill is None else self.prefill + other.prefill
         )
-        return cls(
-            first.workload,
-            first.temperature,
-            first.drafter,
-            first.method,
-            sum(r.tokens for r in runs),
-            sum(r.seconds for r in runs),
-            prefill,
-            sum(r.passes for r in runs),
-            sum(r.kept for r in runs),
-            sum(r.checked for r in runs),
-            _add([r.kept_at for r in runs]),
-            _add([r.checked_at for r in runs]),
-        )
+        return {
+            "tokens": self.tokens + other.tokens,
+            "seconds": self.seconds + other.seconds,
+            "prefill": prefill,
+            "passes": self.passes + other.passes,
+            "kept": self.kept + other.kept,
+            "checked": self.checked + other.checked,
+            "kept_at": _add(self.kept_at, other.kept_at),
+            "checked_at": _add(self.checked_at, other.checked_at),
+        }
 
     @property
     def tokens_per_second(self) -> float:
@@ -185,16 +84,76 @@ class Totals:
             k / c if c else float("nan") for k, c in zip(self.kept_at, self.checked_at, strict=True)
         ]
 
-    def speedup_vs(self, baseline: Totals) -> float:
+    def speedup_vs(self, baseline: Counts) -> float:
         """tokens/s over the baseline's tokens/s."""
         return self.tokens_per_second / baseline.tokens_per_second
 
-    def decode_speedup_vs(self, baseline: Totals) -> float | None:
+    def decode_speedup_vs(self, baseline: Counts) -> float | None:
         """The same with each side's prefill time removed (None without prefill times)."""
         if self.prefill is None or baseline.prefill is None:
             return None
         mine = self.tokens / (self.seconds - self.prefill)
         return mine / (baseline.tokens / (baseline.seconds - baseline.prefill))
+
+
+def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Element-wise sum of tuples of different lengths."""
+    width = max(len(a), len(b))
+    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Run(Counts):
+    """One generation of `drafter` with `method` on prompt `prompt` of `workload`."""
+
+    workload: str
+    temperature: float
+    drafter: str
+    method: Method
+    prompt: int
+
+    @classmethod
+    def of(
+        cls, out: GenerationResult, workload: str, drafter: str, method: Method, prompt: int
+    ) -> Run:
+        """The numbers of one `generate` result."""
+        return cls(
+            workload=workload,
+            temperature=out.temperature,
+            drafter=drafter,
+            method=method,
+            prompt=prompt,
+            tokens=out.new_tokens,
+            seconds=out.time_total,
+            prefill=out.time_prefill,
+            passes=out.rounds,
+            kept=sum(out.accepted),
+            checked=sum(out.reached),
+            kept_at=tuple(out.accepted),
+            checked_at=tuple(out.reached),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Totals(Counts):
+    """The sum of the runs of one (workload, temperature, drafter, method) over prompts."""
+
+    workload: str
+    temperature: float
+    drafter: str
+    method: Method
+
+    @classmethod
+    def of(cls, runs: Sequence[Run]) -> Totals:
+        first = runs[0]
+        summed = reduce(lambda acc, r: Counts(**acc.plus(r)), runs[1:], Counts(**first.counts()))
+        return cls(
+            workload=first.workload,
+            temperature=first.temperature,
+            drafter=first.drafter,
+            method=first.method,
+            **summed.counts(),
+        )
 
 
 @dataclass(frozen=True)
@@ -262,46 +221,23 @@ def totals_rows(runs: Sequence[Run], predictions: PredictReport | None = None) -
     return rows
 
 
-def _policy(method: Method, costs: Costs, spec: str, drafter: Any, k_max: int) -> int | KPolicy:
-    if method.policy == "adaptive-pooled":
-        return AdaptiveK(costs.cost_ratio[spec], costs.verify_cost, k_max=k_max)
-    if method.policy == "adaptive":
-        parts = getattr(drafter, "parts", None)
-        if parts:  # one cost model per source, each with its own c
-            return BySource(
-                {
-                    name: AdaptiveK(
-                        costs.cost_ratio[f"{spec}/{name}"], costs.verify_cost, k_max=k_max
-                    )
-                    for name in parts
-                }
-            )
-        return AdaptiveK(costs.cost_ratio[spec], costs.verify_cost, k_max=k_max)
-    if method.policy == "heuristic":
-        return HeuristicK()
-    return method.k or 1
-
-
 def run_once(
-    target: PreTrainedModel,
-    drafter: Any,
+    job: Job,
     spec: str,
     method: Method,
     ids: Any,
     config: SamplingConfig,
     *,
-    max_new_tokens: int,
     seed: int,
-    costs: Costs,
-    k_max: int,
     eos: list[int],
 ) -> tuple[Run, list[int]]:
     """One generation with `method`; (the run's numbers, its tokens)."""
+    drafter = job.drafters.get(spec)
     if method.engine == "transformers":
         r = hf_generate(
-            target,
+            job.target,
             ids,
-            max_new_tokens=max_new_tokens,
+            max_new_tokens=job.max_new_tokens,
             config=config,
             seed=seed,
             eos_token_id=eos,
@@ -313,20 +249,26 @@ def run_once(
             else 0
         )  # an assistant model's passes are not the target's
         run = Run(
-            "", config.temperature, spec, method, 0, r.new_tokens, r.time_total, None, passes, 0, 0
+            workload="",
+            temperature=config.temperature,
+            drafter=spec,
+            method=method,
+            prompt=0,
+            tokens=r.new_tokens,
+            seconds=r.time_total,
+            prefill=None,
+            passes=passes,
+            kept=0,
+            checked=0,
         )
         return run, r.tokens
-    tree: int | AdaptiveTree | None = method.k if method.policy == "tree" else None
-    if method.policy == "adaptive-tree":
-        sizes = [b for b in (2, 4, 6, 8, 12, 16) if b <= (method.k or 8)]
-        usable = [b for b in sizes if b + 1 <= len(costs.verify_cost)] or [1]
-        tree = AdaptiveTree(costs.cost_ratio[spec], costs.verify_cost, budgets=usable)
+    tree = method.tree_policy(job.costs, spec)
     out = generate(
-        target,
+        job.target,
         drafter,
         ids,
-        max_new_tokens=max_new_tokens,
-        k=1 if tree else _policy(method, costs, spec, drafter, k_max),
+        max_new_tokens=job.max_new_tokens,
+        k=1 if tree else method.k_policy(job.costs, spec, drafter, job.k_max),
         temperature=config.temperature,
         seed=seed,
         tree=tree,
@@ -334,220 +276,80 @@ def run_once(
     return Run.of(out, "", spec, method, 0), out.tokens
 
 
-# "adaptive-pooled": one cost model for every source of a drafter made of parts
-# (the ablation of "adaptive", which keeps one per source); run only for such drafters.
-POLICIES = ("adaptive", "heuristic", "adaptive-pooled")
-DEFAULT_POLICIES = ("adaptive", "heuristic")
-
-
 def bench_methods(
-    built: dict[str, Any],
-    costs: Costs,
-    k_max: int,
+    job: Job,
     transformers: bool,
     transformers_ks: Sequence[int],
     ks: Sequence[int] | None = None,
-    policies: Sequence[str] = DEFAULT_POLICIES,
+    policies: Sequence[Policy] = DEFAULT_POLICIES,
     trees: Sequence[int] = (),
 ) -> list[tuple[str, Method]]:
     """(drafter spec, method) pairs of a job, target-only first. Fixed γ:
     `ks`, or `ks_for` the drafter's cost; then each of `policies`; then a
     tree of each size in `trees` for drafters that draft trees."""
+    costs = job.measured_costs()
     jobs = [("none", TARGET_ONLY)]
     if transformers:
-        jobs.append(("none", Method("transformers", "none")))
-    for spec, drafter in built.items():
+        jobs.append(("none", Method("transformers", Policy.NONE)))
+    for spec, drafter in job.drafters.items():
         c = costs.cost_ratio[spec]
-        fixed = ks_for(c, k_max) if ks is None else [k for k in ks if k <= k_max]
-        jobs += [(spec, Method("specdec", "fixed", k)) for k in fixed]
-        jobs += [
-            (spec, Method("specdec", p))
-            for p in policies
-            if p != "adaptive-pooled" or getattr(drafter, "parts", None)
-        ]
+        fixed = ks_for(c, job.k_max) if ks is None else [k for k in ks if k <= job.k_max]
+        jobs += [(spec, Method("specdec", Policy.FIXED, k)) for k in fixed]
+        for p in policies:
+            if p == Policy.ADAPTIVE_POOLED and not getattr(drafter, "parts", None):
+                continue  # the ablation of one cost model per part: for drafters with parts
+            jobs.append((spec, Method("specdec", p, job.k_max if p == Policy.MEASURED else None)))
         if callable(getattr(drafter, "propose_tree", None)) and trees:
-            jobs += [(spec, Method("specdec", "tree", n)) for n in trees]
-            jobs.append((spec, Method("specdec", "adaptive-tree", max(trees))))
+            jobs += [(spec, Method("specdec", Policy.TREE, n)) for n in trees]
+            jobs.append((spec, Method("specdec", Policy.ADAPTIVE_TREE, max(trees))))
         if transformers and strategy(drafter) is not None:
-            jobs.append((spec, Method("transformers", "default")))
-            jobs += [(spec, Method("transformers", "fixed", k)) for k in transformers_ks]
+            jobs.append((spec, Method("transformers", Policy.DEFAULT)))
+            jobs += [(spec, Method("transformers", Policy.FIXED, k)) for k in transformers_ks]
     return jobs
 
 
 def run_bench(
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
+    job: Job,
     *,
-    drafter_specs: Sequence[str] = DEFAULT_DRAFTERS,
-    workloads: Sequence[str] = workloads_mod.WORKLOADS,
-    temperatures: Sequence[float] = (0.0, 0.7),
-    prompts: int = 3,
-    max_new_tokens: int = 96,
-    k_max: int = 8,
-    seed: int = 0,
-    repeats: int = 100,
     transformers: bool = True,
     transformers_ks: Sequence[int] = (),
     ks: Sequence[int] | None = None,
-    policies: Sequence[str] = DEFAULT_POLICIES,
+    policies: Sequence[str | Policy] = DEFAULT_POLICIES,
     trees: Sequence[int] = (),
     progress: Progress = no_progress,
 ) -> BenchReport:
-    """Real generation per drafter and method, with the forecast for the same
-    prompts (teacher forcing over the target-only runs' own answers). Fixed γ
-    values: `ks` (default: chosen by each drafter's cost); γ policies:
-    `policies` (a subset of "adaptive", "heuristic", "adaptive-pooled"); tree sizes: `trees`
-    (nodes per round, for drafters that draft trees)."""
-    specs = check_drafter_specs(drafter_specs)
-    configs = [SamplingConfig(t) for t in temperatures]
-    workloads = workloads_mod.check_names(workloads)
-    prompt_sets = {w: workloads_mod.prompt_set(tokenizer, w, prompts) for w in workloads}
-    max_new_tokens = _checks.integer(
-        max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
-    )
-    k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=64)
+    """Real generation per drafter and method of `job`, with the forecast for
+    the same prompts (teacher forcing over the target-only runs' own
+    answers). Fixed γ values: `ks` (default: chosen by each drafter's cost);
+    γ policies: `policies` (of "adaptive", "heuristic", "adaptive-pooled",
+    "measured"); tree sizes: `trees` (nodes per round, for drafters that
+    draft trees)."""
     ks_hf = [
         _checks.integer(k, "transformers_ks", minimum=1, maximum=MAX_K) for k in transformers_ks
     ]
     fixed = None if ks is None else [_checks.integer(k, "ks", minimum=1, maximum=MAX_K) for k in ks]
-    policies = [_checks.choice(p, "policies", POLICIES) for p in policies]
-    trees = [_checks.integer(n, "trees", minimum=1, maximum=256) for n in trees]
-    seed = _checks.seed(seed)
-    built = {spec: drafters.from_spec(spec, target, tokenizer) for spec in specs}
-    costs = measure_job_costs(target, tokenizer, built, k_max, repeats, workloads[0])
-    jobs = bench_methods(built, costs, k_max, transformers, ks_hf, fixed, policies, trees)
-    built["none"] = None
-    eos = sorted(eos_set(None, target))
+    chosen = [Policy(_checks.choice(p, "policies", [x.value for x in POLICIES])) for p in policies]
+    sizes = [_checks.integer(n, "trees", minimum=1, maximum=MAX_TREE_SIZE) for n in trees]
+    methods = bench_methods(job, transformers, ks_hf, fixed, chosen, sizes)
+    eos = sorted(eos_set(None, job.target))
     runs: list[Run] = []
     answers: Answers = {}
-    for workload in workloads:
-        for config in configs:
-            ids_list = prompt_sets[workload]
-            advance = progress(
-                f"bench {workload} T={config.temperature:g}", len(ids_list) * len(jobs)
-            )
+    for workload in job.workloads:
+        for temperature in job.temperatures:
+            config = SamplingConfig(temperature)
+            ids_list = job.prompt_sets[workload]
+            advance = progress(f"bench {workload} T={temperature:g}", len(ids_list) * len(methods))
             for i, ids in enumerate(ids_list):
-                for spec, method in jobs:
+                for spec, method in methods:
                     run, tokens = run_once(
-                        target,
-                        built[spec],
-                        spec,
-                        method,
-                        ids,
-                        config,
-                        max_new_tokens=max_new_tokens,
-                        seed=seed + i,
-                        costs=costs,
-                        k_max=k_max,
-                        eos=eos,
+                        job, spec, method, ids, config, seed=job.seed + i, eos=eos
                     )
-                    runs.append(_placed(run, workload, i))
+                    runs.append(replace(run, workload=workload, prompt=i))
                     if method == TARGET_ONLY:
-                        answers[(workload, config.temperature, i)] = tokens
+                        answers[(workload, temperature, i)] = tokens
                     advance()
-    predictions = predict(
-        target,
-        tokenizer,
-        drafter_specs=specs,
-        workloads=workloads,
-        temperatures=[c.temperature for c in configs],
-        prompts=prompts,
-        max_new_tokens=max_new_tokens,
-        k_max=k_max,
-        seed=seed,
-        costs=costs,
-        answers=answers,
-        progress=progress,
-    )
+    predictions = predict(job, answers=answers, progress=progress)
     rows = totals_rows(runs, predictions)
-    return BenchReport(costs, rows, runs, predictions, prompts, max_new_tokens, seed)
-
-
-def _placed(run: Run, workload: str, prompt: int) -> Run:
-    from dataclasses import replace
-
-    return replace(run, workload=workload, prompt=prompt)
-
-
-# ---- the demo ---------------------------------------------------------------------------
-
-DEMO_DRAFTERS = (
-    ("none", 1),
-    ("prompt-lookup", 8),
-    ("eagle", 3),
-    ("medusa", 3),
-    ("hybrid", 4),
-    ("early-exit:24", 2),
-    ("truncated:24", 2),
-)
-
-
-@dataclass(frozen=True)
-class DemoReport:
-    """Each drafter over the same interleaved chat and code prompts."""
-
-    temperature: float
-    prompts: int
-    max_new_tokens: int
-    rows: list[BenchRow]
-    skipped: list[str] = field(
-        default_factory=list
-    )  # default drafters this target cannot use, and why
-
-
-def demo(
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    drafter_ks: Sequence[tuple[str, int]] = DEMO_DRAFTERS,
-    prompts: int = 4,
-    max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    seed: int = 0,
-    progress: Progress = no_progress,
-) -> DemoReport:
-    """Target-only and each (drafter, k) on `prompts` built-in prompts
-    (alternately chat and code editing), each drafter with its default γ
-    policy (`policy.measured_policy`, at most k drafts a round: speculation
-    that does not pay switches itself off); speedups against target-only. With
-    the default list, drafters that cannot serve this target (e.g. heads
-    trained for another model) are left out and listed in `skipped`."""
-    if all(spec != "none" for spec, _ in drafter_ks):
-        drafter_ks = [("none", 1), *drafter_ks]  # the baseline every speedup is against
-    code, chat = workloads_mod.prompts("code"), workloads_mod.prompts("chat")
-    interleaved = [m for pair in zip(chat, code, strict=False) for m in pair]
-    count = _checks.integer(prompts, "prompts", minimum=1, maximum=len(interleaved))
-    config = SamplingConfig(temperature)
-    max_new_tokens = _checks.integer(
-        max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
+    return BenchReport(
+        job.measured_costs(), rows, runs, predictions, job.prompts, job.max_new_tokens, job.seed
     )
-    seed = _checks.seed(seed)
-    built, skipped = {}, []
-    for spec, _ in drafter_ks:
-        try:
-            built[spec] = drafters.from_spec(spec, target, tokenizer)
-        except ValueError as e:
-            if drafter_ks is not DEMO_DRAFTERS:
-                raise
-            skipped.append(f"{spec}: {e}")
-    drafter_ks = [(spec, k) for spec, k in drafter_ks if spec in built]
-    encoded = [workloads_mod.encode(tokenizer, m) for m in interleaved[:count]]
-    advance = progress("demo", len(encoded) * len(drafter_ks))
-    runs = []
-    # prompt by prompt, every drafter on it in turn: a host whose speed
-    # drifts (shared cores, frequency) shifts every method alike
-    for i, ids in enumerate(encoded):
-        for spec, k in drafter_ks:
-            method = TARGET_ONLY if spec == "none" else Method("specdec", "measured", k)
-            out = generate(
-                target,
-                built[spec],
-                ids,
-                max_new_tokens=max_new_tokens,
-                k=1 if spec == "none" else measured_policy(built[spec], k),
-                temperature=config.temperature,
-                seed=seed + i,
-            )
-            runs.append(Run.of(out, "demo", spec, method, i))
-            advance()
-    return DemoReport(config.temperature, count, max_new_tokens, totals_rows(runs), skipped)

@@ -28,12 +28,15 @@ class Costs:
 
     target_step_s: one cached single-token target step (seconds).
     verify_cost: v(n) for n = 1..k_max+1.  cost_ratio: drafter spec -> c.
+    part_cost_ratio: spec -> part -> c, for a drafter made of parts (the
+    hybrid: each part drafts its own rounds, at its own cost).
     """
 
     context_tokens: int
     target_step_s: float
     verify_cost: list[float]
     cost_ratio: dict[str, float] = field(default_factory=dict)
+    part_cost_ratio: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int = 100) -> float:
@@ -107,19 +110,6 @@ def drafter_step_time(
         return median_seconds(step, repeats)
 
 
-def with_parts(drafters: dict[str, Any]) -> dict[str, Any]:
-    """spec -> drafter, None entries dropped, and after a drafter with
-    ``parts`` (the hybrid) each part as "spec/part" (its own c)."""
-    out = {}
-    for spec, d in drafters.items():
-        if d is None:
-            continue
-        out[spec] = d
-        for name, part in getattr(d, "parts", {}).items():
-            out[f"{spec}/{name}"] = part
-    return out
-
-
 def measure_costs(
     target: PreTrainedModel,
     context: torch.Tensor,
@@ -130,13 +120,19 @@ def measure_costs(
 ) -> Costs:
     """Target step time, v(1..k_max+1) and each drafter's c at `context` (n,).
     `drafters`: spec -> drafter (None entries are skipped); a drafter made of
-    parts also gets each part's c, as "spec/part"."""
+    parts also gets each part's c (`part_cost_ratio[spec][part]`)."""
     k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=1023)
     repeats = _checks.integer(repeats, "repeats", minimum=1)
     step = decode_step_time(target, context, repeats=repeats)
     v = verify_cost_curve(target, context, max_n=k_max + 1, repeats=max(1, repeats * 3 // 20))
-    ratios = {
-        spec: drafter_step_time(d, target, context, repeats=repeats) / step
-        for spec, d in with_parts(drafters).items()
-    }
-    return Costs(len(context), step, v, ratios)
+    built = {spec: d for spec, d in drafters.items() if d is not None}
+
+    def c(drafter: Any) -> float:
+        return drafter_step_time(drafter, target, context, repeats=repeats) / step
+
+    ratios, parts = {}, {}
+    for spec, d in built.items():
+        ratios[spec] = c(d)
+        if getattr(d, "parts", None):
+            parts[spec] = {name: c(part) for name, part in d.parts.items()}
+    return Costs(len(context), step, v, ratios, parts)

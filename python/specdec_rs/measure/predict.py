@@ -9,30 +9,18 @@ teacher-forced a(t, i) (round starts placed as generation places them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, drafters, theory
+from specdec_rs import _checks, theory
 from specdec_rs.generation import generate
-from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.acceptance import Acceptance, acceptance_matrix, replay, summarize
-from specdec_rs.measure.costs import Costs, measure_costs
+from specdec_rs.measure.costs import Costs
+from specdec_rs.measure.job import Job, Progress, no_progress
 from specdec_rs.processors import SamplingConfig
 
-if TYPE_CHECKING:
-    from transformers import PreTrainedModel, PreTrainedTokenizerBase
-
-# (description, total) -> advance(): how long jobs report progress (the CLI draws bars)
-Progress = Callable[[str, int], Callable[[], None]]
 # (workload, temperature, prompt index) -> the target's answer, when already generated
 Answers = dict[tuple[str, float, int], list[int]]
-
-DEFAULT_DRAFTERS = ("prompt-lookup", "eagle", "medusa", "hybrid", "early-exit:24", "truncated:8")
-
-
-def no_progress(description: str, total: int) -> Callable[[], None]:
-    return lambda: None
 
 
 @dataclass(frozen=True)
@@ -141,105 +129,57 @@ class PredictReport:
         return None
 
 
-def check_drafter_specs(specs: Sequence[str]) -> list[str]:
-    """Drafter specs for measuring: well-formed, not 'none' (target-only is
-    always measured as the baseline), at least one."""
-    specs = list(specs)
-    if not specs:
-        raise ValueError("drafters: name at least one drafter")
-    for spec in specs:
-        if drafters.parse_spec(spec)[0].kind == "none":
-            raise ValueError(
-                "drafters: 'none' is target-only, which is always measured as the baseline; "
-                "list only drafters"
-            )
-    return specs
-
-
-def measure_job_costs(
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    built: dict[str, Any],
-    k_max: int,
-    repeats: int,
-    workload: str = "code",
-) -> Costs:
-    """Costs at the context of `workload`'s first prompt; `built`: spec -> drafter."""
-    context = workloads_mod.encode(tokenizer, workloads_mod.prompts(workload)[0])
-    return measure_costs(target, context, built, k_max=k_max, repeats=repeats)
-
-
 def predict(
-    target: PreTrainedModel,
-    tokenizer: PreTrainedTokenizerBase,
-    *,
-    drafter_specs: Sequence[str] = DEFAULT_DRAFTERS,
-    workloads: Sequence[str] = workloads_mod.WORKLOADS,
-    temperatures: Sequence[float] = (0.0, 0.7),
-    prompts: int = 20,
-    max_new_tokens: int = 128,
-    k_max: int = 8,
-    seed: int = 0,
-    repeats: int = 100,
-    costs: Costs | None = None,
-    answers: Answers | None = None,
-    progress: Progress = no_progress,
+    job: Job, *, answers: Answers | None = None, progress: Progress = no_progress
 ) -> PredictReport:
     """Teacher-forced acceptance and the forecast per (workload, temperature,
-    drafter): the target answers `prompts` built-in prompts per workload
-    (or `answers` gives them), each drafter scores the answers."""
+    drafter) of `job`: the target answers the job's prompts (or `answers`
+    gives them), each drafter scores the answers."""
     import torch
 
-    specs = check_drafter_specs(drafter_specs)
-    settings = [(w, SamplingConfig(t)) for w in workloads for t in temperatures]
-    workloads = workloads_mod.check_names(workloads)
-    prompt_sets = {w: workloads_mod.prompt_set(tokenizer, w, prompts) for w in workloads}
-    max_new_tokens = _checks.integer(max_new_tokens, "max_new_tokens", minimum=1)
-    k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=64)
-    seed = _checks.seed(seed)
-    built = {spec: drafters.from_spec(spec, target, tokenizer) for spec in specs}
-    if costs is None:
-        costs = measure_job_costs(target, tokenizer, built, k_max, repeats, workloads[0])
+    costs = job.measured_costs()
     answers = answers or {}
     results = []
-    for workload, config in settings:
-        advance = progress(f"predict {workload} T={config.temperature:g}", len(specs) + 1)
-        texts = []
-        for i, ids in enumerate(prompt_sets[workload]):
-            tokens = answers.get((workload, config.temperature, i))
-            if tokens is None:
-                tokens = generate(
-                    target,
-                    None,
-                    ids,
-                    max_new_tokens=max_new_tokens,
-                    temperature=config.temperature,
-                    seed=seed + i,
-                ).tokens
-            texts.append((ids, torch.tensor(tokens, dtype=torch.long)))
-        advance()
-        for spec, drafter in built.items():
-            mats = [
-                acceptance_matrix(target, drafter, ids, answer, config, k_max)
-                for ids, answer in texts
-                if len(answer) >= k_max
-            ]
-            acc = summarize(mats)
-            c = costs.cost_ratio[spec]
-            fc = forecast(acc, c, costs.verify_cost)
-            results.append(
-                DrafterForecast(
-                    workload,
-                    config.temperature,
-                    spec,
-                    acc.alpha,
-                    acc.position_alpha,
-                    acc.positions,
-                    c,
-                    fc.break_even_cost,
-                    c > 0.8 * fc.break_even_cost,
-                    fc,
-                )
-            )
+    for workload in job.workloads:
+        for temperature in job.temperatures:
+            config = SamplingConfig(temperature)
+            advance = progress(f"predict {workload} T={temperature:g}", len(job.drafters) + 1)
+            texts = []
+            for i, ids in enumerate(job.prompt_sets[workload]):
+                tokens = answers.get((workload, temperature, i))
+                if tokens is None:
+                    tokens = generate(
+                        job.target,
+                        None,
+                        ids,
+                        max_new_tokens=job.max_new_tokens,
+                        temperature=temperature,
+                        seed=job.seed + i,
+                    ).tokens
+                texts.append((ids, torch.tensor(tokens, dtype=torch.long)))
             advance()
-    return PredictReport(costs, results, prompts, max_new_tokens, seed)
+            for spec, drafter in job.drafters.items():
+                mats = [
+                    acceptance_matrix(job.target, drafter, ids, answer, config, job.k_max)
+                    for ids, answer in texts
+                    if len(answer) >= job.k_max
+                ]
+                acc = summarize(mats)
+                c = costs.cost_ratio[spec]
+                fc = forecast(acc, c, costs.verify_cost)
+                results.append(
+                    DrafterForecast(
+                        workload,
+                        temperature,
+                        spec,
+                        acc.alpha,
+                        acc.position_alpha,
+                        acc.positions,
+                        c,
+                        fc.break_even_cost,
+                        c > 0.8 * fc.break_even_cost,
+                        fc,
+                    )
+                )
+                advance()
+    return PredictReport(costs, results, job.prompts, job.max_new_tokens, job.seed)

@@ -60,7 +60,13 @@ BENCH_HEADER = [
 def bench_markdown(report: BenchReport) -> str:
     costs = report.costs
     v = ", ".join(f"{x:.2f}" for x in costs.verify_cost)
-    cs = ", ".join(f"{k} {c:.3f}" for k, c in costs.cost_ratio.items())
+    cs = ", ".join(
+        f"{spec} {c:.3f}"
+        + "".join(
+            f", {spec} {part} {pc:.3f}" for part, pc in costs.part_cost_ratio.get(spec, {}).items()
+        )
+        for spec, c in costs.cost_ratio.items()
+    )
     lines = [
         f"Target decode step {costs.target_step_s * 1e3:.1f} ms at {costs.context_tokens} "
         f"tokens of context; v(n), n = 1..{len(costs.verify_cost)}: {v}; c: {cs}.",
