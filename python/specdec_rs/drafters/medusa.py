@@ -18,12 +18,12 @@ import numpy as np
 from specdec_rs import _checks
 from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree
 from specdec_rs.drafters.draft import Draft, TreeDraft
-from specdec_rs.drafters.eagle import (
+from specdec_rs.drafters.registry import register
+from specdec_rs.drafters.trained import (
     check_head_target,
     draft_rows,
     teacher_forced_acceptance,
 )
-from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
 from specdec_rs.trees import chain_with_alternatives
 
