@@ -11,7 +11,7 @@ The checks of a drafter's proposals live with `Draft` / `TreeDraft`
 
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.generation.loop import generate
-from specdec_rs.generation.result import GenerationResult
+from specdec_rs.generation.result import Divergence, GenerationResult, divergence
 from specdec_rs.generation.rounds import Round
 
-__all__ = ["Decoder", "GenerationResult", "Round", "generate"]
+__all__ = ["Decoder", "Divergence", "GenerationResult", "Round", "divergence", "generate"]

@@ -57,10 +57,13 @@ class Decoder:
         vocab_size: int | None = None,
         *,
         transfer: str = "auto",
+        margins: bool = False,
     ):
         import torch
 
         self.t_start = time.perf_counter()
+        self.record_margins = margins
+        self.margins: list[float] = []
         self.target, self.drafter, self.config, self.seed = target, drafter, config, seed
         vocab = shared_vocab(target, drafter, vocab_size)
         self.vocab = vocab
@@ -119,6 +122,10 @@ class Decoder:
         t2 = time.perf_counter()
         p = sampler.probs(logits, name="the target's logits")
         emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
+        margins = None
+        if self.record_margins:  # the rows the emitted tokens were chosen from
+            chosen = range(len(emitted)) if parents is None else [0, *(i + 1 for i in kept)]
+            margins = logit_margins(logits[list(chosen), : self.vocab])
         n = len(seq)  # the cache held n - 1 entries; the forward added 1 + len(tokens)
         if parents is None:
             models.crop(self.cache, n + len(kept))
@@ -151,6 +158,7 @@ class Decoder:
             p=p,
             q=proposal.q,
             tokens=tokens,
+            margins=margins,
         )
         self.stats.add(r)
         return r
@@ -199,10 +207,16 @@ class Decoder:
         emitted = tuple(int(t) for t in out)
         return emitted, list(range(len(emitted) - 1))
 
-    def append(self, tokens: list[int] | tuple[int, ...]) -> None:
+    def append(
+        self, tokens: list[int] | tuple[int, ...], margins: tuple[float, ...] | None = None
+    ) -> None:
+        """Commit `tokens` (a round's emitted tokens or a prefix of them) and,
+        when margins are recorded, theirs."""
         import torch
 
         self.seq = torch.cat([self.seq, torch.tensor(tokens, dtype=torch.long)])
+        if margins is not None:
+            self.margins += margins[: len(tokens)]
 
     def result(self, stop: str, policy: str, k: int | None, tree: bool) -> GenerationResult:
         """k: the k to report (None: the most any round used)."""
@@ -229,7 +243,18 @@ class Decoder:
             time_total=time.perf_counter() - self.t_start,
             k_per_round=s.k_per_round,
             kept_per_round=s.kept_per_round,
+            margins=self.margins,
         )
+
+
+def logit_margins(logits: torch.Tensor) -> tuple[float, ...]:
+    """Per row of (n, V) logits: the largest minus the second largest (0 at a tie)."""
+    import torch
+
+    rows = logits.float()
+    top = rows.max(-1)
+    rest = rows.scatter(-1, top.indices[:, None], -torch.inf).amax(-1)
+    return tuple(float(x) for x in top.values - rest)
 
 
 def _joined(last: torch.Tensor, drafts: torch.Tensor, device: Any) -> torch.Tensor:

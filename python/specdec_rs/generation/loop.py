@@ -67,6 +67,7 @@ def generate(
     allow_past_context: bool = False,
     transfer: str = "auto",
     tree: Any = None,
+    margins: bool = False,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -90,6 +91,9 @@ def generate(
     compacted to the accepted path. A tree policy (e.g. `AdaptiveTree`, with
     next_budget(), observe(budget, depth, emitted) and reset()) chooses the
     size each round instead.
+    margins=True (temperature 0 only) records the target's logit margin,
+    top-1 minus top-2, at each new token (`GenerationResult.margins`), so
+    `divergence(a, b)` can say how near a tie two greedy runs parted.
     """
     import torch
 
@@ -105,6 +109,11 @@ def generate(
         if hook is not None:
             _checks.function(hook, name)
     allow = _checks.boolean(allow_past_context, "allow_past_context")
+    if _checks.boolean(margins, "margins") and config.temperature != 0:
+        raise ValueError(
+            f"margins=True records greedy margins; temperature = {config.temperature:g}: "
+            "pass temperature=0 or margins=False"
+        )
     prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
     check_context(target, len(prompt), max_new, allow)
     trees = None if tree is None else check_tree_drafter(drafter, tree)
@@ -112,7 +121,9 @@ def generate(
     if trees is not None:
         trees.reset()
     with torch.inference_mode():
-        decoder = Decoder(target, drafter, prompt, config, seed, vocab_size, transfer=transfer)
+        decoder = Decoder(
+            target, drafter, prompt, config, seed, vocab_size, transfer=transfer, margins=margins
+        )
         if trees is None:
             announce_catch_up(policy, drafter, decoder, max_new)
         stop = "length"
@@ -134,7 +145,7 @@ def generate(
             if hit is not None:
                 new = new[: hit + 1]
                 stop = "eos"
-            decoder.append(new)
+            decoder.append(new, r.margins)
             if on_tokens is not None:
                 on_tokens(new)
             if stop == "eos":

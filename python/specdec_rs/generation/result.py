@@ -19,6 +19,8 @@ class GenerationResult(Throughput):
     position_alpha[i] = accepted[i] / reached[i] is P(accept i | reached i).
     alpha = sum(accepted) / sum(reached): the i.i.d. estimate of α.
     k_per_round, kept_per_round: drafts asked for and kept, round by round.
+    margins: with generate(margins=True) (temperature 0), the target's logit
+    margin, top-1 minus top-2, at each new token; empty otherwise.
     Times in seconds; total includes the prefill.
     """
 
@@ -43,6 +45,7 @@ class GenerationResult(Throughput):
     time_total: float
     k_per_round: list[int] = field(repr=False)
     kept_per_round: list[int] = field(repr=False)
+    margins: list[float] = field(default_factory=list, repr=False)
 
     @property
     def tokens_per_pass(self) -> float:
@@ -84,3 +87,29 @@ class GenerationResult(Throughput):
             "time_verify": self.time_verify,
             "time_total": self.time_total,
         }
+
+
+@dataclass(frozen=True)
+class Divergence:
+    """Where two greedy generations of one prompt part: the first index at
+    which their tokens differ, each run's token there, and each run's logit
+    margin (top-1 minus top-2) there, when recorded (NaN otherwise). Two exact
+    greedy runs can part only where the target's top two logits are within
+    the rounding of the forward (bfloat16: a few 2^-8 of the logits' size)."""
+
+    index: int
+    tokens: tuple[int, int]
+    margins: tuple[float, float]
+
+
+def divergence(a: GenerationResult, b: GenerationResult) -> Divergence | None:
+    """The first difference of `a` and `b` (None when one's tokens are a
+    prefix of the other's: the same text up to the shorter budget or EOS)."""
+    for i, (x, y) in enumerate(zip(a.tokens, b.tokens, strict=False)):
+        if x != y:
+            return Divergence(i, (x, y), (_margin(a, i), _margin(b, i)))
+    return None
+
+
+def _margin(r: GenerationResult, i: int) -> float:
+    return r.margins[i] if i < len(r.margins) else float("nan")

@@ -24,6 +24,8 @@ class Round:
     forward's positions (drafted + 1).
     p, q, tokens: what the verifier read: the target's processed rows, the
     drafter's rows (None for a fixed tree) and the drafts (on the models' device).
+    margins: with generate(margins=True), the target's logit margin (top-1
+    minus top-2) at each emitted token's position, else None.
     """
 
     index: int
@@ -41,6 +43,7 @@ class Round:
     p: Any = field(default=None, repr=False, compare=False)
     q: Any = field(default=None, repr=False, compare=False)
     tokens: Any = field(default=None, repr=False, compare=False)
+    margins: tuple[float, ...] | None = field(default=None, repr=False)
 
     @property
     def checked(self) -> int:
