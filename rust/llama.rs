@@ -12,6 +12,9 @@
 //! positions or threads: a position's outputs are the same bits alone or
 //! in a verification batch, so greedy speculative output equals target-only
 //! greedy output by construction.
+//!
+//! Over 400 lines: one decoder layer's steps (norms, rotary, attention, MLP) in their
+//! fixed order, read top to bottom.
 
 use crate::error::SpecError;
 use crate::quant::{qlinear, Path, QType};

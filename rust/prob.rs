@@ -5,6 +5,9 @@
 //! w = max(0, p − q)) takes one pass that sums w per chunk of `CHUNK`
 //! entries, then a scan of the one chunk that holds u · Σw. The token
 //! returned always has w > 0.
+//!
+//! Over 400 lines: every row scan the verifiers share, each portable body beside its AVX2
+//! twin, which must agree with it bit for bit (read side by side, tested together).
 
 use crate::error::{Loc, Result, SpecError};
 

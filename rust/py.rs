@@ -1,6 +1,9 @@
 //! The Python boundary (module `specdec_rs._core`): NumPy arrays in, zero-copy,
 //! GIL released around the work, `SpecError` out as `ValueError`, Ctrl-C
 //! honoured during long simulations.
+//!
+//! Over 400 lines on purpose: the one file that touches PyO3 (house style), one thin
+//! wrapper per function.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};

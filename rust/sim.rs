@@ -3,13 +3,16 @@
 //! p = target, q = draft, k = γ. A table has shape (S, V): S = V is a Markov
 //! chain on the last token (row r is the distribution after token r), S = 1 a
 //! prefix-independent model. The exact rounds run the verifier's own code
-//! (`verify::chain_round`, `block::block_round`, `tree::walk`); besides them
+//! (`verify::chain_round_with`, `block::block_round`, `tree::walk`); besides them
 //! the engine reproduces the known bugs (`Variant`), which alone keep code of
 //! their own, so that tests can show they are caught.
 //!
 //! Work is cut into fixed blocks of `BLOCK` runs (or rounds), block b drawing
 //! from the stream of `row_seed(seed, b)`: counts are integer sums over
 //! blocks, identical for any thread count.
+//!
+//! Over 400 lines: the engine and the known bugs it reproduces (each bug's rule is its
+//! own code; the exact rounds are the verifiers').
 
 use std::borrow::Cow;
 use std::sync::atomic::{AtomicBool, Ordering};

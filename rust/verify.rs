@@ -13,6 +13,9 @@
 //! only the entries and rows the round reads are checked, so no input can
 //! cause a panic, a NaN or an id outside [0, V), but an unread row that does
 //! not sum to 1 goes unseen.
+//!
+//! Over 400 lines: the chain round, its checks, the two-phase (gathered) round and the
+//! batch: one rule and the three ways it is called.
 
 use ndarray::{ArrayView1, ArrayView2, ArrayView3, Axis};
 use rand::RngExt;
