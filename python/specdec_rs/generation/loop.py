@@ -74,7 +74,7 @@ def generate(
     The output has exactly the distribution of target-only sampling with the
     same processors (at temperature 0: the target's greedy output). Stops after
     the first EOS (kept) or at the budget. `on_tokens` gets each round's new ids.
-    k: drafts per round, or a policy choosing them each round (see policy.py).
+    k: drafts per round, or a policy choosing them each round (see `specdec_rs.policy`).
     seed=None draws one (reported in the result); same seed, same output.
     input_ids: one prompt, (n,) or (1, n); batch > 1 is a ValueError.
     A prompt plus max_new_tokens past the target's context
