@@ -174,6 +174,9 @@ def test_predict_and_bench(
         (["train-drafter", "--draft-vocab", "-1"], ["--draft-vocab = -1"]),
         (["train-drafter", "--out", ""], ["--out = ''; expected a file name"]),
         (["train-drafter", "--prompts-file", "/nonexistent"], ["is not a file"]),
+        (["generate"], ["give a prompt or --prompts-file F"]),
+        (["generate", "hi", "--prompts-file", "p.jsonl"], ["give a prompt or --prompts-file F"]),
+        (["generate", "--prompts-file", "/nonexistent"], ["is not a file"]),
     ],
 )
 def test_model_commands_fail_with_one_line(
@@ -245,3 +248,23 @@ def test_train_drafter_end_to_end(
     assert json.loads(capsys.readouterr().out)["text"] == plain["text"]
     assert main(["generate", "hi", "--drafter", f"{kind}:{head}"]) == 2  # SmolLM2 is another target
     one_line_error(capsys.readouterr().err, "trained for another target")
+
+
+def test_generate_runs_every_prompt_of_a_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--prompts-file: each prompt in turn with seed --seed + i, as the same
+    prompt alone with that seed; the totals add up; --raw refuses conversations."""
+    prompts = tmp_path / "prompts.jsonl"
+    lines = ['{"prompt": "Say hi."}', '"Name a color."']
+    prompts.write_text("\n".join([*lines, '{"messages": [{"role": "user", "content": "Why?"}]}']))
+    args = ["--max-new-tokens", "5", "--temperature", "0.7", "--seed", "3", "--json"]
+    assert main(["generate", "--prompts-file", str(prompts), *args]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert len(out["results"]) == 3 and out["totals"]["prompts"] == 3
+    assert out["totals"]["new_tokens"] == sum(r["new_tokens"] for r in out["results"])
+    assert [r["seed"] for r in out["results"]] == [3, 4, 5]
+    assert main(["generate", "Name a color.", *args[:-3], "--seed", "4", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] == out["results"][1]["text"]
+    assert main(["generate", "--prompts-file", str(prompts), "--raw"]) == 2
+    one_line_error(capsys.readouterr().err, "--raw encodes plain text", "conversations")

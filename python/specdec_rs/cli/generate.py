@@ -1,6 +1,7 @@
 """specdec generate | demo: speculative generation on real models.
 
-specdec generate "PROMPT" [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
+specdec generate "PROMPT" | --prompts-file F
+                 [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
                  [--k 4 | --tree NODES] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
                  [--max-new-tokens 128] [--greedy-draft] [--draft-confidence TAU] [--raw]
                  [--allow-past-context]
@@ -32,7 +33,15 @@ if TYPE_CHECKING:
 
 def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
     g = sub.add_parser("generate", parents=parents, help="speculative generation with statistics")
-    g.add_argument("prompt")
+    g.add_argument("prompt", nargs="?", default=None)
+    g.add_argument(
+        "--prompts-file",
+        default=None,
+        metavar="F",
+        help="run every prompt of F in one process, in order (prompt i with seed --seed + i): "
+        'a .jsonl of {"prompt": ...} or {"messages": [...]} lines or JSON strings, or a '
+        "text file of one message per line",
+    )
     g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
     g.add_argument(
         "--k",
@@ -86,11 +95,41 @@ class GeneratedText:
         return {"text": self.text, **self.result.summary()}
 
 
-def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText:
-    """The text and the generation's statistics."""
-    config = sampling(args)
+@dataclass(frozen=True)
+class GeneratedTexts:
+    """`--prompts-file`: each prompt's text and result, and their totals;
+    `--json` writes {"results": [each summary], "totals": {...}}."""
+
+    runs: list[GeneratedText]
+
+    def totals(self) -> dict[str, Any]:
+        results = [g.result for g in self.runs]
+        tokens = sum(r.new_tokens for r in results)
+        rounds = sum(r.rounds for r in results)
+        seconds = sum(r.time_total for r in results)
+        checked = sum(sum(r.reached) for r in results)
+        return {
+            "prompts": len(results),
+            "new_tokens": tokens,
+            "rounds": rounds,
+            "tokens_per_pass": tokens / rounds if rounds else 0.0,
+            "alpha": sum(sum(r.accepted) for r in results) / checked if checked else float("nan"),
+            "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
+            "time_total": seconds,
+        }
+
+    def summary(self) -> dict[str, Any]:
+        return {"results": [g.summary() for g in self.runs], "totals": self.totals()}
+
+
+def check_generate_flags(args: argparse.Namespace) -> list[Any]:
+    """Every flag, before the model loads; the prompts (one, or the file's)."""
     check_model_flags(args)
-    _checks.utf8_text(args.prompt, "the prompt")
+    if (args.prompt is None) == (args.prompts_file is None):
+        raise ValueError(
+            'give a prompt or --prompts-file F (one of the two): specdec generate "PROMPT" '
+            "or specdec generate --prompts-file prompts.jsonl"
+        )
     _checks.integer(args.max_new_tokens, "--max-new-tokens", minimum=1, maximum=MAX_NEW_TOKENS)
     if args.k is not None:
         _checks.integer(args.k, "--k", minimum=1, maximum=MAX_K)
@@ -103,32 +142,61 @@ def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText:
             "the head's confidence; drop one of the two"
         )
     drafters.parse_spec(args.drafter)
+    if args.prompt is not None:
+        return [_checks.utf8_text(args.prompt, "the prompt")]
+    from specdec_rs.training.prompts import read_prompts_file
+
+    prompts = read_prompts_file(args.prompts_file)
+    if args.raw and any(isinstance(p, list) for p in prompts):
+        raise ValueError(
+            f"--raw encodes plain text, but {args.prompts_file} holds conversations "
+            '({"messages": ...}), which need the chat template; drop --raw'
+        )
+    _checks.seed(args.seed + len(prompts) - 1, "--seed + the number of prompts - 1")
+    return prompts
+
+
+def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText | GeneratedTexts:
+    """The text and the generation's statistics; with --prompts-file, each
+    prompt's in turn (one drafter object serves them all) and the totals."""
+    config = sampling(args)
+    prompts = check_generate_flags(args)
     target, tokenizer = load_target(args)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
     drafter = drafters.gated(drafter, args.draft_confidence)
-    ids = (
-        tokenizer(args.prompt, return_tensors="pt")["input_ids"][0]
-        if args.raw
-        else workloads.encode(tokenizer, args.prompt)
-    )
-    stream = TextStream(tokenizer, console) if not args.json else None
-    result: GenerationResult = generate(
-        target,
-        drafter,
-        ids,
-        max_new_tokens=args.max_new_tokens,
-        k=args.k if args.k is not None else measured_policy(drafter) if drafter else 1,
-        seed=args.seed,
-        temperature=config.temperature,
-        top_k=config.top_k,
-        top_p=config.top_p,
-        min_p=config.min_p,
-        vocab_size=len(tokenizer) if drafter is not None else None,
-        on_tokens=stream,
-        allow_past_context=args.allow_past_context,
-        tree=args.tree,
-    )
-    return GeneratedText(tokenizer.decode(result.tokens, skip_special_tokens=True), result)
+    many = args.prompts_file is not None
+    runs = []
+    for i, prompt in enumerate(prompts):
+        ids = (
+            tokenizer(prompt, return_tensors="pt")["input_ids"][0]
+            if args.raw
+            else workloads.encode(tokenizer, prompt)
+        )
+        if many and not args.json:
+            console.out(f"--- prompt {i + 1} of {len(prompts)}", highlight=False)
+        stream = TextStream(tokenizer, console) if not args.json else None
+        result: GenerationResult = generate(
+            target,
+            drafter,
+            ids,
+            max_new_tokens=args.max_new_tokens,
+            k=args.k if args.k is not None else measured_policy(drafter) if drafter else 1,
+            seed=args.seed + i,
+            temperature=config.temperature,
+            top_k=config.top_k,
+            top_p=config.top_p,
+            min_p=config.min_p,
+            vocab_size=len(tokenizer) if drafter is not None else None,
+            on_tokens=stream,
+            allow_past_context=args.allow_past_context,
+            tree=args.tree,
+        )
+        if stream is not None and many:
+            console.out("")
+        runs.append(
+            GeneratedText(tokenizer.decode(result.tokens, skip_special_tokens=True), result)
+        )
+    return GeneratedTexts(runs) if many else runs[0]
 
 
 class TextStream:
@@ -148,20 +216,20 @@ class TextStream:
             self.printed = len(text)
 
 
-def show_generate(g: GeneratedText, console: Console) -> None:
-    r = g.result
-    console.out("")
-    header = [
-        "new tokens",
-        "tokens/s",
-        "target passes",
-        "tokens/pass",
-        "α",
-        "draft s",
-        "target s",
-        "verify s",
-    ]
-    row = [
+GENERATE_HEADER = [
+    "new tokens",
+    "tokens/s",
+    "target passes",
+    "tokens/pass",
+    "α",
+    "draft s",
+    "target s",
+    "verify s",
+]
+
+
+def generate_cells(r: GenerationResult) -> list[str]:
+    return [
         str(r.new_tokens),
         fmt(r.tokens_per_second, ".1f"),
         str(r.rounds),
@@ -171,9 +239,17 @@ def show_generate(g: GeneratedText, console: Console) -> None:
         fmt(r.time_target, ".2f"),
         fmt(r.time_verify, ".3f"),
     ]
+
+
+def show_generate(g: GeneratedText | GeneratedTexts, console: Console) -> None:
+    if isinstance(g, GeneratedTexts):
+        show_many(g, console)
+        return
+    r = g.result
+    console.out("")
     shape = f"tree of {r.k}" if r.tree else f"k = {r.k}"
     title = f"drafter {r.drafter}, {shape}, temperature {r.temperature:g}"
-    console.print(table(title, header, [row]))
+    console.print(table(title, GENERATE_HEADER, [generate_cells(r)]))
     if r.reached:
         alphas = ", ".join(fmt(a, ".2f") for a in r.position_alpha)
         console.print(
@@ -182,6 +258,27 @@ def show_generate(g: GeneratedText, console: Console) -> None:
         )
     elif r.drafter != "none":
         console.print("no drafts were proposed (α undefined)")
+
+
+def show_many(g: GeneratedTexts, console: Console) -> None:
+    first = g.runs[0].result
+    t = g.totals()
+    rows = [[str(i + 1), *generate_cells(run.result)] for i, run in enumerate(g.runs)]
+    rows.append(
+        [
+            "all",
+            str(t["new_tokens"]),
+            fmt(t["tokens_per_second"], ".1f"),
+            str(t["rounds"]),
+            fmt(t["tokens_per_pass"], ".2f"),
+            fmt(t["alpha"], ".3f"),
+            "",
+            "",
+            "",
+        ]
+    )
+    title = f"{t['prompts']} prompts, drafter {first.drafter}, temperature {first.temperature:g}"
+    console.print(table(title, ["prompt", *GENERATE_HEADER], rows))
 
 
 def run_demo(args: argparse.Namespace, console: Console) -> DemoReport:
