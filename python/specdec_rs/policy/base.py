@@ -78,6 +78,8 @@ class Foreign:
         self.inner, self.tree = inner, tree
 
     def __getattr__(self, name: str) -> Any:
+        if name in ("inner", "tree"):  # not set yet (e.g. while unpickling): no recursion
+            raise AttributeError(name)
         return getattr(self.inner, name)
 
     def observe_round(self, r: Round) -> None:
