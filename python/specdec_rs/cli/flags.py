@@ -7,7 +7,7 @@ import argparse
 import functools
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, kernels, models
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -27,14 +27,14 @@ def model_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
     model.add_argument(
         "--weights",
         default="auto",
-        choices=("auto", "gguf", "float32"),
+        choices=models.WEIGHTS,
         help="SmolLM2 (or a .gguf --model): gguf keeps the file's precision (Rust kernels), "
         "float32 the dequantized reference (auto: gguf on the CPU in float32)",
     )
     model.add_argument(
         "--linear",
         default="auto",
-        choices=("auto", "rust", "torch"),
+        choices=kernels.LINEAR_CHOICES,
         help="linear layers over few positions: Rust product on the CPU in float32 "
         "(auto: with <= 2 torch threads) or torch's",
     )

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
-from specdec_rs.drafters.draft import Flag, checked_draft, checked_tree
+from specdec_rs.drafters.draft import Draft, Flag, checked_draft, checked_tree
 from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round, Stats
@@ -102,6 +102,8 @@ class Decoder:
         return self._round(budget, tree=True)
 
     def _round(self, asked: int, tree: bool) -> Round:
+        import torch
+
         seq, sampler, drafter = self.seq, self.sampler, self.drafter
         t0 = time.perf_counter()
         proposal, flags = self._propose(asked, tree)
@@ -110,7 +112,7 @@ class Decoder:
         if parents is None:
             logits, hidden = models.forward_with_hidden(
                 self.target,
-                _joined(seq[-1:], tokens, self.device),
+                torch.cat([seq[-1:].to(self.device), tokens.to(self.device)]),
                 self.cache,
                 keep=len(tokens) + 1,
                 hidden=self.wants_hidden,
@@ -131,7 +133,7 @@ class Decoder:
             models.crop(self.cache, n + len(kept))
         else:
             keep = [*range(n), *(n + i for i in kept)]
-            models.keep_positions(self.cache, _long(keep))
+            models.keep_positions(self.cache, torch.tensor(keep))
         if drafter is not None:
             rows = hidden
             if hidden is not None:
@@ -167,8 +169,6 @@ class Decoder:
         """The drafter's checked proposal (an empty chain without a drafter or
         with k = 0) and the value checks deferred to the verifier's copy."""
         import torch
-
-        from specdec_rs.drafters.draft import Draft
 
         drafter = self.drafter
         if tree:
@@ -255,15 +255,3 @@ def logit_margins(logits: torch.Tensor) -> tuple[float, ...]:
     top = rows.max(-1)
     rest = rows.scatter(-1, top.indices[:, None], -torch.inf).amax(-1)
     return tuple(float(x) for x in top.values - rest)
-
-
-def _joined(last: torch.Tensor, drafts: torch.Tensor, device: Any) -> torch.Tensor:
-    import torch
-
-    return torch.cat([last.to(device), drafts.to(device)])
-
-
-def _long(values: list[int]) -> torch.Tensor:
-    import torch
-
-    return torch.tensor(values)

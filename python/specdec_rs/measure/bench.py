@@ -48,21 +48,21 @@ class Counts:
     def counts(self) -> dict[str, Any]:
         return {f.name: getattr(self, f.name) for f in fields(Counts)}
 
-    def plus(self, other: Counts) -> dict[str, Any]:
+    def plus(self, other: Counts) -> Counts:
         """The sums of both counts (prefill None when either has none)."""
         prefill = (
             None if self.prefill is None or other.prefill is None else self.prefill + other.prefill
         )
-        return {
-            "tokens": self.tokens + other.tokens,
-            "seconds": self.seconds + other.seconds,
-            "prefill": prefill,
-            "passes": self.passes + other.passes,
-            "kept": self.kept + other.kept,
-            "checked": self.checked + other.checked,
-            "kept_at": _add(self.kept_at, other.kept_at),
-            "checked_at": _add(self.checked_at, other.checked_at),
-        }
+        return Counts(
+            tokens=self.tokens + other.tokens,
+            seconds=self.seconds + other.seconds,
+            prefill=prefill,
+            passes=self.passes + other.passes,
+            kept=self.kept + other.kept,
+            checked=self.checked + other.checked,
+            kept_at=_add(self.kept_at, other.kept_at),
+            checked_at=_add(self.checked_at, other.checked_at),
+        )
 
     @property
     def tokens_per_second(self) -> float:
@@ -146,7 +146,7 @@ class Totals(Counts):
     @classmethod
     def of(cls, runs: Sequence[Run]) -> Totals:
         first = runs[0]
-        summed = reduce(lambda acc, r: Counts(**acc.plus(r)), runs[1:], Counts(**first.counts()))
+        summed = reduce(Counts.plus, runs[1:], Counts(**first.counts()))
         return cls(
             workload=first.workload,
             temperature=first.temperature,
