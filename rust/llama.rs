@@ -91,8 +91,8 @@ pub struct Weights<'a> {
     pub ffn_norm: &'a [f32],
 }
 
-/// The layer's cache: keys and values (kv_heads, capacity, d), positions
-/// 0..past filled; this step writes past..past + n.
+/// One sequence's cache in a layer: keys and values (kv_heads, capacity,
+/// d), positions 0..past filled; this step writes past..past + n.
 pub struct Cache<'a> {
     pub keys: &'a mut [f32],
     pub values: &'a mut [f32],
@@ -105,20 +105,30 @@ pub struct Cache<'a> {
 /// attend (a tree's mask).
 pub type Mask<'a> = Option<&'a [u8]>;
 
+/// One sequence of a step: its `n` consecutive rows of x, its cache, its mask.
+pub struct Segment<'a> {
+    pub n: usize,
+    pub cache: Cache<'a>,
+    pub mask: Mask<'a>,
+}
+
 fn bad(what: String) -> SpecError {
     SpecError::Invalid(format!("llama layer: {what}"))
 }
 
-/// `x` (n, hidden), the residual stream, goes through the layer in place.
-/// `cos`, `sin` (n, d): the rotary tables at the n positions (both halves).
+/// `x` (N, hidden), the residual stream of N = Σ n_s rows (the segments'
+/// rows one after another: one sequence, or a batch of sequences of
+/// ragged lengths), goes through the layer in place. `cos`, `sin` (N, d):
+/// the rotary tables at each row's position (both halves). The products run
+/// once over all N rows (each row's outputs from that row alone, so a
+/// sequence's bits do not depend on its batch); attention runs per segment
+/// over that segment's cache.
 #[allow(clippy::too_many_arguments)]
 pub fn layer(
     x: &mut [f32],
-    n: usize,
     cos: &[f32],
     sin: &[f32],
-    cache: Cache<'_>,
-    mask: Mask<'_>,
+    segments: &mut [Segment<'_>],
     w: Weights<'_>,
     s: Shape,
     threads: usize,
@@ -132,10 +142,10 @@ pub fn layer(
         )));
     }
     let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-    let total = cache.past + n;
+    let n: usize = segments.iter().map(|g| g.n).sum();
     if x.len() != n * h || cos.len() != n * d || sin.len() != n * d {
         return Err(bad(format!(
-            "x, cos, sin hold {}, {}, {} values for n = {n}",
+            "x, cos, sin hold {}, {}, {} values for {n} rows",
             x.len(),
             cos.len(),
             sin.len()
@@ -144,44 +154,52 @@ pub fn layer(
     if w.attn_norm.len() != h || w.ffn_norm.len() != h {
         return Err(bad("norm weights of the wrong size".into()));
     }
-    let cache_len = s.kv_heads * cache.capacity * d;
-    if cache.keys.len() != cache_len || cache.values.len() != cache_len || total > cache.capacity {
-        return Err(bad(format!(
-            "a cache of {} values for capacity {} and {total} positions",
-            cache.keys.len(),
-            cache.capacity
-        )));
-    }
-    if let Some(m) = mask {
-        if m.len() != n * total {
+    for (i, g) in segments.iter().enumerate() {
+        let total = g.cache.past + g.n;
+        let cache_len = s.kv_heads * g.cache.capacity * d;
+        if g.cache.keys.len() != cache_len || g.cache.values.len() != cache_len || total > g.cache.capacity {
             return Err(bad(format!(
-                "mask of {} entries; expected n · (past + n) = {}",
-                m.len(),
-                n * total
+                "sequence {i}: a cache of {} values for capacity {} and {total} positions",
+                g.cache.keys.len(),
+                g.cache.capacity
             )));
+        }
+        if let Some(m) = g.mask {
+            if m.len() != g.n * total {
+                return Err(bad(format!(
+                    "sequence {i}: mask of {} entries; expected n · (past + n) = {}",
+                    m.len(),
+                    g.n * total
+                )));
+            }
         }
     }
     // attention
     let mut xn = vec![0.0f32; n * h];
     rms_norm(x, w.attn_norm, s.eps, &mut xn, h);
-    let mut qkv = vec![0.0f32; n * (qd + 2 * kvd)];
-    w.qkv.apply(&xn, &mut qkv, n, h, qd + 2 * kvd, threads, path)?;
     let row = qd + 2 * kvd;
-    for i in 0..n {
-        let (c, sn) = (&cos[i * d..(i + 1) * d], &sin[i * d..(i + 1) * d]);
-        for head in 0..s.heads + s.kv_heads {
-            rope(&mut qkv[i * row + head * d..i * row + (head + 1) * d], c, sn);
+    let mut qkv = vec![0.0f32; n * row];
+    w.qkv.apply(&xn, &mut qkv, n, h, row, threads, path)?;
+    let mut at = 0;
+    for g in segments.iter_mut() {
+        for i in 0..g.n {
+            let r = at + i;
+            let (c, sn) = (&cos[r * d..(r + 1) * d], &sin[r * d..(r + 1) * d]);
+            for head in 0..s.heads + s.kv_heads {
+                rope(&mut qkv[r * row + head * d..r * row + (head + 1) * d], c, sn);
+            }
+            let cache = &mut g.cache;
+            for kv in 0..s.kv_heads {
+                let to = (kv * cache.capacity + cache.past + i) * d;
+                let from = r * row + qd + kv * d;
+                cache.keys[to..to + d].copy_from_slice(&qkv[from..from + d]);
+                cache.values[to..to + d].copy_from_slice(&qkv[from + kvd..from + kvd + d]);
+            }
         }
-        for g in 0..s.kv_heads {
-            let at = (g * cache.capacity + cache.past + i) * d;
-            cache.keys[at..at + d].copy_from_slice(&qkv[i * row + qd + g * d..i * row + qd + (g + 1) * d]);
-            cache.values[at..at + d]
-                .copy_from_slice(&qkv[i * row + qd + kvd + g * d..i * row + qd + kvd + (g + 1) * d]);
-        }
+        at += g.n;
     }
     let mut att = vec![0.0f32; n * qd];
-    let vector = path != Path::Portable;
-    attention(&qkv, &mut att, n, &cache, mask, s, threads, vector);
+    attention(&qkv, &mut att, segments, s, threads, path != Path::Portable);
     let mut o = vec![0.0f32; n * h];
     qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path)?;
     for (a, b) in x.iter_mut().zip(&o) {
@@ -231,52 +249,51 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
 }
 
 /// softmax(q·kᵀ / sqrt(d)) · v for each query row and head over the keys it
-/// may attend to (grouped heads: head h reads key-value head h / group).
-/// The (row, head) tasks are spread over `threads` (each writes its own
-/// output slice); each task is the same computation whatever the split.
-#[allow(clippy::too_many_arguments)]
-fn attention(
-    qkv: &[f32],
-    out: &mut [f32],
-    n: usize,
-    cache: &Cache<'_>,
-    mask: Mask<'_>,
-    s: Shape,
-    threads: usize,
-    vector: bool,
-) {
+/// may attend to in its own sequence's cache (grouped heads: head h reads
+/// key-value head h / group). `qkv` and `out` hold every segment's rows.
+/// The (row, head) tasks of all segments are spread over `threads` (each
+/// writes its own output slice); each task is the same computation whatever
+/// the split.
+fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shape, threads: usize, vector: bool) {
     let d = s.head_dim;
-    let qd = s.heads * d;
-    let total = cache.past + n;
-    let tasks = n * s.heads;
+    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+    let width = qd + 2 * kvd;
+    // each row: its segment, its index in it, the segment's first row
+    let mut rows = Vec::new();
+    let (mut work, mut longest, mut at) = (0, 0, 0);
+    for (g, seg) in segments.iter().enumerate() {
+        let total = seg.cache.past + seg.n;
+        rows.extend((0..seg.n).map(|i| (g, i, at)));
+        work += seg.n * s.heads * total;
+        longest = longest.max(total);
+        at += seg.n;
+    }
+    let tasks = rows.len() * s.heads;
     // a thread pays for itself past some thousands of key rows
-    let parts = if tasks * total >= 4096 {
-        threads.min(tasks).max(1)
-    } else {
-        1
-    };
+    let parts = if work >= 4096 { threads.min(tasks).max(1) } else { 1 };
     let dst = crate::pool::SharedOut(out.as_mut_ptr());
-    let keys: &[f32] = cache.keys;
-    let values: &[f32] = cache.values;
     let job = |part: usize| {
-        let mut scores = vec![0.0f32; total];
+        let mut scores = vec![0.0f32; longest];
         for t in (part..tasks).step_by(parts) {
-            let (i, head) = (t / s.heads, t % s.heads);
-            // SAFETY: task t writes only out[i·qd + head·d .. + d], disjoint per task.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.at(i * qd + head * d), d) };
+            let (r, head) = (t / s.heads, t % s.heads);
+            let (g, i, first) = rows[r];
+            let seg = &segments[g];
+            let (n, cache) = (seg.n, &seg.cache);
+            // SAFETY: task t writes only out[r·qd + head·d .. + d], disjoint per task.
+            let o = unsafe { std::slice::from_raw_parts_mut(dst.at(r * qd + head * d), d) };
             attend(
-                qkv,
+                &qkv[first * width..(first + n) * width],
                 o,
                 i,
                 head,
                 n,
-                keys,
-                values,
+                cache.keys,
+                cache.values,
                 cache.capacity,
                 cache.past,
-                mask,
+                seg.mask,
                 s,
-                &mut scores,
+                &mut scores[..cache.past + n],
                 vector,
             );
         }
@@ -414,4 +431,162 @@ fn dot(a: &[f32], b: &[f32], vector: bool) -> f32 {
         s += a[j] * b[j];
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::{best_path, pack};
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(seed.wrapping_mul(97))
+                    >> 8;
+                (h % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn weight(m: usize, k: usize, seed: u32) -> Vec<u8> {
+        let w: Vec<u8> = values(m * k, seed)
+            .iter()
+            .flat_map(|v| (v * 0.2).to_le_bytes())
+            .collect();
+        pack(&w, QType::F32, m, k).unwrap()
+    }
+
+    /// Two sequences in one call give each the bits it gets alone (and write
+    /// the same cache entries): the products see rows, attention its own cache.
+    #[test]
+    fn a_sequence_has_the_same_bits_alone_or_in_a_batch() {
+        let s = Shape {
+            hidden: 16,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            inter: 24,
+            eps: 1e-5,
+        };
+        let (h, d) = (s.hidden, s.head_dim);
+        let (qkv, o, gu, down) = (weight(32, h, 1), weight(h, 16, 2), weight(48, h, 3), weight(h, 24, 4));
+        let norms = (values(h, 5), values(h, 6));
+        let w = || Weights {
+            qkv: Proj::One(Weight {
+                packed: &qkv,
+                q: QType::F32,
+            }),
+            o: Weight {
+                packed: &o,
+                q: QType::F32,
+            },
+            gate_up: Proj::One(Weight {
+                packed: &gu,
+                q: QType::F32,
+            }),
+            down: Weight {
+                packed: &down,
+                q: QType::F32,
+            },
+            attn_norm: &norms.0,
+            ffn_norm: &norms.1,
+        };
+        let (lengths, pasts, capacity) = ([3usize, 1, 2], [4usize, 0, 7], 16);
+        let caches: Vec<Vec<f32>> = (0..3).map(|i| values(capacity * d, 10 + i)).collect();
+        let x = values(6 * h, 20);
+        let angles = values(6 * d, 21);
+        let (cos, sin): (Vec<f32>, Vec<f32>) = angles.iter().map(|a| (a.cos(), a.sin())).unzip();
+        let path = best_path();
+        // alone
+        let mut alone = Vec::new();
+        let mut at = 0;
+        for i in 0..3 {
+            let n = lengths[i];
+            let mut xs = x[at * h..(at + n) * h].to_vec();
+            let (mut k, mut v) = (caches[i].clone(), caches[i].clone());
+            let mut seg = [Segment {
+                n,
+                cache: Cache {
+                    keys: &mut k,
+                    values: &mut v,
+                    capacity,
+                    past: pasts[i],
+                },
+                mask: None,
+            }];
+            layer(
+                &mut xs,
+                &cos[at * d..(at + n) * d],
+                &sin[at * d..(at + n) * d],
+                &mut seg,
+                w(),
+                s,
+                2,
+                path,
+            )
+            .unwrap();
+            alone.push((xs, k, v));
+            at += n;
+        }
+        // together
+        let mut xs = x.clone();
+        let mut ks: Vec<Vec<f32>> = caches.clone();
+        let mut vs: Vec<Vec<f32>> = caches.clone();
+        let mut segs: Vec<Segment> = ks
+            .iter_mut()
+            .zip(vs.iter_mut())
+            .enumerate()
+            .map(|(i, (k, v))| Segment {
+                n: lengths[i],
+                cache: Cache {
+                    keys: k,
+                    values: v,
+                    capacity,
+                    past: pasts[i],
+                },
+                mask: None,
+            })
+            .collect();
+        layer(&mut xs, &cos, &sin, &mut segs, w(), s, 2, path).unwrap();
+        let mut at = 0;
+        for i in 0..3 {
+            let n = lengths[i];
+            let same = |a: &[f32], b: &[f32]| a.iter().zip(b).all(|(p, q)| p.to_bits() == q.to_bits());
+            assert!(
+                same(&xs[at * h..(at + n) * h], &alone[i].0),
+                "sequence {i}: outputs differ"
+            );
+            assert!(
+                same(&ks[i], &alone[i].1) && same(&vs[i], &alone[i].2),
+                "sequence {i}: caches differ"
+            );
+            at += n;
+        }
+        // a cache too small for its sequence is an error naming it
+        let (mut k, mut v) = (vec![0.0f32; 2 * d], vec![0.0f32; 2 * d]);
+        let mut bad = [Segment {
+            n: 3,
+            cache: Cache {
+                keys: &mut k,
+                values: &mut v,
+                capacity: 2,
+                past: 0,
+            },
+            mask: None,
+        }];
+        let e = layer(
+            &mut x[..3 * h].to_vec(),
+            &cos[..3 * d],
+            &sin[..3 * d],
+            &mut bad,
+            w(),
+            s,
+            1,
+            path,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("sequence 0"), "{e}");
+    }
 }

@@ -650,23 +650,25 @@ fn unpack_rows<'py>(
     Ok(array.into_pyarray(py))
 }
 
-/// One Llama decoder layer in place on `x` (n, hidden): see `llama.rs`.
-/// `cos`, `sin` (n, head_dim); `keys`, `values` (kv_heads, capacity,
-/// head_dim) with `past` positions filled (this step writes the next n);
-/// `mask` None (causal) or (n, past + n) uint8; `weights` the packed
-/// (qkv, o, gate_up, down) with their ggml types; `shape` (heads, kv_heads,
-/// head_dim, intermediate, eps).
+/// One Llama decoder layer in place on `x` (N, hidden): see `llama.rs`.
+/// The N rows are the `lengths` (n_s) rows of each sequence s, one after
+/// another. `cos`, `sin` (N, head_dim); `keys[s]`, `values[s]` (kv_heads,
+/// capacity_s, head_dim) with `pasts[s]` positions filled (this step writes
+/// the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
+/// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
+/// types; `shape` (heads, kv_heads, head_dim, intermediate, eps).
 #[pyfunction]
-#[pyo3(signature = (x, cos, sin, keys, values, past, mask, weights, attn_norm, ffn_norm, shape, threads, path=None))]
+#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None))]
 #[allow(clippy::too_many_arguments)]
 fn llama_layer(
     py: Python<'_>,
     mut x: PyReadwriteArray2<'_, f32>,
     cos: PyReadonlyArray2<'_, f32>,
     sin: PyReadonlyArray2<'_, f32>,
-    mut keys: numpy::PyReadwriteArray3<'_, f32>,
-    mut values: numpy::PyReadwriteArray3<'_, f32>,
-    past: usize,
+    mut keys: Vec<numpy::PyReadwriteArray3<'_, f32>>,
+    mut values: Vec<numpy::PyReadwriteArray3<'_, f32>>,
+    pasts: Vec<usize>,
+    lengths: Vec<usize>,
     mask: Option<PyReadonlyArray2<'_, u8>>,
     weights: Vec<(PyReadonlyArray1<'_, u8>, u32)>,
     attn_norm: PyReadonlyArray1<'_, f32>,
@@ -681,15 +683,31 @@ fn llama_layer(
             "llama_layer: weights are (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
         ));
     }
-    let (n, hidden) = (x.shape()[0], x.shape()[1]);
-    let (heads, kv_heads, head_dim, inter, eps) = shape;
-    let capacity = keys.shape()[1];
-    if keys.shape() != [kv_heads, capacity, head_dim] || values.shape() != keys.shape() {
+    let sequences = lengths.len();
+    if sequences == 0 || keys.len() != sequences || values.len() != sequences || pasts.len() != sequences {
         return Err(PyValueError::new_err(format!(
-            "llama_layer: keys {:?} and values {:?}; expected ({kv_heads}, capacity, {head_dim})",
-            keys.shape(),
-            values.shape()
+            "llama_layer: {} keys, {} values, {} pasts for {sequences} sequences; pass one of each per sequence (at least one)",
+            keys.len(),
+            values.len(),
+            pasts.len()
         )));
+    }
+    if mask.is_some() && sequences != 1 {
+        return Err(PyValueError::new_err(
+            "llama_layer: a mask is for one sequence (a tree); a batch of sequences is causal",
+        ));
+    }
+    let hidden = x.shape()[1];
+    let (heads, kv_heads, head_dim, inter, eps) = shape;
+    for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+        let capacity = k.shape()[1];
+        if k.shape() != [kv_heads, capacity, head_dim] || v.shape() != k.shape() {
+            return Err(PyValueError::new_err(format!(
+                "llama_layer: sequence {i}: keys {:?} and values {:?}; expected ({kv_heads}, capacity, {head_dim})",
+                k.shape(),
+                v.shape()
+            )));
+        }
     }
     let mut ws = Vec::with_capacity(4);
     for (i, (packed, id)) in weights.iter().enumerate() {
@@ -731,19 +749,23 @@ fn llama_layer(
         Some(m) => Some(c_slice(m, "llama_layer: mask")?),
         None => None,
     };
-    let contiguous = |what: &str| PyValueError::new_err(format!("llama_layer: {what} must be C-contiguous"));
-    let xs = x.as_slice_mut().map_err(|_| contiguous("x"))?;
-    let ks = keys.as_slice_mut().map_err(|_| contiguous("keys"))?;
-    let vs = values.as_slice_mut().map_err(|_| contiguous("values"))?;
-    py.detach(|| {
-        let cache = crate::llama::Cache {
-            keys: ks,
-            values: vs,
-            capacity,
-            past,
-        };
-        crate::llama::layer(xs, n, cs, ss, cache, ms, w, s, threads, path)
-    })?;
+    let contiguous = |what: String| PyValueError::new_err(format!("llama_layer: {what} must be C-contiguous"));
+    let xs = x.as_slice_mut().map_err(|_| contiguous("x".into()))?;
+    let mut segments = Vec::with_capacity(sequences);
+    for (i, (k, v)) in keys.iter_mut().zip(values.iter_mut()).enumerate() {
+        let capacity = k.shape()[1];
+        segments.push(crate::llama::Segment {
+            n: lengths[i],
+            cache: crate::llama::Cache {
+                keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+                values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                capacity,
+                past: pasts[i],
+            },
+            mask: ms,
+        });
+    }
+    py.detach(|| crate::llama::layer(xs, cs, ss, &mut segments, w, s, threads, path))?;
     Ok(())
 }
 

@@ -22,7 +22,14 @@ from typing import TYPE_CHECKING, Any
 _EXPORTS = {
     "specdec_rs._core": ("TREE_VARIANTS", "VARIANTS", "__version__"),
     "specdec_rs.drafters": ("Draft", "Drafter", "DraftModel", "EarlyExit", "PromptLookup"),
-    "specdec_rs.generation": ("GenerationResult", "Round", "generate"),
+    "specdec_rs.generation": (
+        "BatchEngine",
+        "GenerationResult",
+        "Request",
+        "Round",
+        "generate",
+        "generate_batch",
+    ),
     "specdec_rs.lab": ("speculative_step",),
     "specdec_rs.policy": (
         "AdaptiveK",
@@ -31,6 +38,7 @@ _EXPORTS = {
         "FixedK",
         "HeuristicK",
         "KPolicy",
+        "Goodput",
         "MeasuredK",
     ),
     "specdec_rs.processors": ("SamplingConfig", "logits_to_probs"),
@@ -90,13 +98,21 @@ sys.modules[__name__].__class__ = _Package
 if TYPE_CHECKING:
     from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
     from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
-    from specdec_rs.generation import GenerationResult, Round, generate
+    from specdec_rs.generation import (
+        BatchEngine,
+        GenerationResult,
+        Request,
+        Round,
+        generate,
+        generate_batch,
+    )
     from specdec_rs.lab import speculative_step
     from specdec_rs.policy import (
         AdaptiveK,
         AdaptiveTree,
         BySource,
         FixedK,
+        Goodput,
         HeuristicK,
         KPolicy,
         MeasuredK,
@@ -125,6 +141,7 @@ __all__ = [
     "BySource",
     "FixedK",
     "HeuristicK",
+    "Goodput",
     "KPolicy",
     "MeasuredK",
     "Draft",
@@ -135,7 +152,10 @@ __all__ = [
     "PromptLookup",
     "Round",
     "SamplingConfig",
+    "BatchEngine",
+    "Request",
     "generate",
+    "generate_batch",
     "logits_to_probs",
     "TREE_VARIANTS",
     "VARIANTS",

@@ -4,7 +4,7 @@ specdec generate "PROMPT" | --prompts-file F
                  [--drafter prompt-lookup|early-exit:L|truncated:L|model:PATH|none]
                  [--k 4 | --tree NODES] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
                  [--max-new-tokens 128] [--greedy-draft] [--draft-confidence TAU] [--raw]
-                 [--allow-past-context]
+                 [--allow-past-context] [--batch B]
                  [--model PATH] [--dtype float32] [--device cpu] [--seed S] [--json]
 specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
 """
@@ -12,6 +12,7 @@ specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -20,7 +21,8 @@ from rich.console import Console
 from specdec_rs import _checks, drafters
 from specdec_rs.cli.flags import add_sampling_arguments, check_model_flags, load_target, sampling
 from specdec_rs.cli.show import fmt, progress_bars, table
-from specdec_rs.generation import GenerationResult, generate
+from specdec_rs.generation import BatchEngine, GenerationResult, Request, generate
+from specdec_rs.generation.batch import MAX_ROWS
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.measure import workloads
 from specdec_rs.measure.demo import DemoReport, demo, demo_job
@@ -41,6 +43,14 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="run every prompt of F in one process, in order (prompt i with seed --seed + i): "
         'a .jsonl of {"prompt": ...} or {"messages": [...]} lines or JSON strings, or a '
         "text file of one message per line",
+    )
+    g.add_argument(
+        "--batch",
+        type=int,
+        default=None,
+        metavar="B",
+        help="with --prompts-file: decode up to B prompts together, new ones joining as others "
+        "finish (one target pass per round for all; default γ: the load-aware goodput policy)",
     )
     g.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
     g.add_argument(
@@ -101,12 +111,14 @@ class GeneratedTexts:
     `--json` writes {"results": [each summary], "totals": {...}}."""
 
     runs: list[GeneratedText]
+    batch: BatchSummary | None = None
 
     def totals(self) -> dict[str, Any]:
         results = [g.result for g in self.runs]
         tokens = sum(r.new_tokens for r in results)
         rounds = sum(r.rounds for r in results)
-        seconds = sum(r.time_total for r in results)
+        # rows of a batch overlap in time: its wall clock, not the sum
+        seconds = self.batch.wall_s if self.batch else sum(r.time_total for r in results)
         checked = sum(sum(r.reached) for r in results)
         return {
             "prompts": len(results),
@@ -119,7 +131,24 @@ class GeneratedTexts:
         }
 
     def summary(self) -> dict[str, Any]:
-        return {"results": [g.summary() for g in self.runs], "totals": self.totals()}
+        out = {"results": [g.summary() for g in self.runs], "totals": self.totals()}
+        if self.batch is not None:
+            out["batch"] = dataclasses.asdict(self.batch)
+        return out
+
+
+@dataclass(frozen=True)
+class BatchSummary:
+    """`--batch`: the batch size, its rounds, the wall clock, and the
+    goodput (tokens per second over the batch rounds) predicted by the
+    policy and measured (None without a policy)."""
+
+    batch: int
+    policy: str
+    rounds: int
+    wall_s: float
+    measured_goodput: float
+    predicted_goodput: float | None
 
 
 def check_generate_flags(args: argparse.Namespace) -> list[Any]:
@@ -142,6 +171,14 @@ def check_generate_flags(args: argparse.Namespace) -> list[Any]:
             "the head's confidence; drop one of the two"
         )
     drafters.parse_spec(args.drafter)
+    if args.batch is not None:
+        _checks.integer(args.batch, "--batch", minimum=1, maximum=MAX_ROWS)
+        if args.prompts_file is None:
+            raise ValueError("--batch decodes the prompts of --prompts-file F together; give F")
+        if args.tree is not None:
+            raise ValueError("--batch runs chains; drop --tree (or --batch)")
+        if args.draft_confidence > 0:
+            raise ValueError("--batch runs ungated drafters; drop --draft-confidence")
     if args.prompt is not None:
         return [_checks.utf8_text(args.prompt, "the prompt")]
     from specdec_rs.training.prompts import read_prompts_file
@@ -162,16 +199,14 @@ def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText | 
     config = sampling(args)
     prompts = check_generate_flags(args)
     target, tokenizer = load_target(args)
+    if args.batch is not None:
+        return run_batch(args, prompts, target, tokenizer, console)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
     drafter = drafters.gated(drafter, args.draft_confidence)
     many = args.prompts_file is not None
     runs = []
     for i, prompt in enumerate(prompts):
-        ids = (
-            tokenizer(prompt, return_tensors="pt")["input_ids"][0]
-            if args.raw
-            else workloads.encode(tokenizer, prompt)
-        )
+        ids = encode(args, tokenizer, prompt)
         if many and not args.json:
             console.out(f"--- prompt {i + 1} of {len(prompts)}", highlight=False)
         stream = TextStream(tokenizer, console) if not args.json else None
@@ -197,6 +232,66 @@ def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText | 
             GeneratedText(tokenizer.decode(result.tokens, skip_special_tokens=True), result)
         )
     return GeneratedTexts(runs) if many else runs[0]
+
+
+def encode(args: argparse.Namespace, tokenizer: Any, prompt: Any) -> Any:
+    """A prompt's ids: raw text, or the chat template around a message or conversation."""
+    if args.raw:
+        return tokenizer(prompt, return_tensors="pt")["input_ids"][0]
+    return workloads.encode(tokenizer, prompt)
+
+
+def run_batch(
+    args: argparse.Namespace, prompts: list[Any], target: Any, tokenizer: Any, console: Console
+) -> GeneratedTexts:
+    """--batch B: every prompt through one `BatchEngine` (prompt i with seed
+    --seed + i; γ --k, else the goodput policy), texts in the file's order."""
+    from specdec_rs.policy import Goodput
+
+    config = sampling(args)
+    probe = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
+    goodput = Goodput() if args.k is None and probe is not None else None
+    engine = BatchEngine(
+        target,
+        drafters.copies(probe) if probe is not None else None,
+        max_batch=args.batch,
+        k=args.k if args.k is not None else 0 if probe is None else 4,
+        goodput=goodput,
+        vocab_size=len(tokenizer) if probe is not None else None,
+        allow_past_context=args.allow_past_context,
+    )
+    requests = [
+        Request(
+            encode(args, tokenizer, prompt),
+            args.max_new_tokens,
+            config.temperature,
+            config.top_k,
+            config.top_p,
+            config.min_p,
+            seed=args.seed + i,
+        )
+        for i, prompt in enumerate(prompts)
+    ]
+    if not args.json:
+        console.out(f"--- {len(prompts)} prompts, up to {args.batch} at a time", highlight=False)
+    out = engine.run(requests)
+    runs = []
+    for i, f in enumerate(out.rows):
+        if f.result is None:
+            raise ValueError(f"prompt {i + 1}: {f.error}")
+        text = tokenizer.decode(f.result.tokens, skip_special_tokens=True)
+        if not args.json:
+            console.out(f"--- prompt {i + 1} of {len(prompts)}\n{text}", highlight=False)
+        runs.append(GeneratedText(text, f.result))
+    summary = BatchSummary(
+        args.batch,
+        goodput.name if goodput else f"k = {engine.k}",
+        len(out.steps),
+        out.time_total,
+        out.measured_goodput,
+        out.predicted_goodput,
+    )
+    return GeneratedTexts(runs, summary)
 
 
 class TextStream:
@@ -279,6 +374,13 @@ def show_many(g: GeneratedTexts, console: Console) -> None:
     )
     title = f"{t['prompts']} prompts, drafter {first.drafter}, temperature {first.temperature:g}"
     console.print(table(title, ["prompt", *GENERATE_HEADER], rows))
+    b = g.batch
+    if b is not None:
+        predicted = "" if b.predicted_goodput is None else f", predicted {b.predicted_goodput:.1f}"
+        console.print(
+            f"batch {b.batch} ({b.policy}): {b.rounds} rounds in {b.wall_s:.2f} s; goodput over "
+            f"the rounds {b.measured_goodput:.1f} tokens/s measured{predicted}"
+        )
 
 
 def run_demo(args: argparse.Namespace, console: Console) -> DemoReport:

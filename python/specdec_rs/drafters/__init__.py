@@ -5,7 +5,7 @@ One module per drafter; each class registers its command-line name once
 `base` for the interface the loop and the analysis use.
 """
 
-from specdec_rs.drafters.base import Drafter, ModelDrafter, TeacherForced, gated
+from specdec_rs.drafters.base import Drafter, ModelDrafter, TeacherForced, copies, gated
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.early_exit import EarlyExit
@@ -29,6 +29,7 @@ __all__ = [
     "TeacherForced",
     "TreeDraft",
     "Truncated",
+    "copies",
     "from_spec",
     "gated",
     "lookup",

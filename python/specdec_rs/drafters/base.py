@@ -33,6 +33,11 @@ A drafter is an object with these members (`generate` calls the first five,
 - ``with_confidence(τ) -> drafter`` (optional; the EAGLE head and the
   hybrid): the same drafter behind a confidence gate, drafting each round only
   while its draft's probability exceeds τ (`gated`).
+- ``fresh() -> drafter`` (optional): a drafter of the same configuration,
+  its weights shared, with no generation state: the batch engine takes one
+  per row (`copies`). Without it a shallow copy serves, which is right for
+  a drafter whose ``start`` replaces all of its state (every built-in one
+  but the hybrid, whose parts are objects of their own: it has ``fresh``).
 - ``source(seq) -> str`` and ``parts`` (optional; drafters that mix several,
   e.g. the hybrid): the name of the part that drafts the next round after
   `seq`, and each part (a drafter) by that name. A per-source γ policy
@@ -45,6 +50,7 @@ row (also exact under sampling: a one-hot q accepts x with probability p(x)).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -140,6 +146,23 @@ def gated(drafter: Any, confidence: float) -> Any:
             "use eagle or hybrid, or leave the confidence at 0"
         )
     return gate(confidence)
+
+
+def copies(drafter: Any) -> Callable[[], Any]:
+    """A factory of drafters like `drafter` for the rows of a batch: the
+    first call returns `drafter` itself, each later one its ``fresh()`` (or
+    a shallow copy; see the module docs)."""
+    import copy
+
+    spare = [drafter]
+
+    def make() -> Any:
+        if spare:
+            return spare.pop()
+        fresh = getattr(drafter, "fresh", None)
+        return fresh() if callable(fresh) else copy.copy(drafter)
+
+    return make
 
 
 def empty_draft(sampler: Sampler) -> Draft:

@@ -66,6 +66,10 @@ class Hybrid:
             name=self.name,
         )
 
+    def fresh(self) -> Hybrid:
+        """The same head and settings, no generation state (parts of its own)."""
+        return self.with_confidence(self.eagle.confidence)
+
     def check_tree(self) -> None:
         """The head's (its rounds' confidence gate drafts chains only)."""
         self.eagle.check_tree()

@@ -4,14 +4,36 @@
 - `decoder`: `Decoder`, one generation's state and its round (chain or tree).
 - `rounds`: `Round`, what one round did, and the running `Stats`.
 - `result`: `GenerationResult`, the tokens and the statistics.
+- `batch`: `BatchEngine` and `generate_batch`, many rows per target pass.
 - `inputs`: the checks of generate()'s inputs.
 The checks of a drafter's proposals live with `Draft` / `TreeDraft`
 (`specdec_rs.drafters.draft`).
 """
 
+from specdec_rs.generation.batch import (
+    BatchEngine,
+    BatchResult,
+    BatchStep,
+    Finished,
+    Request,
+    generate_batch,
+)
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.generation.loop import generate
 from specdec_rs.generation.result import Divergence, GenerationResult, divergence
 from specdec_rs.generation.rounds import Round
 
-__all__ = ["Decoder", "Divergence", "GenerationResult", "Round", "divergence", "generate"]
+__all__ = [
+    "BatchEngine",
+    "BatchResult",
+    "BatchStep",
+    "Finished",
+    "Request",
+    "generate_batch",
+    "Decoder",
+    "Divergence",
+    "GenerationResult",
+    "Round",
+    "divergence",
+    "generate",
+]

@@ -13,6 +13,7 @@ and the new last token waits for the next round.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
@@ -31,6 +32,20 @@ if TYPE_CHECKING:
     from specdec_rs.drafters import Drafter
 
 
+@dataclass(frozen=True)
+class Pending:
+    """A round between its proposal and its target forward (`Decoder.begin`).
+    block: the chain's target input (1 + drafts,) on the target's device;
+    None for a tree (its forward is `models.forward_tree`)."""
+
+    asked: int
+    tree: bool
+    proposal: Any
+    flags: list[Flag]
+    block: torch.Tensor | None
+    draft_s: float
+
+
 class Decoder:
     """The state of one speculative generation: the sequence (on the host),
     the target's cache (always all of seq but its last token), the drafter,
@@ -45,6 +60,9 @@ class Decoder:
     q_i(x_i), the drafts and the deferred checks travel to the host in one
     copy, then only the row(s) the last token is drawn from.
     transfer="gathered" runs that path on the CPU too (tests).
+    A round is `begin` (the proposal), `forward` (the target alone) and
+    `finish` (verify, crop, the drafter's update); a batch runs many rows'
+    forwards as one between their begins and finishes.
     """
 
     def __init__(
@@ -58,6 +76,7 @@ class Decoder:
         *,
         transfer: str = "auto",
         margins: bool = False,
+        cache: Any = None,
     ):
         import torch
 
@@ -75,7 +94,8 @@ class Decoder:
         generator = torch.Generator(device=self.device).manual_seed(seed % 2**63)
         self.sampler = Sampler(config, vocab, generator)
         self.stats = Stats()
-        self.cache = models.new_cache(target)
+        # an empty cache to reuse (a batch slot's), else a new one
+        self.cache = models.new_cache(target) if cache is None else cache
         self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
         hidden = None
         if self.prompt_length > 1:
@@ -102,25 +122,59 @@ class Decoder:
         return self._round(budget, tree=True)
 
     def _round(self, asked: int, tree: bool) -> Round:
+        pending = self.begin(asked, tree)
+        t1 = time.perf_counter()
+        logits, hidden = self.forward(pending)
+        return self.finish(pending, logits, hidden, time.perf_counter() - t1)
+
+    def begin(self, asked: int, tree: bool) -> Pending:
+        """A round's first half: the drafter's checked proposal and the
+        target block to run ([last token, drafts] for a chain)."""
+        import torch
+
+        t0 = time.perf_counter()
+        proposal, flags = self._propose(asked, tree)
+        block = None
+        if getattr(proposal, "parents", None) is None:
+            block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
+        return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0)
+
+    def forward(self, pending: Pending) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The target forward of a pending round, alone: logits (n, V) and
+        (for drafters that read them) hidden states (n, H). A batch runs
+        many rounds' blocks in one forward instead (`generation.batch`)."""
+        proposal = pending.proposal
+        if pending.block is not None:
+            return models.forward_with_hidden(
+                self.target,
+                pending.block,
+                self.cache,
+                keep=len(pending.block),
+                hidden=self.wants_hidden,
+            )
+        return models.forward_tree(
+            self.target,
+            self.seq[-1:],
+            proposal.tokens,
+            proposal.parents,
+            self.cache,
+            hidden=self.wants_hidden,
+        )
+
+    def finish(
+        self,
+        pending: Pending,
+        logits: torch.Tensor,
+        hidden: torch.Tensor | None,
+        target_s: float,
+    ) -> Round:
+        """A round's second half, after its target forward: verify, cut the
+        cache to the accepted length, update the drafter; the `Round`."""
         import torch
 
         seq, sampler, drafter = self.seq, self.sampler, self.drafter
-        t0 = time.perf_counter()
-        proposal, flags = self._propose(asked, tree)
+        proposal, flags, asked, tree = pending.proposal, pending.flags, pending.asked, pending.tree
         tokens, parents = proposal.tokens, getattr(proposal, "parents", None)
-        t1 = time.perf_counter()
-        if parents is None:
-            logits, hidden = models.forward_with_hidden(
-                self.target,
-                torch.cat([seq[-1:].to(self.device), tokens.to(self.device)]),
-                self.cache,
-                keep=len(tokens) + 1,
-                hidden=self.wants_hidden,
-            )
-        else:
-            logits, hidden = models.forward_tree(
-                self.target, seq[-1:], tokens, parents, self.cache, hidden=self.wants_hidden
-            )
         t2 = time.perf_counter()
         p = sampler.probs(logits, name="the target's logits")
         emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
@@ -153,8 +207,8 @@ class Decoder:
             emitted=emitted,
             source=getattr(proposal, "source", None),
             tree=tree,
-            draft_s=t1 - t0,
-            target_s=t2 - t1,
+            draft_s=pending.draft_s,
+            target_s=target_s,
             verify_s=t3 - t2,
             positions=len(tokens) + 1,
             p=p,

@@ -118,44 +118,92 @@ def generate(
     check_context(target, len(prompt), max_new, allow)
     trees = None if tree is None else check_tree_drafter(drafter, tree)
     route = source_router(policy, drafter)
-    if trees is not None:
-        trees.reset()
     with torch.inference_mode():
         decoder = Decoder(
             target, drafter, prompt, config, seed, vocab_size, transfer=transfer, margins=margins
         )
-        if trees is None:
-            announce_catch_up(policy, drafter, decoder, max_new)
-        stop = "length"
-        while decoder.generated < max_new:
-            if trees is not None:
-                r = decoder.step_tree(trees.next_budget())
-                trees.observe_round(r)
-            else:
-                if route is not None:
-                    route(decoder.seq)
-                want = policy.next_k() if drafter is not None else 0
-                r = decoder.step(round_k(want, max_new - decoder.generated))
-                if drafter is not None:
-                    policy.observe_round(r)
-            if on_round is not None:
-                on_round(r)
-            new = list(r.emitted[: max_new - decoder.generated])
-            hit = next((i for i, t in enumerate(new) if t in eos), None)
-            if hit is not None:
-                new = new[: hit + 1]
-                stop = "eos"
-            decoder.append(new, r.margins)
-            if on_tokens is not None:
-                on_tokens(new)
-            if stop == "eos":
-                break
-    if drafter is None:
-        return decoder.result(stop, "none", 0, tree=False)
-    if trees is not None:
-        return decoder.result(stop, trees.name, getattr(trees, "k", None), tree=True)
-    fixed = policy.k if isinstance(policy, FixedK) else None
-    return decoder.result(stop, policy.name, fixed, tree=False)
+        run = Run(decoder, policy, trees, route, max_new, eos, on_tokens, on_round)
+        while not run.done:
+            asked, is_tree = run.ask()
+            run.commit(decoder._round(asked, is_tree))
+    return run.result()
+
+
+class Run:
+    """One generation's loop state around its `Decoder`: what each round
+    asks for (γ from the policy, or a tree's budget), and what a finished
+    round commits (the policy's observation, the budget and EOS cut, the
+    hooks). `generate` drives one; `generation.batch` drives many, their
+    target forwards run together."""
+
+    def __init__(
+        self,
+        decoder: Decoder,
+        policy: KPolicy,
+        trees: Any,
+        route: Callable[[Any], None] | None,
+        max_new: int,
+        eos: frozenset[int],
+        on_tokens: Callable[[list[int]], None] | None = None,
+        on_round: Callable[[Round], None] | None = None,
+    ):
+        self.decoder, self.policy, self.trees, self.route = decoder, policy, trees, route
+        self.max_new, self.eos = max_new, eos
+        self.on_tokens, self.on_round = on_tokens, on_round
+        self.stop = "length"
+        if trees is not None:
+            trees.reset()
+        else:
+            announce_catch_up(policy, decoder.drafter, decoder, max_new)
+
+    @property
+    def done(self) -> bool:
+        return self.stop == "eos" or self.decoder.generated >= self.max_new
+
+    @property
+    def remaining(self) -> int:
+        return self.max_new - self.decoder.generated
+
+    def ask(self, k: int | None = None) -> tuple[int, bool]:
+        """(what the next round asks for, whether it drafts a tree): a tree's
+        budget, or γ capped by the budget (`round_k`); `k` overrides the
+        policy's γ (a batch-wide policy's choice)."""
+        if self.trees is not None:
+            return self.trees.next_budget(), True
+        if self.decoder.drafter is None:
+            return 0, False
+        if self.route is not None:
+            self.route(self.decoder.seq)
+        want = self.policy.next_k() if k is None else k
+        return round_k(want, self.remaining), False
+
+    def commit(self, r: Round) -> None:
+        """A finished round: the policy observes it, its tokens up to the
+        budget and the first EOS are appended, the hooks see them."""
+        if self.trees is not None:
+            self.trees.observe_round(r)
+        elif self.decoder.drafter is not None:
+            self.policy.observe_round(r)
+        if self.on_round is not None:
+            self.on_round(r)
+        new = list(r.emitted[: self.remaining])
+        hit = next((i for i, t in enumerate(new) if t in self.eos), None)
+        if hit is not None:
+            new = new[: hit + 1]
+            self.stop = "eos"
+        self.decoder.append(new, r.margins)
+        if self.on_tokens is not None:
+            self.on_tokens(new)
+
+    def result(self) -> GenerationResult:
+        decoder, stop = self.decoder, self.stop
+        if decoder.drafter is None:
+            return decoder.result(stop, "none", 0, tree=False)
+        if self.trees is not None:
+            trees = self.trees
+            return decoder.result(stop, trees.name, getattr(trees, "k", None), tree=True)
+        fixed = self.policy.k if isinstance(self.policy, FixedK) else None
+        return decoder.result(stop, self.policy.name, fixed, tree=False)
 
 
 def round_k(k: int, remaining: int) -> int:

@@ -229,25 +229,49 @@ class FusedLlamaLayer(nn.Module):
         position_embeddings: tuple[torch.Tensor, torch.Tensor],
     ) -> torch.Tensor:
         """The layer as one Rust call (see `rust/llama.rs`)."""
-        n, d = hidden_states.shape[1], self.head_dim
+        n = hidden_states.shape[1]
         if layer is None:  # no cache: a temporary one for these positions
             layer = PreallocatedLayer(capacity=n)
-        keys, values, past = layer.slots(n, (1, self.kv_heads, d), torch.float32)
         x = hidden_states[0].float().contiguous().clone()
-        cos, sin = _ROTARY.arrays(position_embeddings)
         mask = None
         if attention_mask is not None:
             allowed = attention_mask[0, 0]
             if allowed.dtype != torch.bool:
                 allowed = allowed > torch.finfo(allowed.dtype).min / 2
             mask = allowed.to(torch.uint8).contiguous().numpy()
+        self.forward_rows(x.numpy(), *_ROTARY.arrays(position_embeddings), [layer], [n], mask)
+        return x.unsqueeze(0).to(hidden_states.dtype)
+
+    def forward_rows(
+        self,
+        x: Any,
+        cos: Any,
+        sin: Any,
+        layers: list[Any],
+        lengths: list[int],
+        mask: Any = None,
+    ) -> None:
+        """The layer as one Rust call (see `rust/llama.rs`) on the rows of
+        several sequences: x (N, H) float32 in place, N = Σ lengths, sequence
+        s's rows after those of the sequences before it; cos, sin (N, d) at
+        each row's position; layers[s] is sequence s's `PreallocatedLayer`
+        (its next lengths[s] positions are written). The products run once
+        over all N rows; attention per sequence. `mask` (n, past + n) uint8
+        only for one sequence (a tree)."""
+        keys, values, pasts = [], [], []
+        for layer, n in zip(layers, lengths, strict=True):
+            k, v, past = layer.slots(n, (1, self.kv_heads, self.head_dim), torch.float32)
+            keys.append(k[0].numpy())
+            values.append(v[0].numpy())
+            pasts.append(past)
         _core.llama_layer(
-            x.numpy(),
+            x,
             cos,
             sin,
-            keys[0].numpy(),
-            values[0].numpy(),
-            past,
+            keys,
+            values,
+            pasts,
+            lengths,
             mask,
             self._weights,
             self.attn_norm.detach().numpy(),
@@ -255,8 +279,8 @@ class FusedLlamaLayer(nn.Module):
             self._dims,
             self.o_proj.threads,
         )
-        layer.advance(n)
-        return x.unsqueeze(0).to(hidden_states.dtype)
+        for layer, n in zip(layers, lengths, strict=True):
+            layer.advance(n)
 
     def _native_weights(self) -> list[tuple[Any, int]]:
         """(qkv, o, gate_up, down), or (q, k, v, o, gate, up, down) when

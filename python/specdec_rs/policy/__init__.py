@@ -6,6 +6,7 @@ A new policy is one file: a class with `name`, `reset`, `next_k` and `observe`
 
 from specdec_rs.policy.base import MAX_K, MAX_TREE, ChainPolicy, KPolicy, TreePolicy
 from specdec_rs.policy.chain import AdaptiveK, BySource, FixedK, HeuristicK, as_policy
+from specdec_rs.policy.goodput import ForwardProfile, Goodput
 from specdec_rs.policy.measured import MeasuredK, measured_policy
 from specdec_rs.policy.tree import AdaptiveTree, FixedTree, as_tree_policy
 
@@ -18,6 +19,8 @@ __all__ = [
     "ChainPolicy",
     "FixedK",
     "FixedTree",
+    "ForwardProfile",
+    "Goodput",
     "HeuristicK",
     "KPolicy",
     "MeasuredK",

@@ -1,0 +1,489 @@
+"""Batched exact speculation: many sequences per target pass, ragged
+acceptance, continuous batching. p = target, q = draft, k = γ.
+
+`BatchEngine` holds up to `max_batch` rows. Each row is one request with
+its own drafter (from `drafter_factory`), sampling settings, seed, budget
+and stop ids, and its own cache: a row is a `Decoder` and its loop state
+(`loop.Run`), the same objects `generate` runs, so a row's rounds are the
+rounds it would run alone. A batch round:
+
+1. every row proposes its drafts (k_i may differ, and may be 0; a
+   batch-wide γ policy such as `Goodput` chooses k for the rows that did not
+   fix their own);
+2. one target forward runs every row's block [last token, drafts] after
+   that row's cache (`generation.forward`: the weight products over all
+   rows at once, attention per row over its own cache, causal within each
+   block at that row's positions; on a GGUF target by the Rust layer, on a
+   transformers Llama by its own modules, other models row by row);
+3. each row verifies its own block (its own Rust stream row_seed(seed,
+   round)), crops its own cache to its own accepted length, and commits its
+   tokens (budget, EOS).
+
+Rows finish independently; queued requests join between rounds
+(continuous batching) into the freed slots, whose cache buffers they reuse.
+A row whose drafter fails its checks, or whose request cannot start, ends
+with its error alone; the other rows go on.
+
+>>> import specdec_rs as sd
+>>> from specdec_rs.models import tiny_llama
+>>> target = tiny_llama(num_layers=2)
+>>> out = sd.generate_batch(target, sd.PromptLookup, [[5, 6, 7, 5, 6], [9, 8, 9]],
+...                         max_new_tokens=6, temperature=0, eos_token_id=[])
+>>> alone = sd.generate(target, sd.PromptLookup(), [9, 8, 9], max_new_tokens=6,
+...                     temperature=0, eos_token_id=[])
+>>> out.rows[1].result.tokens == alone.tokens
+True
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, models
+from specdec_rs.generation.decoder import Decoder, Pending
+from specdec_rs.generation.forward import batch_path, forward_blocks
+from specdec_rs.generation.inputs import (
+    check_context,
+    check_drafter,
+    eos_set,
+    prompt_tensor,
+    shared_vocab,
+)
+from specdec_rs.generation.loop import Run
+from specdec_rs.generation.result import GenerationResult
+from specdec_rs.generation.rounds import Round
+from specdec_rs.limits import MAX_NEW_TOKENS
+from specdec_rs.policy import FixedK
+from specdec_rs.policy.base import MAX_K
+from specdec_rs.processors import SamplingConfig
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+
+    from specdec_rs.drafters import Drafter
+    from specdec_rs.policy.goodput import ForwardProfile, Goodput
+
+MAX_ROWS = 1024  # the most rows one engine may hold
+
+
+@dataclass(frozen=True)
+class Request:
+    """One sequence to generate: its prompt (token ids) and its settings.
+    k: this row's γ (0: no drafts); None takes the engine's (its `k`, or
+    its batch policy's choice each round). seed None: drawn at submission."""
+
+    prompt: Any
+    max_new_tokens: int
+    temperature: float = 1.0
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    eos_token_id: int | Iterable[int] | None = None
+    k: int | None = None
+
+
+@dataclass(frozen=True)
+class Finished:
+    """A request that left the batch: its id (`BatchEngine.submit`'s), and
+    its result, or the error that ended it (then result is None)."""
+
+    id: int
+    result: GenerationResult | None
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class BatchStep:
+    """One batch round: rows in it, the γ the batch policy chose (None
+    without one), tokens emitted, seconds (wall, and in the one target
+    forward), and the policy's predicted tokens per second (None without)."""
+
+    rows: int
+    k: int | None
+    tokens: int
+    seconds: float
+    target_s: float
+    predicted_goodput: float | None
+
+
+@dataclass(frozen=True)
+class BatchResult:
+    """Per request (in the order given) its `Finished`, and the rounds."""
+
+    rows: list[Finished]
+    steps: list[BatchStep] = field(repr=False)
+    time_total: float = 0.0
+
+    @property
+    def results(self) -> list[GenerationResult | None]:
+        return [f.result for f in self.rows]
+
+    @property
+    def new_tokens(self) -> int:
+        return sum(len(f.result.tokens) for f in self.rows if f.result is not None)
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.new_tokens / self.time_total if self.time_total > 0 else 0.0
+
+    @property
+    def measured_goodput(self) -> float:
+        """Tokens per second over the batch rounds (prefills not counted)."""
+        seconds = sum(s.seconds for s in self.steps)
+        return sum(s.tokens for s in self.steps) / seconds if seconds > 0 else 0.0
+
+    @property
+    def predicted_goodput(self) -> float | None:
+        """The policy's predicted tokens per second over the same rounds
+        (each round weighted by its measured seconds), None without a policy."""
+        timed = [(s.predicted_goodput, s.seconds) for s in self.steps]
+        pairs = [(g, t) for g, t in timed if g is not None]
+        seconds = sum(t for _, t in pairs)
+        if not pairs or seconds <= 0:
+            return None
+        return sum(g * t for g, t in pairs) / seconds
+
+
+@dataclass
+class Row:
+    """A slot's request: its id, decoder and loop state; `fixed_k` is its
+    own γ (None: the engine's)."""
+
+    id: int
+    decoder: Decoder
+    run: Run
+    fixed_k: int | None
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """A request after its checks (submission time)."""
+
+    id: int
+    prompt: torch.Tensor
+    max_new: int
+    config: SamplingConfig
+    seed: int
+    eos: frozenset[int]
+    k: int | None
+
+
+class BatchEngine:
+    """Up to `max_batch` sequences decoded together (see the module docs).
+
+    drafter_factory: called once per admitted request for its own drafter
+    (e.g. `sd.PromptLookup`, or ``lambda: sd.EarlyExit(target, 8)``); None
+    for target-only rows. k: γ of the rows that set none; `goodput`, when
+    given, chooses it every round instead, from the load (k is then the
+    most it may choose). Rows keep their caches' buffers from slot to slot.
+    """
+
+    def __init__(
+        self,
+        target: PreTrainedModel,
+        drafter_factory: Callable[[], Drafter] | None,
+        *,
+        max_batch: int = 8,
+        k: int = 4,
+        goodput: Goodput | None = None,
+        vocab_size: int | None = None,
+        transfer: str = "auto",
+        allow_past_context: bool = False,
+    ):
+        models.check_model(target, "target")
+        if drafter_factory is not None:
+            _checks.function(drafter_factory, "drafter_factory")
+        self.target, self.factory = target, drafter_factory
+        self.max_batch = _checks.integer(max_batch, "max_batch", minimum=1, maximum=MAX_ROWS)
+        self.k = _checks.integer(k, "k", minimum=0, maximum=MAX_K)
+        self.goodput = goodput
+        self.vocab_size = vocab_size
+        self.transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
+        self.allow = _checks.boolean(allow_past_context, "allow_past_context")
+        self.vocab = models.vocab_of(target) if vocab_size is None else vocab_size
+        self.path = batch_path(target)  # how a round's rows share one forward
+        self.rows: list[Row | None] = [None] * self.max_batch
+        self.free_caches: list[Any] = []
+        self.queue: deque[_Checked] = deque()
+        self.finished: list[Finished] = []
+        self.steps: list[BatchStep] = []
+        self.next_id = 0
+        if goodput is not None:
+            goodput.start(self)  # its forward profile, measured on this engine (or cached)
+
+    # ---- requests
+    def submit(self, request: Request) -> int:
+        """Queue a request (checked now: a bad one is a ValueError naming its
+        id, and nothing is queued); returns its id."""
+        import secrets
+
+        rid = self.next_id
+        where = f"request {rid}"
+        if not isinstance(request, Request):
+            raise ValueError(f"{where} is a {type(request).__name__}; pass a generation.Request")
+        try:
+            prompt = prompt_tensor(request.prompt, self.vocab)
+            max_new = _checks.integer(
+                request.max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
+            )
+            check_context(self.target, len(prompt), max_new, self.allow)
+            config = SamplingConfig(
+                request.temperature, request.top_k, request.top_p, request.min_p
+            )
+            seed = secrets.randbits(63) if request.seed is None else _checks.seed(request.seed)
+            eos = eos_set(request.eos_token_id, self.target)
+            k = (
+                None
+                if request.k is None
+                else _checks.integer(request.k, "k", minimum=0, maximum=MAX_K)
+            )
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+        self.next_id += 1
+        self.queue.append(_Checked(rid, prompt, max_new, config, seed, eos, k))
+        return rid
+
+    def cancel(self, rid: int) -> bool:
+        """Drop request `rid` (queued or running; its slot is freed now).
+        False when it is not here (finished, or never submitted)."""
+        for item in list(self.queue):
+            if item.id == rid:
+                self.queue.remove(item)
+                return True
+        for slot, row in enumerate(self.rows):
+            if row is not None and row.id == rid:
+                self._free(slot)
+                return True
+        return False
+
+    @property
+    def active(self) -> int:
+        """Rows decoding now."""
+        return sum(row is not None for row in self.rows)
+
+    @property
+    def queued(self) -> int:
+        return len(self.queue)
+
+    def live_rows(self) -> list[Row]:
+        return [row for row in self.rows if row is not None]
+
+    # ---- rounds
+    def step(self) -> list[Finished]:
+        """Admit queued requests into free slots, run one batch round over
+        the rows, and return the requests that finished (or failed) in it."""
+        import torch
+
+        with torch.inference_mode():
+            self._admit()
+            if self.active:
+                self._round()
+        out, self.finished = self.finished, []
+        return out
+
+    def run(self, requests: Iterable[Request]) -> BatchResult:
+        """Submit every request, step until all are done; the outcomes in
+        submission order."""
+        started = time.perf_counter()
+        ids = [self.submit(r) for r in requests]
+        done: dict[int, Finished] = {}
+        first = len(self.steps)
+        while self.queue or self.active:
+            for f in self.step():
+                done[f.id] = f
+        return BatchResult(
+            [done[i] for i in ids], self.steps[first:], time.perf_counter() - started
+        )
+
+    def _admit(self) -> None:
+        for slot in range(self.max_batch):
+            if not self.queue:
+                return
+            if self.rows[slot] is None:
+                item = self.queue.popleft()
+                try:
+                    self.rows[slot] = self._start(item)
+                except ValueError as e:
+                    self.finished.append(Finished(item.id, None, str(e)))
+
+    def _start(self, item: _Checked) -> Row:
+        drafter = None if self.factory is None else self.factory()
+        check_drafter(drafter, self.target)
+        shared_vocab(self.target, drafter, self.vocab_size)
+        cache = self.free_caches.pop() if self.free_caches else None
+        if cache is not None:
+            models.crop(cache, 0)
+        decoder = Decoder(
+            self.target,
+            drafter,
+            item.prompt,
+            item.config,
+            item.seed,
+            self.vocab_size,
+            transfer=self.transfer,
+            cache=cache,
+        )
+        fixed = item.k if item.k is not None else (None if self.goodput else self.k)
+        policy = FixedK(fixed if fixed is not None else self.k)
+        run = Run(decoder, policy, None, None, item.max_new, item.eos)
+        if self.goodput is not None:
+            self.goodput.join(item.id)
+        return Row(item.id, decoder, run, item.k)
+
+    def _free(self, slot: int) -> None:
+        row = self.rows[slot]
+        assert row is not None
+        self.rows[slot] = None
+        self.free_caches.append(row.decoder.cache)
+        if self.goodput is not None:
+            self.goodput.leave(row.id)
+
+    def _fail(self, slot: int, error: Exception) -> None:
+        row = self.rows[slot]
+        assert row is not None
+        self._free(slot)
+        self.finished.append(Finished(row.id, None, f"request {row.id}: {error}"))
+
+    def _round(self) -> None:
+        started = time.perf_counter()
+        live = [(slot, row) for slot, row in enumerate(self.rows) if row is not None]
+        chosen, predicted = None, None
+        if self.goodput is not None:
+            chosen, predicted = self.goodput.choose([r for _, r in live if r.fixed_k is None])
+        pending: list[tuple[int, Row, Pending]] = []
+        for slot, row in live:
+            k = chosen if row.fixed_k is None else row.fixed_k
+            try:
+                asked, tree = row.run.ask(k)
+                pending.append((slot, row, row.decoder.begin(asked, tree)))
+            except ValueError as e:
+                self._fail(slot, e)
+        if not pending:
+            return
+        t1 = time.perf_counter()
+        outputs = self.forward([(row.decoder, p) for _, row, p in pending])
+        target_s = time.perf_counter() - t1
+        tokens, rounds = 0, []
+        for (slot, row, p), (logits, hidden) in zip(pending, outputs, strict=True):
+            try:
+                r = self._settle(row, p, logits, hidden, target_s)
+            except ValueError as e:
+                self._fail(slot, e)
+                continue
+            before = row.decoder.generated
+            row.run.commit(r)
+            tokens += row.decoder.generated - before
+            rounds.append((row.id, r))
+            if row.run.done:
+                self._free(slot)
+                self.finished.append(Finished(row.id, row.run.result()))
+        seconds = time.perf_counter() - started
+        if self.goodput is not None:
+            self.goodput.observe(rounds, len(pending), target_s)
+        self.steps.append(BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted))
+
+    def _settle(
+        self, row: Row, pending: Pending, logits: Any, hidden: Any, target_s: float
+    ) -> Round:
+        """A row's round after the batch forward (`Decoder.finish`: verify,
+        crop its own cache, update its drafter)."""
+        return row.decoder.finish(pending, logits, hidden, target_s)
+
+    def forward(
+        self, work: Sequence[tuple[Decoder, Pending]]
+    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+        """The target forward of every pending round: (logits, hidden) per
+        row. The chains run together (`forward_blocks`); a tree runs alone."""
+        out: list[Any] = [None] * len(work)
+        chains = [i for i, (_, p) in enumerate(work) if p.block is not None]
+        if chains:
+            logits, states = self.forward_blocks(
+                [work[i][1].block for i in chains],  # type: ignore[misc]
+                [work[i][0].cache for i in chains],
+                hidden=any(work[i][0].wants_hidden for i in chains),
+            )
+            for j, i in enumerate(chains):
+                wants = work[i][0].wants_hidden
+                out[i] = (logits[j], states[j] if wants and states is not None else None)
+        for i, (decoder, p) in enumerate(work):
+            if out[i] is None:
+                out[i] = decoder.forward(p)
+        return out
+
+    def forward_blocks(
+        self, blocks: Sequence[torch.Tensor], caches: Sequence[Any], *, hidden: bool
+    ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
+        """blocks[s] (n_s,) after caches[s], each cache grown by n_s: logits
+        (n_s, V) per block and (when `hidden`) hidden states (n_s, H), in one
+        forward over all rows (`generation.forward`, by `self.path`)."""
+        return forward_blocks(self.target, self.path, blocks, caches, hidden=hidden)
+
+    def profile(self, ks: Iterable[int], **options: Any) -> ForwardProfile:
+        """T(B, n) of this engine's forward for n in `ks` (`profile.profile_forward`)."""
+        from specdec_rs.generation.profile import profile_forward
+
+        return profile_forward(self, ks, **options)
+
+
+def generate_batch(
+    target: PreTrainedModel,
+    drafter_factory: Callable[[], Drafter] | None,
+    prompts: Sequence[Any],
+    *,
+    max_new_tokens: int,
+    max_batch: int = 8,
+    k: int = 4,
+    goodput: Goodput | None = None,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    min_p: float | None = None,
+    seed: int | None = None,
+    eos_token_id: int | Iterable[int] | None = None,
+    vocab_size: int | None = None,
+    requests: Sequence[Request] | None = None,
+) -> BatchResult:
+    """Generate for every prompt, up to `max_batch` at a time (see the
+    module docs). Each prompt's output has exactly the law of target-only
+    sampling at its settings; prompt i gets seed `seed` + i (seed None:
+    drawn), so it equals `generate` on that prompt alone with that seed.
+    `requests` instead of `prompts` (pass prompts=[]) gives every row its
+    own settings. A bad prompt is a ValueError naming its row, before any work."""
+    engine = BatchEngine(
+        target, drafter_factory, max_batch=max_batch, k=k, goodput=goodput, vocab_size=vocab_size
+    )
+    if requests is None:
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise ValueError(
+                f"prompts is a {type(prompts).__name__}; pass a list of prompts (token id lists)"
+            )
+        if len(prompts) == 0:
+            raise ValueError("prompts is empty; pass at least one prompt")
+        import secrets
+
+        base = secrets.randbits(62) if seed is None else _checks.seed(seed)
+        requests = [
+            Request(
+                prompt,
+                max_new_tokens,
+                temperature,
+                top_k,
+                top_p,
+                min_p,
+                (base + i) % 2**63,
+                eos_token_id,
+            )
+            for i, prompt in enumerate(prompts)
+        ]
+    for i, request in enumerate(requests):  # every row checked before any work
+        try:
+            prompt_tensor(getattr(request, "prompt", None), engine.vocab)
+        except ValueError as e:
+            raise ValueError(f"prompt {i}: {e}") from None
+    return engine.run(requests)

@@ -1,0 +1,139 @@
+"""T(B, n), the target forward over B rows × n positions, measured on the
+engine's own forward (`BatchEngine.forward_blocks`) and cached on disk per
+model, host and thread count: the table the `Goodput` policy reads.
+
+Each row is a copy of one prefilled context of `context` positions; a
+sample is one forward of B blocks of n tokens, after which every row's
+cache is cut back. The median of `repeats` samples, after one warm-up, per
+grid point.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+import platform
+import statistics
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _files, models
+from specdec_rs.policy.goodput import ForwardProfile
+
+if TYPE_CHECKING:
+    from specdec_rs.generation.batch import BatchEngine
+
+VERSION = 1
+
+
+def batch_grid(max_batch: int) -> list[int]:
+    """1, 2, 4, ... up to max_batch, and max_batch itself."""
+    out, b = [], 1
+    while b < max_batch:
+        out.append(b)
+        b *= 2
+    return [*out, max_batch]
+
+
+def profile_forward(
+    engine: BatchEngine,
+    ks: Iterable[int],
+    *,
+    batch_sizes: Iterable[int] | None = None,
+    context: int = 128,
+    repeats: int = 3,
+    cached: bool = True,
+) -> ForwardProfile:
+    """T(B, n) on the grid batch_sizes × ks (positions n), see the module
+    docs; read from / written to the cache folder when `cached`."""
+    import torch
+
+    bs = sorted(set(batch_grid(engine.max_batch) if batch_sizes is None else batch_sizes))
+    ns = sorted(set(ks))
+    path = _cache_path(engine, bs, ns, context) if cached else None
+    if path is not None and path.is_file():
+        try:
+            return ForwardProfile.from_json(
+                _files.read_json(path, what="forward profile", fix="delete it to measure anew")
+            )
+        except ValueError:
+            pass  # a damaged table is measured again (and replaced)
+    target = engine.target
+    g = torch.Generator().manual_seed(0)
+    vocab = engine.vocab
+    with torch.inference_mode():
+        base = models.new_cache(target)
+        models.forward(target, torch.randint(0, vocab, (context,), generator=g), base, keep=1)
+        caches = [copy.deepcopy(base) for _ in range(max(bs))]
+        table: dict[tuple[int, int], float] = {}
+        for b in bs:
+            for n in ns:
+                blocks = [torch.randint(0, vocab, (n,), generator=g) for _ in range(b)]
+
+                def sample(blocks: list[Any] = blocks, b: int = b) -> float:
+                    started = time.perf_counter()
+                    engine.forward_blocks(blocks, caches[:b], hidden=False)
+                    seconds = time.perf_counter() - started
+                    for c in caches[:b]:
+                        models.crop(c, context)
+                    return seconds
+
+                sample()
+                table[(b, n)] = statistics.median(sample() for _ in range(repeats))
+    profile = ForwardProfile(table, context)
+    if path is not None:
+        try:
+            _files.write_json(path, profile.to_json(), what="forward profile")
+        except (OSError, ValueError):
+            pass  # no cache: measured again next time
+    return profile
+
+
+def _cache_path(engine: BatchEngine, bs: list[int], ns: list[int], context: int) -> Path | None:
+    """cache_dir()/forward-profiles/<key>.json: the key names the model
+    (`identity.fingerprint`), the host's CPU, torch's and the kernels'
+    threads, the engine's forward path and the grid."""
+    import torch
+
+    try:
+        from specdec_rs.heads.identity import fingerprint
+
+        model = fingerprint(engine.target)
+    except (ValueError, RuntimeError, AttributeError):
+        return None
+    kernel_threads = next(
+        (m.threads for m in engine.target.modules() if hasattr(m, "threads")), None
+    )
+    key = json.dumps(
+        {
+            "v": VERSION,
+            "model": model,
+            "cpu": _cpu_name(),
+            "torch_threads": torch.get_num_threads(),
+            "kernel_threads": kernel_threads,
+            "path": engine.path,
+            "bs": bs,
+            "ns": ns,
+            "context": context,
+            "device": str(models.device_of(engine.target)),
+            "cores": os.cpu_count(),
+        },
+        sort_keys=True,
+    )
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    return _files.cache_dir() / "forward-profiles" / f"{digest}.json"
+
+
+def _cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo on Linux, else the platform's)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()

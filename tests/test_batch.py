@@ -1,0 +1,362 @@
+"""Batched generation (`generation.batch`): each row equals the same request
+run alone with the same seed (bitwise on a GGUF target, whose kernels are
+order-fixed; on the tiny float32 transformers Llama too, whose products run
+over all rows at once: torch could sum them in another order for another
+row count, which would show only at a near-tie), the power of that check
+against a cache cut by another row's count, continuous batching, rows that
+fail alone, cancelling, bad input, and the goodput policy's choices under
+synthetic loads. p = target, q = draft.
+The law of batched output is in test_batch_law.py."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import specdec_rs as sd
+from specdec_rs import models
+from specdec_rs.drafters.draft import Draft
+from specdec_rs.generation.batch import MAX_ROWS, BatchEngine, Request
+from specdec_rs.generation.profile import profile_forward
+from specdec_rs.policy import ForwardProfile, Goodput
+
+torch = pytest.importorskip("torch")
+V = 64
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    return models.tiny_llama(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
+
+
+@pytest.fixture(scope="module")
+def gguf(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_llama
+
+    path = Path(tmp_path_factory.mktemp("batch")) / "tiny.gguf"
+    write_llama(tiny, path, linear_type="Q4_1", embed_type="Q8_0")
+    return load_gguf(path, tokenizer=False)[0]
+
+
+def prompts() -> list[list[int]]:
+    g = torch.Generator().manual_seed(0)
+    return [torch.randint(2, V, (n,), generator=g).tolist() for n in (5, 9, 3, 12, 7)]
+
+
+# (temperature, top_k, top_p, k, max_new_tokens, eos) per request: mixed settings
+MIXED = (
+    (1.0, None, None, 3, 16, []),
+    (0.0, None, None, 2, 12, []),
+    (0.7, 8, 0.9, 0, 10, []),
+    (0.9, None, 0.95, 4, 16, [7, 11]),
+    (1.0, None, None, None, 14, []),
+)
+
+
+def requests(seed: int = 5) -> list[Request]:
+    return [
+        Request(p, n, t, top_k, top_p, seed=seed + i, eos_token_id=eos, k=k)
+        for i, (p, (t, top_k, top_p, k, n, eos)) in enumerate(zip(prompts(), MIXED, strict=True))
+    ]
+
+
+def alone(target: Any, r: Request, k: int) -> Any:
+    """The request through `generate` (a row of k = 0 runs as target-only)."""
+    k = r.k if r.k is not None else k
+    return sd.generate(
+        target,
+        sd.PromptLookup() if k else None,
+        r.prompt,
+        max_new_tokens=r.max_new_tokens,
+        k=max(k, 1),
+        temperature=r.temperature,
+        top_k=r.top_k,
+        top_p=r.top_p,
+        seed=r.seed,
+        eos_token_id=r.eos_token_id,
+    )
+
+
+@pytest.mark.parametrize("which", ["gguf", "float32"])
+def test_each_row_equals_the_same_request_alone(which: str, tiny: Any, gguf: Any) -> None:
+    """Five requests of mixed settings (k = 0..4, greedy, top-k/top-p, EOS)
+    through 2 slots: rows join as others finish; every row's tokens equal
+    the request run alone with `generate` and the same seed, bit for bit."""
+    target = gguf if which == "gguf" else tiny
+    engine = BatchEngine(target, sd.PromptLookup, max_batch=2, k=2)
+    assert engine.path == ("gguf" if which == "gguf" else "llama")
+    out = engine.run(requests())
+    assert max(s.rows for s in out.steps) == 2 and len(out.rows) == 5
+    for r, f in zip(requests(), out.rows, strict=True):
+        assert f.result is not None, f.error
+        solo = alone(target, r, 2)
+        assert f.result.tokens == solo.tokens
+        assert f.result.k_per_round == solo.k_per_round
+        assert f.result.seed == r.seed
+    assert out.new_tokens == sum(len(f.result.tokens) for f in out.rows if f.result)
+    assert engine.active == 0 and engine.queued == 0
+
+
+class CrossCrop(BatchEngine):
+    """Bug: every row's cache is cut by the accepted count of the round's
+    first row, not its own."""
+
+    def _round(self) -> None:
+        self.first: int | None = None
+        super()._round()
+
+    def _settle(self, row: Any, pending: Any, logits: Any, hidden: Any, target_s: float) -> Any:
+        before = len(row.decoder.seq)
+        r = super()._settle(row, pending, logits, hidden, target_s)
+        if self.first is None:
+            self.first = r.accepted
+        for layer in row.decoder.cache.layers:  # the forward wrote before + r.drafted entries
+            layer.length = before + min(self.first, r.drafted)
+        return r
+
+
+def test_the_identity_check_catches_a_cache_cut_by_another_row(gguf: Any) -> None:
+    """Power of the per-row identity check: with a draft model (drafts every
+    round, rows keep different counts) a cross-row crop parts some row from
+    its lone run; the exact engine keeps all rows."""
+    draft = models.tiny_llama(vocab_size=V, hidden_size=32, num_layers=1, seed=2)
+    rs = [Request(p, 12, 1.0, seed=9 + i, eos_token_id=[], k=3) for i, p in enumerate(prompts())]
+    alone_tokens = [
+        sd.generate(
+            gguf, sd.DraftModel(draft), r.prompt, max_new_tokens=12, k=3, temperature=1.0,
+            seed=r.seed, eos_token_id=[],
+        ).tokens
+        for r in rs
+    ]  # fmt: skip
+    for engine, parts in ((BatchEngine, False), (CrossCrop, True)):
+        out = engine(gguf, lambda: sd.DraftModel(draft), max_batch=3).run(rs)
+        same = [
+            f.result is not None and f.result.tokens == a
+            for f, a in zip(out.rows, alone_tokens, strict=True)
+        ]
+        assert (not all(same)) == parts, (engine.__name__, same)
+
+
+def test_generate_batch_seeds_rows_from_one_seed(gguf: Any) -> None:
+    """generate_batch(seed=s): prompt i gets seed s + i, target-only rows too."""
+    out = sd.generate_batch(gguf, None, prompts(), max_new_tokens=8, seed=40, temperature=1.0)
+    for i, p in enumerate(prompts()):
+        solo = sd.generate(gguf, None, p, max_new_tokens=8, seed=40 + i, temperature=1.0)
+        assert out.rows[i].result is not None and out.rows[i].result.tokens == solo.tokens
+
+
+def test_the_goodput_policy_keeps_greedy_output(gguf: Any) -> None:
+    """γ chosen by the load each round: the greedy tokens are target-only greedy."""
+    profile = ForwardProfile({(b, n): 1.0 + 0.1 * n for b in (1, 2, 4) for n in range(1, 6)})
+    policy = Goodput(k_max=4, profile=profile, probe=2)
+    out = sd.generate_batch(
+        gguf,
+        sd.PromptLookup,
+        prompts(),
+        max_new_tokens=12,
+        goodput=policy,
+        temperature=0,
+        max_batch=4,
+        eos_token_id=[],
+    )
+    assert {s.k for s in out.steps} - {None}  # the policy chose each round
+    assert out.predicted_goodput is not None and out.predicted_goodput > 0
+    for i, p in enumerate(prompts()):
+        plain = sd.generate(gguf, None, p, max_new_tokens=12, temperature=0, eos_token_id=[])
+        assert out.rows[i].result is not None and out.rows[i].result.tokens == plain.tokens
+
+
+class BadAfter:
+    """A lookup drafter that proposes an id outside the vocabulary from its
+    `after`-th proposal on."""
+
+    name = "bad-after"
+
+    def __init__(self, after: int):
+        self.inner, self.after, self.calls = sd.PromptLookup(), after, 0
+
+    def start(self, seq: Any, cache: Any, hidden: Any) -> None:
+        self.inner.start(seq, cache, hidden)
+
+    def propose(self, seq: Any, k: int, sampler: Any) -> Any:
+        self.calls += 1
+        if self.calls > self.after:
+            return Draft(torch.tensor([V + 5]), torch.full((1, V), 1.0 / V))
+        return self.inner.propose(seq, k, sampler)
+
+    def update(self, seq: Any, num_accepted: int, hidden: Any) -> None:
+        self.inner.update(seq, num_accepted, hidden)
+
+
+def test_a_row_whose_drafter_fails_fails_alone(gguf: Any) -> None:
+    made = iter([sd.PromptLookup(), BadAfter(2), sd.PromptLookup()])
+    out = sd.generate_batch(
+        gguf,
+        lambda: next(made),
+        prompts()[:3],
+        max_new_tokens=10,
+        temperature=0.8,
+        seed=1,
+        eos_token_id=[],
+    )
+    bad = out.rows[1]
+    assert bad.result is None and bad.error is not None
+    assert "request 1" in bad.error and f"[0, {V})" in bad.error
+    for i in (0, 2):
+        solo = sd.generate(
+            gguf,
+            sd.PromptLookup(),
+            prompts()[i],
+            max_new_tokens=10,
+            k=4,
+            temperature=0.8,
+            seed=1 + i,
+            eos_token_id=[],
+        )
+        assert out.rows[i].result is not None and out.rows[i].result.tokens == solo.tokens
+
+
+def test_cancel_frees_the_row_and_the_queue(gguf: Any) -> None:
+    engine = BatchEngine(gguf, sd.PromptLookup, max_batch=2)
+    ids = [engine.submit(r) for r in requests()]
+    engine.step()
+    assert engine.active == 2 and engine.queued == 3
+    assert engine.cancel(ids[0]) and engine.cancel(ids[4])
+    assert engine.active == 1 and engine.queued == 2
+    assert not engine.cancel(ids[0]) and not engine.cancel(999)
+    finished = []
+    while engine.active or engine.queued:
+        finished += engine.step()
+    assert sorted(f.id for f in finished) == [1, 2, 3]
+
+
+@pytest.mark.parametrize(
+    "prompt, words",
+    [
+        ([], ["prompt 1", "non-empty prompt"]),
+        ("hello", ["prompt 1", "is a str"]),
+        ([[1, 2], [3, 4]], ["prompt 1", "batch size 2"]),
+        ([1, V + 3], ["prompt 1", f"outside [0, {V})"]),
+        ([1] * 1020, ["request 1", "past the model's context of 1024"]),
+    ],
+)
+def test_bad_prompts_name_their_row(gguf: Any, prompt: Any, words: list[str]) -> None:
+    with pytest.raises(ValueError) as e:
+        sd.generate_batch(gguf, None, [[3, 4, 5], prompt], max_new_tokens=8)
+    for w in words:
+        assert w in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_batch": 0}, ["max_batch"]),
+        ({"max_batch": MAX_ROWS + 1}, ["max_batch", str(MAX_ROWS)]),
+        ({"k": -1}, ["k = -1"]),
+    ],
+)
+def test_bad_engine_options(gguf: Any, kwargs: dict[str, Any], words: list[str]) -> None:
+    with pytest.raises(ValueError) as e:
+        sd.generate_batch(gguf, None, [[3, 4, 5]], max_new_tokens=4, **kwargs)
+    for w in words:
+        assert w in str(e.value)
+
+
+def test_empty_and_wrong_prompt_lists(gguf: Any) -> None:
+    with pytest.raises(ValueError, match="prompts is empty"):
+        sd.generate_batch(gguf, None, [], max_new_tokens=4)
+    with pytest.raises(ValueError, match="list of prompts"):
+        sd.generate_batch(gguf, None, "text", max_new_tokens=4)
+    with pytest.raises(ValueError, match="pass a generation.Request"):
+        BatchEngine(gguf, None).submit([1, 2, 3])  # type: ignore[arg-type]
+
+
+# ---- the goodput policy --------------------------------------------------------------
+
+
+class Row:
+    def __init__(self, rid: int):
+        self.id = rid
+
+
+class FakeRound:
+    """What `Goodput.observe` reads of a `Round`."""
+
+    def __init__(self, asked: int, accepted: int):
+        self.asked, self.accepted, self.tree = asked, accepted, False
+        self.draft_s, self.verify_s, self.positions = 0.0, 0.0, asked + 1
+
+
+def trained(policy: Goodput, rows: int, *accepts: int, rounds: int = 40) -> list[Row]:
+    """`rows` rows whose rounds at γ = k_max keep accepts[0], accepts[1], ...
+    drafts in turn."""
+    out = [Row(i) for i in range(rows)]
+    for r in out:
+        policy.join(r.id)
+    for i in range(rounds):
+        kept = accepts[i % len(accepts)]
+        policy.observe([(r.id, FakeRound(policy.k_max, kept)) for r in out], rows, 0.0)
+    return out
+
+
+def memory_bound() -> ForwardProfile:
+    """T(B, n) = 1 + 0.05·B·n: a wide pass costs little more than one position."""
+    return ForwardProfile({(b, n): 1.0 + 0.05 * b * n for b in (1, 8, 64) for n in range(1, 6)})
+
+
+def test_goodput_speculates_at_a_small_batch_and_stops_at_a_large_one() -> None:
+    """The same acceptance (the first draft kept in half the rounds, no
+    other): one draft at B = 1, where T(1, 2) = 1.05·T(1, 1); none at
+    B = 64, where T(64, 2) = 1.76·T(64, 1) costs more than the 1.5 tokens
+    a round then emits."""
+    small = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    assert small.choose(trained(small, 1, 0, 1))[0] == 1
+    large = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    assert large.choose(trained(large, 64, 0, 1))[0] == 0
+
+
+def test_goodput_predicts_tokens_over_cost() -> None:
+    policy = Goodput(k_max=4, profile=memory_bound(), prior=0.0)
+    rows = trained(policy, 8, 4)  # every draft kept
+    # E = k + 1 per row; C = T(8, k + 1) (no drafting or verification time)
+    for k in range(5):
+        assert policy.predicted([r.id for r in rows], k) == pytest.approx(
+            8 * (k + 1) / (1.0 + 0.05 * 8 * (k + 1))
+        )
+
+
+def test_goodput_hysteresis_and_probe() -> None:
+    flat = ForwardProfile({(b, n): 1.0 for b in (1, 2) for n in range(1, 4)})
+    policy = Goodput(k_max=2, profile=flat, hysteresis=10.0)  # nothing beats the current γ by 10×
+    rows = trained(policy, 2, 2)
+    assert policy.choose(rows)[0] == 1 == policy.k
+    off = Goodput(k_max=2, profile=memory_bound_steep(), probe=3, probe_k=2)
+    rows = trained(off, 2, 0)  # nothing kept: γ = 0, with a probe every third round
+    chosen = [off.choose(rows)[0] for _ in range(9)]
+    assert off.k == 0 and chosen.count(2) == 3 and chosen.count(0) == 6
+
+
+def memory_bound_steep() -> ForwardProfile:
+    return ForwardProfile({(b, n): float(b * n) for b in (1, 2) for n in range(1, 4)})
+
+
+def test_forward_profiles_interpolate_and_refuse_bad_tables() -> None:
+    p = ForwardProfile({(1, 1): 1.0, (1, 2): 2.0, (4, 1): 4.0, (4, 2): 6.0})
+    assert p.seconds(2, 1) == pytest.approx(2.0) and p.seconds(4, 2) == 6.0
+    assert p.v(4, 2) == pytest.approx(1.5)
+    assert ForwardProfile.from_json(p.to_json()) == p
+    with pytest.raises(ValueError, match="full grid"):
+        ForwardProfile({(1, 1): 1.0, (2, 2): 1.0})
+    with pytest.raises(ValueError, match="T > 0"):
+        ForwardProfile({(1, 1): 0.0})
+    with pytest.raises(ValueError, match="not a forward profile"):
+        ForwardProfile.from_json({"table": [[1, "x"]]})
+
+
+def test_the_engine_measures_its_forward(gguf: Any) -> None:
+    engine = BatchEngine(gguf, None, max_batch=3)
+    p = profile_forward(engine, [1, 3], context=8, repeats=1, cached=False)
+    assert p.batch_sizes == [1, 2, 3] and p.positions == [1, 3]
+    assert all(t > 0 for t in p.table.values())
