@@ -5,7 +5,8 @@ through `BatchEngine` (up to B rows at once, continuous batching) with
 target-only rows, fixed γ and the goodput policy, for each drafter (prompt
 lookup, the EAGLE head). Per setting: throughput (new tokens / wall clock,
 prefills included) and decode goodput (tokens / seconds of the batch
-rounds), the speedup over target-only at the same B, tokens per pass,
+rounds), the speedup over target-only at the same B (with --repeats R:
+each setting's median of R runs, interleaved with the others'), tokens per pass,
 acceptance by position, per-token latency of the rows (p50, p95 of each
 row's seconds / tokens, its prefill included), the γ the policy chose; and
 v(B, n) = T(B, n) / T(B, 1) from the engine's forward profile.
@@ -121,18 +122,39 @@ def run(
     return engine.run(requests)
 
 
+def run_generate(
+    target: Any, make: Any, prompts: list[Any], max_new: int, temperature: float, k: int
+) -> float:
+    """Today's `generate`, prompt after prompt (seed i, one drafter object):
+    new tokens / wall clock, the B = 1 baseline of the batched path."""
+    drafter = make() if make is not None else None
+    started, tokens = time.perf_counter(), 0
+    for i, p in enumerate(prompts):
+        out = sd.generate(
+            target, drafter, p, max_new_tokens=max_new, k=max(k, 1), temperature=temperature,
+            seed=i,
+        )  # fmt: skip
+        tokens += out.new_tokens
+    return tokens / (time.perf_counter() - started)
+
+
 def predicted_speedups(
-    settings: list[Setting], profile: ForwardProfile, batches: list[int]
+    settings: list[Setting],
+    profile: ForwardProfile,
+    batches: list[int],
+    contexts: dict[str, float],
 ) -> dict[str, dict[int, float]]:
-    """label -> B -> the cost model's speedup of each fixed-γ setting, from its B = 1 run."""
+    """label -> B -> the cost model's speedup of each fixed-γ setting, from
+    its B = 1 run, T at the workload's mean context."""
     out: dict[str, dict[int, float]] = {}
     for s in settings:
         if s.policy != "fixed" or s.batch != 1:
             continue
+        at = contexts[s.workload]
         out[f"{s.workload}/{s.label}"] = {
             b: s.tokens_per_pass
-            * profile.seconds(b, 1)
-            / (profile.seconds(b, s.k + 1) + b * s.draft_s_per_round)
+            * profile.seconds(b, 1, at)
+            / (profile.seconds(b, s.k + 1, at) + b * s.draft_s_per_round)
             for b in batches
         }
     return out
@@ -153,6 +175,9 @@ def main() -> None:
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--temperature", type=float, default=0.0)
+    ap.add_argument(
+        "--repeats", type=int, default=1, help="runs of each setting, interleaved (medians)"
+    )
     ap.add_argument("--out", type=Path, default=Path("benchmarks/results/bench-batch"))
     args = ap.parse_args()
 
@@ -161,15 +186,22 @@ def main() -> None:
     probe = BatchEngine(target, None, max_batch=max(batches))
     started = time.perf_counter()
     profile = profile_forward(
-        probe, range(1, args.k_max + 2), batch_sizes=batches, context=128, repeats=5
-    )
+        probe, range(1, args.k_max + 2), batch_sizes=batches, context=128, long_context=512,
+        repeats=5,
+    )  # fmt: skip
     print(f"forward profile in {time.perf_counter() - started:.1f} s", flush=True)
     built = {name: drafters.from_spec(name, target, tok) for name in args.drafters}
+    warm = workloads.encode(tok, workloads.prompts("chat")[0])
+    for make in [None, *(drafters.copies(d) for d in built.values())]:  # warm every path once
+        run(target, make, [warm, warm], 2, 8, args.temperature, 2, None)
     settings: list[Setting] = []
+    versus: dict[tuple[str, str], tuple[float, float]] = {}  # (batched B = 1, generate) tok/s
+    contexts: dict[str, float] = {}  # the mean context of a workload's rows
     for workload in args.workloads:
         messages = workloads.prompts(workload)
         texts = [messages[i % len(messages)] for i in range(args.prompts)]
         prompts = [workloads.encode(tok, m) for m in texts]
+        contexts[workload] = sum(len(p) for p in prompts) / len(prompts) + args.max_new_tokens / 2
         for b in batches:
             todo: list[tuple[str, str, int, Any, sd.Goodput | None]] = [
                 ("none", "none", 0, None, None)
@@ -178,22 +210,47 @@ def main() -> None:
                 todo += [(name, "fixed", k, drafters.copies(built[name]), None) for k in args.ks]
                 goodput = sd.Goodput(k_max=args.k_max, profile=profile)
                 todo.append((name, "goodput", args.k_max, drafters.copies(built[name]), goodput))
-            for name, policy, k, make, goodput in todo:
-                out = run(
-                    target, make, prompts, b, args.max_new_tokens, args.temperature, k, goodput
-                )
-                s = measure(workload, b, name, policy, k, out)
-                settings.append(s)
-                print(
-                    f"{workload} B={b} {s.label}: {s.tokens_per_second:.1f} tok/s, decode "
-                    f"{s.decode_goodput:.1f}, tokens/pass {s.tokens_per_pass:.2f}, γ {s.gammas}",
-                    flush=True,
-                )
-    write(args, settings, profile, batches)
+            runs: dict[int, list[Setting]] = {i: [] for i in range(len(todo))}
+            alone: dict[int, list[float]] = {i: [] for i in range(len(todo))}
+            for r in range(args.repeats):  # interleaved, each repeat in a rotated order
+                for i in [*range(r % len(todo), len(todo)), *range(r % len(todo))]:
+                    name, policy, k, make, goodput = todo[i]
+                    out = run(
+                        target, make, prompts, b, args.max_new_tokens, args.temperature, k, goodput
+                    )
+                    s = measure(workload, b, name, policy, k, out)
+                    runs[i].append(s)
+                    print(
+                        f"{workload} B={b} {s.label}: {s.tokens_per_second:.1f} tok/s, decode "
+                        f"{s.decode_goodput:.1f}, tokens/pass {s.tokens_per_pass:.2f}, "
+                        f"γ {s.gammas}",
+                        flush=True,
+                    )
+                    if b == 1 and policy != "goodput":  # the same setting through generate
+                        alone[i].append(
+                            run_generate(
+                                target, make, prompts, args.max_new_tokens, args.temperature, k
+                            )
+                        )
+                        print(f"  generate: {alone[i][-1]:.1f} tok/s", flush=True)
+            for i, done in runs.items():
+                middle = sorted(done, key=lambda s: s.tokens_per_second)[(len(done) - 1) // 2]
+                settings.append(middle)
+                if alone[i]:
+                    versus[(workload, middle.label)] = (
+                        statistics.median(s.tokens_per_second for s in done),
+                        statistics.median(alone[i]),
+                    )
+    write(args, settings, profile, batches, versus, contexts)
 
 
 def write(
-    args: argparse.Namespace, settings: list[Setting], profile: ForwardProfile, batches: list[int]
+    args: argparse.Namespace,
+    settings: list[Setting],
+    profile: ForwardProfile,
+    batches: list[int],
+    versus: dict[tuple[str, str], tuple[float, float]],
+    contexts: dict[str, float],
 ) -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     base = {(s.workload, s.batch): s for s in settings if s.policy == "none"}
@@ -202,7 +259,7 @@ def write(
         / base[(s.workload, s.batch)].tokens_per_second
         for s in settings
     }
-    predicted = predicted_speedups(settings, profile, batches)
+    predicted = predicted_speedups(settings, profile, batches, contexts)
     rows = []
     for s in settings:
         rows.append(
@@ -250,9 +307,61 @@ def write(
             stops.append(
                 [workload, name, str(stops_paying(best_pred)), str(stops_paying(measured))]
             )
+    goodput_rows = []
+    for workload in args.workloads:
+        for name in args.drafters:
+            for b in batches:
+                mine = [s for s in settings if s.workload == workload and s.batch == b]
+                fixed = [s for s in mine if s.drafter == name and s.policy == "fixed"]
+                good = next(s for s in mine if s.drafter == name and s.policy == "goodput")
+                none = base[(workload, b)]
+                best = max(fixed, key=lambda s: s.tokens_per_second)
+                off = good.gammas.get(0, 0) / max(1, sum(good.gammas.values()))
+                goodput_rows.append(
+                    [
+                        workload, name, str(b),
+                        fmt(good.tokens_per_second / best.tokens_per_second, ".3f"),
+                        best.label,
+                        fmt(good.tokens_per_second / none.tokens_per_second, ".3f"),
+                        fmt(off, ".2f"),
+                    ]
+                )  # fmt: skip
+    versus_rows = [
+        [w, label, fmt(a, ".1f"), fmt(g, ".1f"), fmt(a / g, ".3f")]
+        for (w, label), (a, g) in versus.items()
+    ]
+    eight = []
+    for workload in args.workloads:
+        at = {
+            b: max(s.tokens_per_second for s in settings if s.workload == workload and s.batch == b)
+            for b in batches
+        }
+        if 1 in at and 8 in at:
+            eight.append(
+                [workload, fmt(at[1], ".1f"), fmt(at[8], ".1f"), fmt(at[8] / at[1], ".2f")]
+            )
     text = "\n\n".join(
         [
             markdown_table(header, rows),
+            markdown_table(
+                [
+                    "workload",
+                    "drafter",
+                    "B",
+                    "goodput / best fixed",
+                    "best fixed",
+                    "goodput / target-only",
+                    "rounds at γ = 0",
+                ],
+                goodput_rows,
+            ),  # fmt: skip
+            markdown_table(
+                ["workload", "setting", "batched B = 1 tok/s", "generate tok/s", "ratio"],
+                versus_rows,
+            ),
+            markdown_table(
+                ["workload", "best at B = 1 tok/s", "best at B = 8 tok/s", "ratio"], eight
+            ),
             v_table,
             markdown_table(
                 ["workload", "drafter", "stops paying (predicted B)", "(measured B)"], stops
@@ -262,11 +371,14 @@ def write(
     (args.out / "bench-batch.md").write_text(text + "\n", encoding="utf-8")
     _files.write_json(
         args.out / "bench-batch.json",
-        {
-            "settings": [asdict(s) | {"label": s.label} for s in settings],
-            "profile": profile.to_json(),
-            "predicted_speedups": predicted,
-        },
+        _files.json_safe(
+            {
+                "settings": [asdict(s) | {"label": s.label} for s in settings],
+                "profile": profile.to_json(),
+                "predicted_speedups": predicted,
+                "batched_vs_generate": [[w, label, a, g] for (w, label), (a, g) in versus.items()],
+            }
+        ),
         what="bench-batch results",
     )
     plt = pyplot()

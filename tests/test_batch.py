@@ -255,6 +255,8 @@ def test_bad_prompts_name_their_row(gguf: Any, prompt: Any, words: list[str]) ->
         ({"max_batch": 0}, ["max_batch"]),
         ({"max_batch": MAX_ROWS + 1}, ["max_batch", str(MAX_ROWS)]),
         ({"k": -1}, ["k = -1"]),
+        ({"goodput": 3}, ["goodput is a int", "policy.Goodput"]),
+        ({"vocab_size": V + 1}, [f"vocab_size = {V + 1}", f"only {V} rows"]),
     ],
 )
 def test_bad_engine_options(gguf: Any, kwargs: dict[str, Any], words: list[str]) -> None:
@@ -262,6 +264,26 @@ def test_bad_engine_options(gguf: Any, kwargs: dict[str, Any], words: list[str])
         sd.generate_batch(gguf, None, [[3, 4, 5]], max_new_tokens=4, **kwargs)
     for w in words:
         assert w in str(e.value)
+
+
+def test_the_cache_capacity_bounds_the_batch(gguf: Any) -> None:
+    """A request over the cache alone is refused naming it; max_batch rows
+    over it are refused before any work; an engine whose cache fits two rows
+    runs two at a time (the others wait), each row still its lone output."""
+    with pytest.raises(
+        ValueError, match=r"request 0 needs 13 cache positions.*cache_positions = 12"
+    ):
+        BatchEngine(gguf, None, cache_positions=12).submit(Request([1, 2, 3], 10))
+    with pytest.raises(ValueError, match=r"max_batch = 3 rows of these prompts need up to 39"):
+        sd.generate_batch(gguf, None, [[1, 2, 3]] * 3, max_new_tokens=10, max_batch=3,
+                          cache_positions=30)  # fmt: skip
+    rs = requests()
+    two = sum(sorted(len(r.prompt) + r.max_new_tokens for r in rs)[-2:])
+    engine = BatchEngine(gguf, sd.PromptLookup, max_batch=4, k=2, cache_positions=two)
+    out = engine.run(rs)
+    assert max(s.rows for s in out.steps) == 2
+    for r, f in zip(rs, out.rows, strict=True):
+        assert f.result is not None and f.result.tokens == alone(gguf, r, 2).tokens
 
 
 def test_empty_and_wrong_prompt_lists(gguf: Any) -> None:
@@ -284,9 +306,10 @@ class Row:
 class FakeRound:
     """What `Goodput.observe` reads of a `Round`."""
 
-    def __init__(self, asked: int, accepted: int):
+    def __init__(self, asked: int, accepted: int, drafted: int | None = None):
         self.asked, self.accepted, self.tree = asked, accepted, False
-        self.draft_s, self.verify_s, self.positions = 0.0, 0.0, asked + 1
+        self.drafted = asked if drafted is None else drafted
+        self.draft_s, self.verify_s, self.positions = 0.0, 0.0, self.drafted + 1
 
 
 def trained(policy: Goodput, rows: int, *accepts: int, rounds: int = 40) -> list[Row]:
@@ -327,19 +350,49 @@ def test_goodput_predicts_tokens_over_cost() -> None:
         )
 
 
+def test_goodput_costs_a_ragged_batch_by_the_drafts_proposed() -> None:
+    """A drafter that proposes one draft of the two asked (all kept) adds
+    one position per row, not two: T(B, 1 + 2·½), by interpolation."""
+    policy = Goodput(k_max=2, profile=memory_bound(), prior=0.0)
+    rows = [Row(i) for i in range(8)]
+    for r in rows:
+        policy.join(r.id)
+    for _ in range(30):
+        policy.observe([(r.id, FakeRound(2, 1, drafted=1)) for r in rows], 8, 0.0)
+    assert policy.fill(0) == pytest.approx(0.5)
+    ids = [r.id for r in rows]
+    assert policy.predicted(ids, 2) == pytest.approx(8 * 2 / (1.0 + 0.05 * 8 * 2), rel=1e-3)
+
+
 def test_goodput_hysteresis_and_probe() -> None:
     flat = ForwardProfile({(b, n): 1.0 for b in (1, 2) for n in range(1, 4)})
     policy = Goodput(k_max=2, profile=flat, hysteresis=10.0)  # nothing beats the current γ by 10×
     rows = trained(policy, 2, 2)
     assert policy.choose(rows)[0] == 1 == policy.k
     off = Goodput(k_max=2, profile=memory_bound_steep(), probe=3, probe_k=2)
-    rows = trained(off, 2, 0)  # nothing kept: γ = 0, with a probe every third round
-    chosen = [off.choose(rows)[0] for _ in range(9)]
-    assert off.k == 0 and chosen.count(2) == 3 and chosen.count(0) == 6
+    rows = trained(off, 2, 0)  # nothing kept: γ = 0, probes after 3, then 6, then 12 rounds
+    chosen = [off.choose(rows)[0] for _ in range(21)]
+    assert off.k == 0 and [i + 1 for i, k in enumerate(chosen) if k] == [3, 9, 21]
+    assert set(chosen) == {0, 2}
 
 
 def memory_bound_steep() -> ForwardProfile:
     return ForwardProfile({(b, n): float(b * n) for b in (1, 2) for n in range(1, 4)})
+
+
+def test_goodput_corrects_the_profile_by_the_measured_rounds() -> None:
+    """Rounds whose forward takes twice the profiled time at 3 positions
+    per row double T there (and for sizes nearest it), not elsewhere."""
+    policy = Goodput(k_max=4, profile=memory_bound())
+    rows = trained(policy, 8, 2)
+    before = policy.forward_seconds(8, 3)
+    rounds = [(r.id, FakeRound(2, 1)) for r in rows]  # 3 positions a row
+    for _ in range(60):
+        policy.observe(rounds, 8, 2.0 * memory_bound().seconds(8, 3))
+    assert policy.forward_seconds(8, 3) == pytest.approx(2 * before, rel=1e-3)
+    assert policy.forward_seconds(8, 3.2) == pytest.approx(
+        2 * memory_bound().seconds(8, 3.2), rel=1e-3
+    )
 
 
 def test_forward_profiles_interpolate_and_refuse_bad_tables() -> None:
@@ -347,6 +400,12 @@ def test_forward_profiles_interpolate_and_refuse_bad_tables() -> None:
     assert p.seconds(2, 1) == pytest.approx(2.0) and p.seconds(4, 2) == 6.0
     assert p.v(4, 2) == pytest.approx(1.5)
     assert ForwardProfile.from_json(p.to_json()) == p
+    # a second grid at a longer context: linear in the context between them
+    both = ForwardProfile({(1, 1): 1.0, (1, 2): 2.0}, 100, {(1, 1): 3.0, (1, 2): 6.0}, 300)
+    assert both.seconds(1, 2, 200) == pytest.approx(4.0) and both.seconds(1, 2) == 2.0
+    assert ForwardProfile.from_json(both.to_json()) == both
+    with pytest.raises(ValueError, match="longer context"):
+        ForwardProfile({(1, 1): 1.0}, 100, {(1, 1): 2.0}, 50)
     with pytest.raises(ValueError, match="full grid"):
         ForwardProfile({(1, 1): 1.0, (2, 2): 1.0})
     with pytest.raises(ValueError, match="T > 0"):
@@ -357,6 +416,9 @@ def test_forward_profiles_interpolate_and_refuse_bad_tables() -> None:
 
 def test_the_engine_measures_its_forward(gguf: Any) -> None:
     engine = BatchEngine(gguf, None, max_batch=3)
-    p = profile_forward(engine, [1, 3], context=8, repeats=1, cached=False)
+    p = profile_forward(engine, [1, 3], context=8, long_context=64, repeats=1, cached=False)
     assert p.batch_sizes == [1, 2, 3] and p.positions == [1, 3]
-    assert all(t > 0 for t in p.table.values())
+    assert all(t > 0 for t in [*p.table.values(), *p.long.values()])
+    assert (p.context, p.long_context) == (8, 64) and set(p.long) == set(p.table)
+    with pytest.raises(ValueError, match="long_context = 8 must exceed context = 8"):
+        profile_forward(engine, [1], context=8, long_context=8, cached=False)

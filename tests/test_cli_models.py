@@ -268,3 +268,26 @@ def test_generate_runs_every_prompt_of_a_file(
     assert json.loads(capsys.readouterr().out)["text"] == out["results"][1]["text"]
     assert main(["generate", "--prompts-file", str(prompts), "--raw"]) == 2
     one_line_error(capsys.readouterr().err, "--raw encodes plain text", "conversations")
+
+
+def test_generate_batch_equals_the_prompts_one_by_one(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--batch 2 with a fixed --k: each prompt's text is the one it gets in
+    the one-by-one run (prompt i with seed --seed + i; the GGUF rows are the
+    same bits batched or alone); the batch's summary is there; a bad
+    combination is a one-line error."""
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "Say hi."}\n"Name a color."\n"Count to three."\n')
+    args = ["--max-new-tokens", "6", "--temperature", "0.7", "--seed", "3", "--k", "2", "--json"]
+    assert main(["generate", "--prompts-file", str(prompts), *args]) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main(["generate", "--prompts-file", str(prompts), "--batch", "2", *args]) == 0
+    batched = json.loads(capsys.readouterr().out)
+    assert [r["text"] for r in batched["results"]] == [r["text"] for r in alone["results"]]
+    assert batched["batch"]["batch"] == 2 and batched["batch"]["rounds"] >= 1
+    assert batched["totals"]["new_tokens"] == alone["totals"]["new_tokens"]
+    assert main(["generate", "hi", "--batch", "2"]) == 2
+    one_line_error(capsys.readouterr().err, "--batch decodes the prompts of --prompts-file")
+    assert main(["generate", "--prompts-file", str(prompts), "--batch", "2", "--tree", "4"]) == 2
+    one_line_error(capsys.readouterr().err, "--batch runs chains")

@@ -106,6 +106,18 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
         assert self._k is not None and self._v is not None
         return self._k, self._v, self.length
 
+    def slot_arrays(
+        self, n: int, like: tuple[int, int, int], dtype: torch.dtype
+    ) -> tuple[Any, Any, int]:
+        """`slots` for a batch of one, as NumPy arrays (H, capacity, D) of
+        the key and value buffers (made once per buffer: the native layer
+        writes them in place)."""
+        keys, values, length = self.slots(n, like, dtype)
+        views = getattr(self, "_arrays", None)
+        if views is None or views[0] is not keys or views[1] is not values:
+            views = self._arrays = (keys, values, keys[0].numpy(), values[0].numpy())
+        return views[2], views[3], length
+
     def advance(self, n: int) -> None:
         """n positions written past the filled part (see `slots`)."""
         self.length += n

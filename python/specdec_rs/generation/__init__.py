@@ -4,7 +4,9 @@
 - `decoder`: `Decoder`, one generation's state and its round (chain or tree).
 - `rounds`: `Round`, what one round did, and the running `Stats`.
 - `result`: `GenerationResult`, the tokens and the statistics.
-- `batch`: `BatchEngine` and `generate_batch`, many rows per target pass.
+- `batch`: `BatchEngine` and `generate_batch`, many rows per target pass;
+  `forward` its batched target forward, `profile` the T(B, n, L) table the
+  goodput policy reads.
 - `inputs`: the checks of generate()'s inputs.
 The checks of a drafter's proposals live with `Draft` / `TreeDraft`
 (`specdec_rs.drafters.draft`).

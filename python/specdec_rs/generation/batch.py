@@ -182,6 +182,10 @@ class BatchEngine:
     for target-only rows. k: γ of the rows that set none; `goodput`, when
     given, chooses it every round instead, from the load (k is then the
     most it may choose). Rows keep their caches' buffers from slot to slot.
+    cache_positions: the most positions the rows' target caches may hold
+    together (default: what half of this machine's memory holds,
+    `default_cache_positions`); a request reserves its prompt plus its
+    budget, and waits in the queue until that fits beside the running rows.
     """
 
     def __init__(
@@ -195,6 +199,7 @@ class BatchEngine:
         vocab_size: int | None = None,
         transfer: str = "auto",
         allow_past_context: bool = False,
+        cache_positions: int | None = None,
     ):
         models.check_model(target, "target")
         if drafter_factory is not None:
@@ -202,11 +207,23 @@ class BatchEngine:
         self.target, self.factory = target, drafter_factory
         self.max_batch = _checks.integer(max_batch, "max_batch", minimum=1, maximum=MAX_ROWS)
         self.k = _checks.integer(k, "k", minimum=0, maximum=MAX_K)
+        from specdec_rs.policy.goodput import Goodput
+
+        if goodput is not None and not isinstance(goodput, Goodput):
+            raise ValueError(
+                f"goodput is a {type(goodput).__name__}; pass a policy.Goodput or None "
+                "(a fixed γ is k=...)"
+            )
         self.goodput = goodput
         self.vocab_size = vocab_size
         self.transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
         self.allow = _checks.boolean(allow_past_context, "allow_past_context")
-        self.vocab = models.vocab_of(target) if vocab_size is None else vocab_size
+        self.vocab = shared_vocab(target, None, vocab_size)
+        self.cache_positions = (
+            default_cache_positions(target)
+            if cache_positions is None
+            else _checks.integer(cache_positions, "cache_positions", minimum=1)
+        )
         self.path = batch_path(target)  # how a round's rows share one forward
         self.rows: list[Row | None] = [None] * self.max_batch
         self.free_caches: list[Any] = []
@@ -245,6 +262,13 @@ class BatchEngine:
             )
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
+        need = len(prompt) + max_new
+        if need > self.cache_positions:
+            raise ValueError(
+                f"{where} needs {need} cache positions (a prompt of {len(prompt)} + "
+                f"max_new_tokens {max_new}), more than the engine's cache holds "
+                f"(cache_positions = {self.cache_positions}); shorten it or raise cache_positions"
+            )
         self.next_id += 1
         self.queue.append(_Checked(rid, prompt, max_new, config, seed, eos, k))
         return rid
@@ -301,12 +325,23 @@ class BatchEngine:
             [done[i] for i in ids], self.steps[first:], time.perf_counter() - started
         )
 
+    @property
+    def reserved(self) -> int:
+        """Cache positions the running rows may fill (prompt + budget each)."""
+        return sum(r.decoder.prompt_length + r.run.max_new for r in self.live_rows())
+
     def _admit(self) -> None:
         for slot in range(self.max_batch):
             if not self.queue:
                 return
             if self.rows[slot] is None:
-                item = self.queue.popleft()
+                item = self.queue[0]
+                if (
+                    self.active
+                    and self.reserved + len(item.prompt) + item.max_new > self.cache_positions
+                ):
+                    return  # it waits (in order) until running rows free their positions
+                self.queue.popleft()
                 try:
                     self.rows[slot] = self._start(item)
                 except ValueError as e:
@@ -315,7 +350,6 @@ class BatchEngine:
     def _start(self, item: _Checked) -> Row:
         drafter = None if self.factory is None else self.factory()
         check_drafter(drafter, self.target)
-        shared_vocab(self.target, drafter, self.vocab_size)
         cache = self.free_caches.pop() if self.free_caches else None
         if cache is not None:
             models.crop(cache, 0)
@@ -385,7 +419,15 @@ class BatchEngine:
                 self.finished.append(Finished(row.id, row.run.result()))
         seconds = time.perf_counter() - started
         if self.goodput is not None:
-            self.goodput.observe(rounds, len(pending), target_s)
+            uniform = all(row.fixed_k is None for _, row, _ in pending)
+            self.goodput.observe(
+                rounds,
+                len(pending),
+                target_s,
+                k=chosen if uniform else None,
+                tokens=tokens,
+                seconds=seconds,
+            )
         self.steps.append(BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted))
 
     def _settle(
@@ -431,6 +473,26 @@ class BatchEngine:
         return profile_forward(self, ks, **options)
 
 
+def default_cache_positions(target: Any) -> int:
+    """Positions of a target cache that half this machine's memory holds:
+    2 (keys, values) · layers · key-value heads · head size · 4 bytes each
+    (the caches are float32 on a GGUF target, else in the model's dtype)."""
+    import os
+
+    config = target.config
+    layers = int(getattr(config, "num_hidden_layers", 1))
+    heads = int(getattr(config, "num_key_value_heads", None) or config.num_attention_heads)
+    head_dim = int(
+        getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    )
+    per_position = 2 * layers * heads * head_dim * max(4, models.dtype_of(target).itemsize)
+    try:
+        memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # no sysconf: assume 8 GiB
+        memory = 8 << 30
+    return max(1, memory // 2 // per_position)
+
+
 def generate_batch(
     target: PreTrainedModel,
     drafter_factory: Callable[[], Drafter] | None,
@@ -448,6 +510,7 @@ def generate_batch(
     eos_token_id: int | Iterable[int] | None = None,
     vocab_size: int | None = None,
     requests: Sequence[Request] | None = None,
+    cache_positions: int | None = None,
 ) -> BatchResult:
     """Generate for every prompt, up to `max_batch` at a time (see the
     module docs). Each prompt's output has exactly the law of target-only
@@ -456,7 +519,13 @@ def generate_batch(
     `requests` instead of `prompts` (pass prompts=[]) gives every row its
     own settings. A bad prompt is a ValueError naming its row, before any work."""
     engine = BatchEngine(
-        target, drafter_factory, max_batch=max_batch, k=k, goodput=goodput, vocab_size=vocab_size
+        target,
+        drafter_factory,
+        max_batch=max_batch,
+        k=k,
+        goodput=goodput,
+        vocab_size=vocab_size,
+        cache_positions=cache_positions,
     )
     if requests is None:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
@@ -481,9 +550,18 @@ def generate_batch(
             )
             for i, prompt in enumerate(prompts)
         ]
+    needs = []
     for i, request in enumerate(requests):  # every row checked before any work
         try:
-            prompt_tensor(getattr(request, "prompt", None), engine.vocab)
+            needs.append(len(prompt_tensor(getattr(request, "prompt", None), engine.vocab)))
         except ValueError as e:
             raise ValueError(f"prompt {i}: {e}") from None
+        needs[-1] += int(getattr(request, "max_new_tokens", 0) or 0)
+    largest = sum(sorted(needs, reverse=True)[:max_batch])
+    if largest > engine.cache_positions:
+        raise ValueError(
+            f"max_batch = {max_batch} rows of these prompts need up to {largest} cache positions "
+            f"at once, more than the cache holds (cache_positions = {engine.cache_positions}); "
+            "lower max_batch or max_new_tokens, or raise cache_positions"
+        )
     return engine.run(requests)

@@ -1,11 +1,11 @@
-"""T(B, n), the target forward over B rows × n positions, measured on the
-engine's own forward (`BatchEngine.forward_blocks`) and cached on disk per
+"""T(B, n, L), the target forward over B rows × n positions after L cached
+positions each, measured on the engine's own forward
+(`BatchEngine.forward_blocks`) at two contexts L and cached on disk per
 model, host and thread count: the table the `Goodput` policy reads.
 
-Each row is a copy of one prefilled context of `context` positions; a
-sample is one forward of B blocks of n tokens, after which every row's
-cache is cut back. The median of `repeats` samples, after one warm-up, per
-grid point.
+Each row is a copy of one prefilled context of L positions; a sample is one
+forward of B blocks of n tokens, after which every row's cache is cut back.
+The median of `repeats` samples, after one warm-up, per grid point.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from specdec_rs.policy.goodput import ForwardProfile
 if TYPE_CHECKING:
     from specdec_rs.generation.batch import BatchEngine
 
-VERSION = 1
+VERSION = 2
 
 
 def batch_grid(max_batch: int) -> list[int]:
@@ -45,16 +45,20 @@ def profile_forward(
     *,
     batch_sizes: Iterable[int] | None = None,
     context: int = 128,
+    long_context: int = 512,
     repeats: int = 3,
     cached: bool = True,
 ) -> ForwardProfile:
-    """T(B, n) on the grid batch_sizes × ks (positions n), see the module
-    docs; read from / written to the cache folder when `cached`."""
-    import torch
-
+    """T(B, n, L) on the grid batch_sizes × ks (positions n) at contexts L =
+    `context` and `long_context` (0: only the first), see the module docs;
+    read from / written to the cache folder when `cached`."""
+    if long_context and long_context <= context:
+        raise ValueError(
+            f"long_context = {long_context} must exceed context = {context} (or be 0: none)"
+        )
     bs = sorted(set(batch_grid(engine.max_batch) if batch_sizes is None else batch_sizes))
     ns = sorted(set(ks))
-    path = _cache_path(engine, bs, ns, context) if cached else None
+    path = _cache_path(engine, bs, ns, (context, long_context)) if cached else None
     if path is not None and path.is_file():
         try:
             return ForwardProfile.from_json(
@@ -62,9 +66,28 @@ def profile_forward(
             )
         except ValueError:
             pass  # a damaged table is measured again (and replaced)
-    target = engine.target
+    grids = [_grid(engine, bs, ns, context, repeats)]
+    if long_context:
+        grids.append(_grid(engine, bs, ns, long_context, repeats))
+    profile = ForwardProfile(
+        grids[0], context, grids[1] if long_context else {}, long_context if long_context else 0
+    )
+    if path is not None:
+        try:
+            _files.write_json(path, profile.to_json(), what="forward profile")
+        except (OSError, ValueError):
+            pass  # no cache: measured again next time
+    return profile
+
+
+def _grid(
+    engine: BatchEngine, bs: list[int], ns: list[int], context: int, repeats: int
+) -> dict[tuple[int, int], float]:
+    """T(B, n) at one context: median seconds of `repeats` forwards after a warm-up."""
+    import torch
+
+    target, vocab = engine.target, engine.vocab
     g = torch.Generator().manual_seed(0)
-    vocab = engine.vocab
     with torch.inference_mode():
         base = models.new_cache(target)
         models.forward(target, torch.randint(0, vocab, (context,), generator=g), base, keep=1)
@@ -84,16 +107,12 @@ def profile_forward(
 
                 sample()
                 table[(b, n)] = statistics.median(sample() for _ in range(repeats))
-    profile = ForwardProfile(table, context)
-    if path is not None:
-        try:
-            _files.write_json(path, profile.to_json(), what="forward profile")
-        except (OSError, ValueError):
-            pass  # no cache: measured again next time
-    return profile
+    return table
 
 
-def _cache_path(engine: BatchEngine, bs: list[int], ns: list[int], context: int) -> Path | None:
+def _cache_path(
+    engine: BatchEngine, bs: list[int], ns: list[int], context: tuple[int, int]
+) -> Path | None:
     """cache_dir()/forward-profiles/<key>.json: the key names the model
     (`identity.fingerprint`), the host's CPU, torch's and the kernels'
     threads, the engine's forward path and the grid."""

@@ -121,6 +121,8 @@ class FusedLlamaLayer(nn.Module):
         # (heads, kv heads, head size, intermediate size, eps) for `_core.llama_layer`
         inter = self.down_proj.in_features
         self._dims = (self.heads, self.kv_heads, self.head_dim, inter, self.eps)
+        # the norms' float32 arrays (views of the parameters) for every native call
+        self._norms = (self.attn_norm.detach().numpy(), self.ffn_norm.detach().numpy())
 
     def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
         """The layer's weights under transformers' names, as
@@ -259,11 +261,13 @@ class FusedLlamaLayer(nn.Module):
         over all N rows; attention per sequence. `mask` (n, past + n) uint8
         only for one sequence (a tree)."""
         keys, values, pasts = [], [], []
+        like = (1, self.kv_heads, self.head_dim)
         for layer, n in zip(layers, lengths, strict=True):
-            k, v, past = layer.slots(n, (1, self.kv_heads, self.head_dim), torch.float32)
-            keys.append(k[0].numpy())
-            values.append(v[0].numpy())
+            k, v, past = layer.slot_arrays(n, like, torch.float32)
+            keys.append(k)
+            values.append(v)
             pasts.append(past)
+        attn_norm, ffn_norm = self._norms
         _core.llama_layer(
             x,
             cos,
@@ -274,8 +278,8 @@ class FusedLlamaLayer(nn.Module):
             lengths,
             mask,
             self._weights,
-            self.attn_norm.detach().numpy(),
-            self.ffn_norm.detach().numpy(),
+            attn_norm,
+            ffn_norm,
             self._dims,
             self.o_proj.threads,
         )

@@ -3,10 +3,12 @@ predicted tokens per second at its current size. p = target, q = draft, k = γ.
 
 A batch round of B rows with γ drafts each costs
 
-    C(γ) = Σ_i D_i(γ) + T(B, γ + 1) + Σ_i W_i(γ + 1)
+    C(γ) = Σ_i D_i(γ) + T(B, n̄(γ)) + Σ_i W_i(1 + γ·f_i)
 
 (D_i: row i's drafting, T(B, n): the target forward over B rows × n
-positions, W_i: its verification, cropping and drafter update) and emits
+positions, with n̄(γ) = 1 + γ·mean_i f_i since the batch forward is ragged
+and row i's drafter proposes a share f_i of the drafts asked for, W_i: its
+verification, cropping and drafter update) and emits
 Σ_i E_i(γ) tokens, E_i(γ) = 1 + Σ_{j=1}^{γ} a_{i,j}, where a_{i,j} is row
 i's rate of keeping at least j drafts in rounds that asked for j or more (a
 draft the drafter did not propose counts as not kept). The policy picks
@@ -16,13 +18,22 @@ T comes from a profile (`ForwardProfile`: measured by the engine at start,
 or read from the table cached on disk for this model, host and thread
 count); D and W are measured as the rounds run (decayed means per drafted
 token and per verified position). A row with little history borrows the
-pooled rates of all rows (a weak prior before any). Acceptance alone never
+pooled rates of all rows (before any round, a_j = 2^-j). Acceptance alone never
 decides: at a large B, T(B, γ + 1) nears (γ + 1)·T(B, 1) and the same
 acceptance stops paying, which is why γ falls with the load.
 
+T is corrected by what the rounds measure: the decayed mean of measured /
+profiled forward time, kept per positions-per-row (the rows' contexts
+differ from the profile's). And where the batch has run a γ at its current
+size for a few recent rounds, that γ's measured tokens per second stands
+in for the model (whose other values are rescaled by measured / predicted
+at the current γ): a model that overrates long drafts is corrected by the
+rounds it chose, so the policy settles on the γ the machine rewards.
 Hysteresis: γ changes only when the new choice is predicted to beat the
-current one by `hysteresis` (relative). While γ = 0, every `probe` rounds
-one round drafts `probe_k`, so acceptance estimates stay current.
+current one by `hysteresis` (relative). While γ = 0, one round drafts
+`probe_k` after `probe` rounds, so the acceptance estimates stay current;
+each probe that leaves speculation off doubles the wait, up to 16 · `probe`
+rounds.
 The policy sees only what past rounds did, so every round stays exact.
 """
 
@@ -30,34 +41,48 @@ from __future__ import annotations
 
 import bisect
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from specdec_rs import _checks
 from specdec_rs.policy.base import MAX_K
 
+MAX_PROBE_FACTOR = 16  # probes back off to one in 16 · probe rounds
+
 
 @dataclass(frozen=True)
 class ForwardProfile:
-    """T(B, n): seconds of the target forward over B rows × n positions,
-    measured on a grid (`table[(B, n)]`) and interpolated linearly in B
-    and n between grid points (extrapolated by the last slope beyond)."""
+    """T(B, n, L): seconds of the target forward over B rows × n positions
+    after L cached positions each, measured on a grid at `context` L
+    (`table[(B, n)]`) and, optionally, at a longer `long_context`
+    (`long[(B, n)]`, the same grid); interpolated linearly in B, n and L
+    between grid points (extrapolated by the last slope beyond). Attention
+    over the cache grows with L, so at long contexts each extra position
+    costs more than at short ones."""
 
     table: dict[tuple[int, int], float]
     context: int = 0
+    long: dict[tuple[int, int], float] = field(default_factory=dict)
+    long_context: int = 0
 
     def __post_init__(self) -> None:
         if not self.table:
             raise ValueError("a forward profile needs at least one measured (B, n)")
-        for (b, n), t in self.table.items():
-            if b < 1 or n < 1 or not t > 0:
-                raise ValueError(
-                    f"forward profile entry T({b}, {n}) = {t}: expected B, n >= 1, T > 0"
-                )
+        for grid in (self.table, self.long):
+            for (b, n), t in grid.items():
+                if b < 1 or n < 1 or not t > 0:
+                    raise ValueError(
+                        f"forward profile entry T({b}, {n}) = {t}: expected B, n >= 1, T > 0"
+                    )
         bs = sorted({b for b, _ in self.table})
         ns = sorted({n for _, n in self.table})
         if len(self.table) != len(bs) * len(ns):
             raise ValueError("a forward profile is a full grid of batch sizes × positions")
+        if self.long and (set(self.long) != set(self.table) or self.long_context <= self.context):
+            raise ValueError(
+                "a forward profile's long-context grid has the same (B, n) as its table, "
+                "at a longer context"
+            )
 
     @property
     def batch_sizes(self) -> list[int]:
@@ -67,31 +92,39 @@ class ForwardProfile:
     def positions(self) -> list[int]:
         return sorted({n for _, n in self.table})
 
-    def seconds(self, batch: int, n: int) -> float:
-        """T(batch, n), interpolated."""
-        ns = self.positions
-        return _interp(ns, [self._at_n(batch, m) for m in ns], n)
+    def seconds(self, batch: float, n: float, context: float | None = None) -> float:
+        """T(batch, n, context), interpolated (context None: the table's)."""
+        short = self._at(self.table, batch, n)
+        if not self.long or context is None:
+            return short
+        long = self._at(self.long, batch, n)
+        share = (context - self.context) / (self.long_context - self.context)
+        return max(short + (long - short) * share, 0.5 * min(short, long))
 
-    def _at_n(self, batch: int, n: int) -> float:
-        bs = self.batch_sizes
-        return _interp(bs, [self.table[(b, n)] for b in bs], batch)
+    def _at(self, grid: dict[tuple[int, int], float], batch: float, n: float) -> float:
+        bs, ns = self.batch_sizes, self.positions
+        at_n = [_interp(bs, [grid[(b, m)] for b in bs], batch) for m in ns]
+        return _interp(ns, at_n, n)
 
-    def v(self, batch: int, n: int) -> float:
+    def v(self, batch: int, n: float, context: float | None = None) -> float:
         """v(B, n) = T(B, n) / T(B, 1): a forward over n positions in steps."""
-        return self.seconds(batch, n) / self.seconds(batch, 1)
+        return self.seconds(batch, n, context) / self.seconds(batch, 1, context)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "context": self.context,
             "table": [[b, n, t] for (b, n), t in sorted(self.table.items())],
+            "long_context": self.long_context,
+            "long": [[b, n, t] for (b, n), t in sorted(self.long.items())],
         }
 
     @classmethod
     def from_json(cls, obj: Any) -> ForwardProfile:
         try:
             table = {(int(b), int(n)): float(t) for b, n, t in obj["table"]}
-            return cls(table, int(obj.get("context", 0)))
-        except (KeyError, TypeError, ValueError) as e:
+            long = {(int(b), int(n)): float(t) for b, n, t in obj.get("long", [])}
+            return cls(table, int(obj.get("context", 0)), long, int(obj.get("long_context", 0)))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise ValueError(f"not a forward profile ({e})") from None
 
 
@@ -106,13 +139,16 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
 
 class _Rates:
     """Counts behind a_j: rounds that asked for j or more drafts, and those
-    that kept j or more (j = 1..k_max), decayed."""
+    that kept j or more (j = 1..k_max), decayed; `fill`, the decayed mean
+    of drafted / asked (a lookup drafter often proposes fewer than asked)."""
 
     def __init__(self, k_max: int):
         self.asked = [0.0] * (k_max + 1)
         self.kept = [0.0] * (k_max + 1)
+        self.fill: float | None = None
 
-    def add(self, asked: int, accepted: int, decay: float) -> None:
+    def add(self, asked: int, drafted: int, accepted: int, decay: float) -> None:
+        self.fill = _mean(self.fill, drafted / asked, decay)
         for j in range(1, len(self.asked)):
             self.asked[j] *= decay
             self.kept[j] *= decay
@@ -162,13 +198,20 @@ class Goodput:
         self.pooled = _Rates(self.k_max)
         self.k = 1  # the current γ (one draft until the rates say more)
         self.off_rounds = 0
+        self.interval = self.probe  # rounds at γ = 0 before the next probe
+        self.scales: dict[int, float] = {}  # measured T / profiled T, by positions per row
+        self.runs: dict[tuple[int, int], _Run] = {}  # (B, γ) -> what rounds at γ measured
+        self.round = 0
+        self.context: float | None = None  # the rows' mean length at the last choice
         self.draft_per_token: float | None = None  # seconds per drafted token, per row
         self.verify_per_position: float | None = None  # seconds per verified position, per row
         self.choices: list[int] = []
 
     # ---- the engine's calls
     def start(self, engine: Any) -> None:
-        """At the engine's start: the forward profile (measured, or cached)."""
+        """At the engine's start: past rows forgotten, the forward profile
+        (measured on the engine, or its cached table) unless given."""
+        self.reset()
         if self.profile is None:
             self.profile = engine.profile(ks=range(1, self.k_max + 2))
 
@@ -180,64 +223,148 @@ class Goodput:
 
     def choose(self, rows: Sequence[Any]) -> tuple[int, float | None]:
         """(γ for this round, its predicted tokens per second) for the
-        batch's rows that take the batch's γ (`rows[i].id`)."""
+        batch's rows that take the batch's γ (`rows[i].id`; their contexts
+        from `rows[i].decoder.seq` where they have one)."""
         ids = [r.id for r in rows]
         if not ids:
             return self.k, None
+        lengths = [len(r.decoder.seq) for r in rows if hasattr(r, "decoder")]
+        self.context = sum(lengths) / len(lengths) if lengths else None
         best, rates = self.best(ids)
         current = rates[self.k]
+        predicted = [self.predicted(ids, k) for k in range(self.k_max + 1)]
         if best != self.k and rates[best] > (1.0 + self.hysteresis) * current:
             self.k = best
         k = self.k
         if k == 0:
             self.off_rounds += 1
-            if self.off_rounds % self.probe == 0:
-                k = self.probe_k
+            if self.off_rounds >= self.interval:
+                k, self.off_rounds = self.probe_k, 0
+                # a probe that does not turn speculation on makes the next one rarer
+                self.interval = min(2 * self.interval, MAX_PROBE_FACTOR * self.probe)
         else:
-            self.off_rounds = 0
+            self.off_rounds, self.interval = 0, self.probe
         self.choices.append(k)
-        return k, rates[k]
+        return k, predicted[k]
 
     def best(self, ids: Sequence[int]) -> tuple[int, list[float]]:
-        """(argmax γ, predicted goodput of each γ = 0..k_max) for these rows."""
-        rates = [self.predicted(ids, k) for k in range(self.k_max + 1)]
+        """(argmax γ, the goodput of each γ = 0..k_max) for these rows: the
+        measured tokens per second of recent rounds at that γ and batch
+        size where there are `MEASURED` or more, else the model's prediction
+        on the measured scale (times measured / predicted at the current γ)."""
+        b = len(ids)
+        model = [self.predicted(ids, k) for k in range(self.k_max + 1)]
+        here = self._measured(b, self.k)
+        scale = here / model[self.k] if here is not None and model[self.k] > 0 else 1.0
+        rates = []
+        for k, m in enumerate(model):
+            seen = self._measured(b, k)
+            rates.append(seen if seen is not None else m * scale)
         return max(range(len(rates)), key=lambda k: (rates[k], -k)), rates
 
+    def _measured(self, b: int, k: int) -> float | None:
+        """Tokens per second of the recent batch rounds of b rows at γ = k."""
+        run = self.runs.get((b, k))
+        if run is None or run.count < MEASURED or self.round - run.last > STALE:
+            return None
+        return run.tokens / run.seconds
+
     def predicted(self, ids: Sequence[int], k: int) -> float:
-        """Σ_i E_i(k) / C(k): tokens per second of a round at γ = k."""
+        """Σ_i E_i(k) / C(k): tokens per second of a round at γ = k. The
+        batch forward is ragged (no padding), so its positions per row are
+        the mean 1 + k·fill_i over the rows, fill_i the share of asked
+        drafts row i's drafter proposes."""
         assert self.profile is not None, "start() first"
         b = len(ids)
         tokens = sum(self.expected(rid, k) for rid in ids)
+        drafts = sum(k * self.fill(rid) for rid in ids)
         draft = (self.draft_per_token or 0.0) * k * b
-        verify = (self.verify_per_position or 0.0) * (k + 1) * b
-        return tokens / (draft + self.profile.seconds(b, k + 1) + verify)
+        verify = (self.verify_per_position or 0.0) * (b + drafts)
+        return tokens / (draft + self.forward_seconds(b, 1 + drafts / b) + verify)
+
+    def forward_seconds(self, b: int, n: float) -> float:
+        """T(b, n, the rows' mean context) from the profile, times the measured over profiled ratio
+        of the rounds nearest n positions per row (the rows' contexts are
+        longer than the profile's, and attention grows with both)."""
+        assert self.profile is not None, "start() first"
+        t = self.profile.seconds(b, n, self.context)
+        if not self.scales:
+            return t
+        near = min(self.scales, key=lambda m: (abs(m - n), m))
+        return t * self.scales[near]
+
+    def fill(self, rid: int) -> float:
+        """The share of asked drafts row `rid` gets (its mean, else the pool's, else 1)."""
+        row = self.rows.get(rid)
+        if row is not None and row.fill is not None:
+            return row.fill
+        return 1.0 if self.pooled.fill is None else self.pooled.fill
 
     def expected(self, rid: int, k: int) -> float:
-        """E_i(k) = 1 + Σ_{j<=k} a_{i,j} (row counts plus `prior` pooled rounds)."""
+        """E_i(k) = 1 + Σ_{j<=k} a_{i,j}: the row's counts plus `prior`
+        rounds at the pooled rate of all rows (itself 2^-j before any round)."""
         row = self.rows.get(rid) or _Rates(self.k_max)
         pooled = self.pooled
         total = 1.0
         for j in range(1, k + 1):
-            pool_rate = (pooled.kept[j] + 0.5) / (pooled.asked[j] + 1.0)  # 1/2 before any round
-            a = (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
-            total += a
+            pool_rate = (pooled.kept[j] + 0.5**j) / (pooled.asked[j] + 1.0)
+            total += (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
         return total
 
-    def observe(self, rounds: Iterable[tuple[int, Any]], rows: int, target_s: float) -> None:
-        """A batch round: each row's (id, `Round`); decayed means of the
-        drafting and verification seconds."""
+    def observe(
+        self,
+        rounds: Iterable[tuple[int, Any]],
+        rows: int,
+        target_s: float,
+        *,
+        k: int | None = None,
+        tokens: int = 0,
+        seconds: float = 0.0,
+    ) -> None:
+        """A batch round: each row's (id, `Round`), the rows in its forward
+        and its seconds; decayed means of the drafting and verification
+        seconds and of the forward's measured / profiled time; with `k` (the
+        round ran every row at the batch's γ = k), its tokens and seconds."""
+        rounds = list(rounds)
+        self.round += 1
+        if k is not None and seconds > 0:
+            run = self.runs.setdefault((rows, k), _Run())
+            run.add(tokens, seconds, self.round, self.decay)
+        if self.profile is not None and rounds and target_s > 0:
+            n = sum(r.positions for _, r in rounds) / len(rounds)
+            ratio = target_s / self.profile.seconds(rows, n, self.context)
+            key = round(n)
+            self.scales[key] = _mean(self.scales.get(key), ratio, 0.9)
         for rid, r in rounds:
             if r.tree:
                 continue
             rates = self.rows.get(rid)
             if rates is not None and r.asked > 0:
-                rates.add(r.asked, r.accepted, self.decay)
+                rates.add(r.asked, r.drafted, r.accepted, self.decay)
             if r.asked > 0:
-                self.pooled.add(r.asked, r.accepted, self.decay)
+                self.pooled.add(r.asked, r.drafted, r.accepted, self.decay)
                 self.draft_per_token = _mean(self.draft_per_token, r.draft_s / r.asked, self.decay)
             self.verify_per_position = _mean(
                 self.verify_per_position, r.verify_s / r.positions, self.decay
             )
+
+
+MEASURED = 16  # rounds at a (B, γ) before their measured rate replaces the model's
+STALE = 256  # rounds after which a (B, γ) not run again is predicted anew
+
+
+class _Run:
+    """Decayed tokens and seconds of the batch rounds at one (B, γ)."""
+
+    def __init__(self) -> None:
+        self.tokens = self.seconds = 0.0
+        self.count, self.last = 0, 0
+
+    def add(self, tokens: int, seconds: float, now: int, decay: float) -> None:
+        self.tokens = decay * self.tokens + tokens
+        self.seconds = decay * self.seconds + seconds
+        self.count += 1
+        self.last = now
 
 
 def _mean(old: float | None, new: float, decay: float) -> float:
