@@ -368,6 +368,8 @@ def test_goodput_hysteresis_and_probe() -> None:
     flat = ForwardProfile({(b, n): 1.0 for b in (1, 2) for n in range(1, 4)})
     policy = Goodput(k_max=2, profile=flat, hysteresis=10.0)  # nothing beats the current γ by 10×
     rows = trained(policy, 2, 2)
+    assert policy.choose(rows)[0] == 2  # the first round takes the model's choice
+    policy.k = 1  # as if the batch had settled at γ = 1
     assert policy.choose(rows)[0] == 1 == policy.k
     off = Goodput(k_max=2, profile=memory_bound_steep(), probe=3, probe_k=2)
     rows = trained(off, 2, 0)  # nothing kept: γ = 0, probes after 3, then 6, then 12 rounds

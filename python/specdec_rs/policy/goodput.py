@@ -102,8 +102,14 @@ class ForwardProfile:
         return max(short + (long - short) * share, 0.5 * min(short, long))
 
     def _at(self, grid: dict[tuple[int, int], float], batch: float, n: float) -> float:
-        bs, ns = self.batch_sizes, self.positions
-        at_n = [_interp(bs, [grid[(b, m)] for b in bs], batch) for m in ns]
+        memo: dict[tuple[int, float], tuple[list[int], list[float]]] = self.__dict__.setdefault(
+            "_memo", {}
+        )  # per (grid, batch size): T at each n of the grid (the policy asks every round)
+        key = (id(grid), batch)
+        if key not in memo:
+            bs, ns = self.batch_sizes, self.positions
+            memo[key] = (ns, [_interp(bs, [grid[(b, m)] for b in bs], batch) for m in ns])
+        ns, at_n = memo[key]
         return _interp(ns, at_n, n)
 
     def v(self, batch: int, n: float, context: float | None = None) -> float:
@@ -174,8 +180,8 @@ class Goodput:
         *,
         k_max: int = 6,
         profile: ForwardProfile | None = None,
-        hysteresis: float = 0.05,
-        probe: int = 16,
+        hysteresis: float = 0.1,
+        probe: int = 32,
         probe_k: int = 2,
         prior: float = 4.0,
         decay: float = 0.98,
@@ -230,9 +236,11 @@ class Goodput:
             return self.k, None
         lengths = [len(r.decoder.seq) for r in rows if hasattr(r, "decoder")]
         self.context = sum(lengths) / len(lengths) if lengths else None
-        best, rates = self.best(ids)
+        predicted = self.model(ids)
+        best, rates = self.best(ids, predicted)
+        if not self.choices:
+            self.k = best  # the first round takes the model's choice as it is
         current = rates[self.k]
-        predicted = [self.predicted(ids, k) for k in range(self.k_max + 1)]
         if best != self.k and rates[best] > (1.0 + self.hysteresis) * current:
             self.k = best
         k = self.k
@@ -247,13 +255,14 @@ class Goodput:
         self.choices.append(k)
         return k, predicted[k]
 
-    def best(self, ids: Sequence[int]) -> tuple[int, list[float]]:
+    def best(self, ids: Sequence[int], model: list[float] | None = None) -> tuple[int, list[float]]:
         """(argmax γ, the goodput of each γ = 0..k_max) for these rows: the
         measured tokens per second of recent rounds at that γ and batch
         size where there are `MEASURED` or more, else the model's prediction
-        on the measured scale (times measured / predicted at the current γ)."""
+        (`model`, computed when not given) on the measured scale (times
+        measured / predicted at the current γ)."""
         b = len(ids)
-        model = [self.predicted(ids, k) for k in range(self.k_max + 1)]
+        model = self.model(ids) if model is None else model
         here = self._measured(b, self.k)
         scale = here / model[self.k] if here is not None and model[self.k] > 0 else 1.0
         rates = []
@@ -270,17 +279,27 @@ class Goodput:
         return run.tokens / run.seconds
 
     def predicted(self, ids: Sequence[int], k: int) -> float:
-        """Σ_i E_i(k) / C(k): tokens per second of a round at γ = k. The
-        batch forward is ragged (no padding), so its positions per row are
-        the mean 1 + k·fill_i over the rows, fill_i the share of asked
-        drafts row i's drafter proposes."""
+        """Σ_i E_i(k) / C(k): tokens per second of a round at γ = k."""
+        return self.model(ids)[k]
+
+    def model(self, ids: Sequence[int]) -> list[float]:
+        """Σ_i E_i(k) / C(k) for k = 0..k_max: the cost model's tokens per
+        second of a round at each γ. The batch forward is ragged (no
+        padding), so its positions per row are the mean 1 + k·fill_i over
+        the rows, fill_i the share of asked drafts row i's drafter proposes."""
         assert self.profile is not None, "start() first"
         b = len(ids)
-        tokens = sum(self.expected(rid, k) for rid in ids)
-        drafts = sum(k * self.fill(rid) for rid in ids)
-        draft = (self.draft_per_token or 0.0) * k * b
-        verify = (self.verify_per_position or 0.0) * (b + drafts)
-        return tokens / (draft + self.forward_seconds(b, 1 + drafts / b) + verify)
+        tokens = [0.0] * (self.k_max + 1)
+        for rid in ids:
+            for k, e in enumerate(self.expected_all(rid)):
+                tokens[k] += e
+        fill = sum(self.fill(rid) for rid in ids) / b
+        out = []
+        for k in range(self.k_max + 1):
+            draft = (self.draft_per_token or 0.0) * k * b
+            verify = (self.verify_per_position or 0.0) * b * (1 + k * fill)
+            out.append(tokens[k] / (draft + self.forward_seconds(b, 1 + k * fill) + verify))
+        return out
 
     def forward_seconds(self, b: int, n: float) -> float:
         """T(b, n, the rows' mean context) from the profile, times the measured over profiled ratio
@@ -303,13 +322,18 @@ class Goodput:
     def expected(self, rid: int, k: int) -> float:
         """E_i(k) = 1 + Σ_{j<=k} a_{i,j}: the row's counts plus `prior`
         rounds at the pooled rate of all rows (itself 2^-j before any round)."""
+        return self.expected_all(rid)[k]
+
+    def expected_all(self, rid: int) -> list[float]:
+        """E_i(k) for k = 0..k_max (see `expected`)."""
         row = self.rows.get(rid) or _Rates(self.k_max)
         pooled = self.pooled
-        total = 1.0
-        for j in range(1, k + 1):
+        out = [1.0]
+        for j in range(1, self.k_max + 1):
             pool_rate = (pooled.kept[j] + 0.5**j) / (pooled.asked[j] + 1.0)
-            total += (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
-        return total
+            a = (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
+            out.append(out[-1] + a)
+        return out
 
     def observe(
         self,
@@ -349,7 +373,7 @@ class Goodput:
             )
 
 
-MEASURED = 16  # rounds at a (B, γ) before their measured rate replaces the model's
+MEASURED = 32  # rounds at a (B, γ) before their measured rate replaces the model's
 STALE = 256  # rounds after which a (B, γ) not run again is predicted anew
 
 
