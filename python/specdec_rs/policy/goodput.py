@@ -260,7 +260,7 @@ class Goodput:
         measured tokens per second of recent rounds at that γ and batch
         size where there are `MEASURED` or more, else the model's prediction
         (`model`, computed when not given) on the measured scale (times
-        measured / predicted at the current γ)."""
+        measured / predicted at the current γ; γ = 0 as predicted)."""
         b = len(ids)
         model = self.model(ids) if model is None else model
         here = self._measured(b, self.k)
@@ -268,7 +268,10 @@ class Goodput:
         rates = []
         for k, m in enumerate(model):
             seen = self._measured(b, k)
-            rates.append(seen if seen is not None else m * scale)
+            # γ = 0 is not rescaled: one token a row in T(B, 1) (the profile
+            # corrected by measured forwards) is the model's surest figure,
+            # and a scale learnt from drafting rounds would carry their error to it
+            rates.append(seen if seen is not None else m if k == 0 else m * scale)
         return max(range(len(rates)), key=lambda k: (rates[k], -k)), rates
 
     def _measured(self, b: int, k: int) -> float | None:
