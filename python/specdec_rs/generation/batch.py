@@ -363,8 +363,8 @@ class BatchEngine:
             transfer=self.transfer,
             cache=cache,
         )
-        fixed = item.k if item.k is not None else (None if self.goodput else self.k)
-        policy = FixedK(fixed if fixed is not None else self.k)
+        # the row's own γ, else the engine's (a batch policy overrides it each round)
+        policy = FixedK(item.k if item.k is not None else self.k)
         run = Run(decoder, policy, None, None, item.max_new, item.eos)
         if self.goodput is not None:
             self.goodput.join(item.id)

@@ -15,14 +15,13 @@ import hashlib
 import json
 import os
 import platform
-import statistics
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _files, models
 from specdec_rs.policy.goodput import ForwardProfile
+from specdec_rs.timing import median_seconds
 
 if TYPE_CHECKING:
     from specdec_rs.generation.batch import BatchEngine
@@ -83,7 +82,8 @@ def profile_forward(
 def _grid(
     engine: BatchEngine, bs: list[int], ns: list[int], context: int, repeats: int
 ) -> dict[tuple[int, int], float]:
-    """T(B, n) at one context: median seconds of `repeats` forwards after a warm-up."""
+    """T(B, n) at one context: median seconds of `repeats` forwards after a
+    warm-up (`timing.median_seconds`)."""
     import torch
 
     target, vocab = engine.target, engine.vocab
@@ -97,16 +97,12 @@ def _grid(
             for n in ns:
                 blocks = [torch.randint(0, vocab, (n,), generator=g) for _ in range(b)]
 
-                def sample(blocks: list[Any] = blocks, b: int = b) -> float:
-                    started = time.perf_counter()
+                def sample(blocks: list[Any] = blocks, b: int = b) -> None:
                     engine.forward_blocks(blocks, caches[:b], hidden=False)
-                    seconds = time.perf_counter() - started
-                    for c in caches[:b]:
+                    for c in caches[:b]:  # cut back (timed too: microseconds)
                         models.crop(c, context)
-                    return seconds
 
-                sample()
-                table[(b, n)] = statistics.median(sample() for _ in range(repeats))
+                table[(b, n)] = median_seconds(sample, repeats, warmup=1)
     return table
 
 

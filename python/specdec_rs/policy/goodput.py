@@ -211,7 +211,7 @@ class Goodput:
         self.context: float | None = None  # the rows' mean length at the last choice
         self.draft_per_token: float | None = None  # seconds per drafted token, per row
         self.verify_per_position: float | None = None  # seconds per verified position, per row
-        self.choices: list[int] = []
+        self.chosen = 0  # rounds chosen since reset
 
     # ---- the engine's calls
     def start(self, engine: Any) -> None:
@@ -238,7 +238,7 @@ class Goodput:
         self.context = sum(lengths) / len(lengths) if lengths else None
         predicted = self.model(ids)
         best, rates = self.best(ids, predicted)
-        if not self.choices:
+        if not self.chosen:
             self.k = best  # the first round takes the model's choice as it is
         current = rates[self.k]
         if best != self.k and rates[best] > (1.0 + self.hysteresis) * current:
@@ -252,7 +252,7 @@ class Goodput:
                 self.interval = min(2 * self.interval, MAX_PROBE_FACTOR * self.probe)
         else:
             self.off_rounds, self.interval = 0, self.probe
-        self.choices.append(k)
+        self.chosen += 1
         return k, predicted[k]
 
     def best(self, ids: Sequence[int], model: list[float] | None = None) -> tuple[int, list[float]]:
@@ -322,13 +322,10 @@ class Goodput:
             return row.fill
         return 1.0 if self.pooled.fill is None else self.pooled.fill
 
-    def expected(self, rid: int, k: int) -> float:
-        """E_i(k) = 1 + Σ_{j<=k} a_{i,j}: the row's counts plus `prior`
-        rounds at the pooled rate of all rows (itself 2^-j before any round)."""
-        return self.expected_all(rid)[k]
-
     def expected_all(self, rid: int) -> list[float]:
-        """E_i(k) for k = 0..k_max (see `expected`)."""
+        """E_i(k) = 1 + Σ_{j<=k} a_{i,j} for k = 0..k_max: the row's counts
+        plus `prior` rounds at the pooled rate of all rows (itself 2^-j
+        before any round)."""
         row = self.rows.get(rid) or _Rates(self.k_max)
         pooled = self.pooled
         out = [1.0]
