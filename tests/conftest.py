@@ -50,6 +50,7 @@ def rng() -> np.random.Generator:
 # (--dist worksteal) each worker starts on a long module and the short ones
 # fill the end, where an idle worker steals them.
 LONGEST_FIRST = (
+    "test_serve.py",
     "test_cli_models.py",
     "test_smollm2.py",
     "test_generate.py",

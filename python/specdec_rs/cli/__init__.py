@@ -23,7 +23,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> Parser:
-    from specdec_rs.cli import flags, generate, measure, toy, train
+    from specdec_rs.cli import flags, generate, measure, serve, toy, train
 
     common = Parser(add_help=False)
     common.add_argument("--json", action="store_true", help="print one JSON object")
@@ -35,6 +35,7 @@ def build_parser() -> Parser:
     generate.add_parsers(sub, [common, model])
     measure.add_parsers(sub, [common, model])
     train.add_parsers(sub, [common, model])
+    serve.add_parsers(sub, [common, model])
     return parser
 
 

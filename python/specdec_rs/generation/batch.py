@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -75,7 +75,9 @@ MAX_ROWS = 1024  # the most rows one engine may hold
 class Request:
     """One sequence to generate: its prompt (token ids) and its settings.
     k: this row's γ (0: no drafts); None takes the engine's (its `k`, or
-    its batch policy's choice each round). seed None: drawn at submission."""
+    its batch policy's choice each round). seed None: drawn at submission.
+    drafter: the name of one of the engine's `drafters` ("none": target
+    only); None takes the engine's `drafter_factory`."""
 
     prompt: Any
     max_new_tokens: int
@@ -86,6 +88,7 @@ class Request:
     seed: int | None = None
     eos_token_id: int | Iterable[int] | None = None
     k: int | None = None
+    drafter: str | None = None
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,10 @@ class _Checked:
     seed: int
     eos: frozenset[int]
     k: int | None
+    factory: Callable[[], Drafter | None] | None
+
+
+OnCommit = Callable[[int, Round, list[int]], None]  # (request id, its round, the tokens it kept)
 
 
 class BatchEngine:
@@ -186,6 +193,10 @@ class BatchEngine:
     together (default: what half of this machine's memory holds,
     `default_cache_positions`); a request reserves its prompt plus its
     budget, and waits in the queue until that fits beside the running rows.
+    drafters: more drafter factories by name, which a `Request` may pick
+    (its `drafter`); "none" (target only) is always there.
+    on_commit(id, round, tokens): called after each row's round with the
+    tokens that round added to it (a server streams them from here).
     """
 
     def __init__(
@@ -200,11 +211,15 @@ class BatchEngine:
         transfer: str = "auto",
         allow_past_context: bool = False,
         cache_positions: int | None = None,
+        drafters: Mapping[str, Callable[[], Drafter] | None] | None = None,
+        on_commit: OnCommit | None = None,
     ):
         models.check_model(target, "target")
         if drafter_factory is not None:
             _checks.function(drafter_factory, "drafter_factory")
         self.target, self.factory = target, drafter_factory
+        self.drafters = named_factories(drafters)
+        self.on_commit = None if on_commit is None else _checks.function(on_commit, "on_commit")
         self.max_batch = _checks.integer(max_batch, "max_batch", minimum=1, maximum=MAX_ROWS)
         self.k = _checks.integer(k, "k", minimum=0, maximum=MAX_K)
         from specdec_rs.policy.goodput import Goodput
@@ -260,6 +275,7 @@ class BatchEngine:
                 if request.k is None
                 else _checks.integer(request.k, "k", minimum=0, maximum=MAX_K)
             )
+            factory = self._factory(request.drafter)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         need = len(prompt) + max_new
@@ -270,8 +286,19 @@ class BatchEngine:
                 f"(cache_positions = {self.cache_positions}); shorten it or raise cache_positions"
             )
         self.next_id += 1
-        self.queue.append(_Checked(rid, prompt, max_new, config, seed, eos, k))
+        self.queue.append(_Checked(rid, prompt, max_new, config, seed, eos, k, factory))
         return rid
+
+    def _factory(self, name: Any) -> Callable[[], Drafter | None] | None:
+        """The drafter factory a request names (None: the engine's)."""
+        if name is None:
+            return self.factory
+        if not isinstance(name, str) or name not in self.drafters:
+            raise ValueError(
+                f"drafter {name!r} is not one of this engine's drafters "
+                f"({', '.join(sorted(self.drafters))}); pick one of those or None"
+            )
+        return self.drafters[name]
 
     def cancel(self, rid: int) -> bool:
         """Drop request `rid` (queued or running; its slot is freed now).
@@ -348,7 +375,7 @@ class BatchEngine:
                     self.finished.append(Finished(item.id, None, str(e)))
 
     def _start(self, item: _Checked) -> Row:
-        drafter = None if self.factory is None else self.factory()
+        drafter = None if item.factory is None else item.factory()
         check_drafter(drafter, self.target)
         cache = self.free_caches.pop() if self.free_caches else None
         if cache is not None:
@@ -412,8 +439,12 @@ class BatchEngine:
                 continue
             before = row.decoder.generated
             row.run.commit(r)
-            tokens += row.decoder.generated - before
+            added = row.decoder.generated - before
+            tokens += added
             rounds.append((row.id, r))
+            if self.on_commit is not None:
+                seq = row.decoder.seq
+                self.on_commit(row.id, r, seq[len(seq) - added :].tolist() if added else [])
             if row.run.done:
                 self._free(slot)
                 self.finished.append(Finished(row.id, row.run.result()))
@@ -471,6 +502,26 @@ class BatchEngine:
         from specdec_rs.generation.profile import profile_forward
 
         return profile_forward(self, ks, **options)
+
+
+def named_factories(
+    drafters: Mapping[str, Callable[[], Drafter] | None] | None,
+) -> dict[str, Callable[[], Drafter] | None]:
+    """{name: factory}, checked, with "none" (target only) added."""
+    if drafters is None:
+        drafters = {}
+    if not isinstance(drafters, Mapping):
+        raise ValueError(
+            f"drafters is a {type(drafters).__name__}; pass a dict of name -> drafter factory"
+        )
+    out: dict[str, Callable[[], Drafter] | None] = {"none": None}
+    for name, factory in drafters.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"drafters has the key {name!r}; name each factory by a string")
+        if factory is not None:
+            _checks.function(factory, f"drafters[{name!r}]")
+        out[name] = factory
+    return out
 
 
 def default_cache_positions(target: Any) -> int:

@@ -1,0 +1,112 @@
+"""specdec serve: the OpenAI-compatible server (`specdec_rs.serve`).
+
+specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
+              [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
+              [--k K] [--served-model-name NAME] [--drain-timeout S] [--log-level info]
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+
+from specdec_rs import drafters
+from specdec_rs.cli.flags import check_model_flags, load_target
+
+if TYPE_CHECKING:  # the server's packages load only when it runs (the `serve` extra)
+    from specdec_rs.serve import ServerOptions
+    from specdec_rs.serve.server import ServeSummary
+
+
+def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
+    s = sub.add_parser(
+        "serve",
+        parents=parents,
+        help="an OpenAI-compatible server (continuous batching, exact speculation, /metrics)",
+    )
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on (default: loopback)")
+    s.add_argument("--port", type=int, default=8000, help="0: any free port (printed)")
+    s.add_argument("--drafter", default="prompt-lookup", help=drafters.spec_help())
+    s.add_argument(
+        "--drafters",
+        default="",
+        metavar="SPEC,SPEC",
+        help='more drafters a request may pick by name ("speculation": {"drafter": SPEC}); '
+        '"none" is always there',
+    )
+    s.add_argument("--max-batch", type=int, default=8, help="rows decoded together")
+    s.add_argument(
+        "--max-queue", type=int, default=64, help="requests that may wait; the next gets a 429"
+    )
+    s.add_argument(
+        "--k",
+        type=int,
+        default=None,
+        help="a fixed γ for requests that set none (default: the load-aware goodput policy)",
+    )
+    s.add_argument("--served-model-name", default=None, help="the model's name in the API")
+    s.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=None,
+        metavar="S",
+        help="on SIGTERM wait at most S seconds for running requests (default: until done)",
+    )
+    s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    s.set_defaults(run=run_serve, show=show_serve)
+
+
+def options(args: argparse.Namespace) -> ServerOptions:
+    from specdec_rs.serve import ServerOptions
+
+    extra = tuple(s.strip() for s in args.drafters.split(",") if s.strip())
+    name = args.served_model_name or (
+        Path(args.model).name.removesuffix(".gguf") if args.model else "SmolLM2-135M-Instruct"
+    )
+    return ServerOptions(
+        host=args.host,
+        port=args.port,
+        drafter=args.drafter,
+        drafters=extra,
+        max_batch=args.max_batch,
+        max_queue=args.max_queue,
+        k=args.k,
+        model_name=name,
+        drain_timeout=args.drain_timeout,
+        log_level=args.log_level,
+    ).check()
+
+
+def run_serve(args: argparse.Namespace, console: Console) -> ServeSummary:
+    try:
+        from specdec_rs.serve import build_served, run_server
+    except ImportError as e:
+        raise ValueError(
+            f"specdec serve needs the server's packages ({e.name} is missing); "
+            "pip install 'specdec_rs[serve]'"
+        ) from None
+    check_model_flags(args)
+    opts = options(args)
+    target, tokenizer = load_target(args)
+    served = build_served(target, tokenizer, opts)
+
+    def ready(url: str) -> None:
+        names = ", ".join(served.drafters)
+        console.out(
+            f"specdec serve: {opts.model_name} on {url}/v1 (drafters: {names}; default "
+            f"{opts.drafter}; up to {opts.max_batch} rows, {opts.max_queue} waiting)",
+            highlight=False,
+        )
+        console.file.flush()
+
+    return run_server(served, opts, ready=ready)
+
+
+def show_serve(s: ServeSummary, console: Console) -> None:
+    console.out(
+        f"specdec serve: stopped; {s.requests} requests answered in {s.rounds} batch rounds",
+        highlight=False,
+    )

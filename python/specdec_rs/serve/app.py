@@ -1,0 +1,565 @@
+"""The OpenAI-compatible HTTP face of a `BatchEngine` (Starlette).
+p = target, q = draft, k = γ.
+
+Routes: POST /v1/completions and /v1/chat/completions (SSE streaming or
+one JSON body), GET /v1/models, /health, /metrics. Every refusal is an
+OpenAI error body ({"error": {"message", "type", "param", "code"}}): 400
+for a malformed or invalid request (a prompt past the context has code
+"context_length_exceeded"), 404 for another model's name or an unknown
+route, 429 when the queue is full, 503 while draining. A client that
+disconnects (mid-stream or while waiting) frees its row before the next
+round. The response's `usage` carries the request's speculation figures
+(`usage.speculation`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
+
+from specdec_rs.generation import Request
+from specdec_rs.limits import MAX_NEW_TOKENS
+from specdec_rs.serve.metrics import ServerMetrics
+from specdec_rs.serve.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    Sampling,
+    error_body,
+    validation_message,
+)
+from specdec_rs.serve.text import TextAssembler
+from specdec_rs.serve.worker import Done, EngineWorker, Failed, Tokens
+
+
+@dataclass
+class Served:
+    """What the app serves: the engine's worker, the tokenizer, the model's
+    name and context, the drafters a request may name (`default_drafter`
+    when it names none), and the queue bound: at most max_batch running
+    plus max_queue waiting requests, the next one is a 429."""
+
+    worker: EngineWorker
+    tokenizer: Any
+    model_name: str
+    context: int | None
+    default_drafter: str
+    drafters: list[str]
+    max_batch: int
+    max_queue: int
+    metrics: ServerMetrics = field(init=False)
+    draining: bool = False
+    outstanding: int = 0
+    created: int = field(default_factory=lambda: int(time.time()))
+
+    def __post_init__(self) -> None:
+        self.metrics = ServerMetrics(
+            self.model_name, lambda: self.worker.running, lambda: self.worker.waiting
+        )
+
+
+class Refusal(Exception):
+    """A request refused before it reached the engine."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        reason: str,
+        *,
+        param: str | None = None,
+        code: str | None = None,
+    ):
+        super().__init__(message)
+        self.status, self.message, self.reason = status, message, reason
+        self.param, self.code = param, code
+
+    def response(self) -> JSONResponse:
+        kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+        body = error_body(
+            self.message,
+            kind=kind.get(self.status, "server_error"),
+            param=self.param,
+            code=self.code,
+        )
+        headers = {"Retry-After": "1"} if self.status in (429, 503) else None
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+@dataclass
+class Figures:
+    """A request's speculation so far: its rounds, the rounds that drafted,
+    drafts proposed / reached by the verifier / accepted, rounds that kept
+    draft j (per_position[j]), and rounds by γ asked."""
+
+    drafter: str
+    rounds: int = 0
+    drafts: int = 0
+    draft_tokens: int = 0
+    checked: int = 0
+    accepted: int = 0
+    per_position: list[int] = field(default_factory=list)
+    by_k: dict[int, int] = field(default_factory=dict)
+
+    def add(self, t: Tokens) -> None:
+        self.rounds += 1
+        self.by_k[t.asked] = self.by_k.get(t.asked, 0) + 1
+        if t.drafted == 0:
+            return
+        self.drafts += 1
+        self.draft_tokens += t.drafted
+        self.accepted += t.accepted
+        self.checked += min(t.accepted + 1, t.drafted)
+        self.per_position += [0] * (t.accepted - len(self.per_position))
+        for j in range(t.accepted):
+            self.per_position[j] += 1
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "drafter": self.drafter,
+            "rounds": self.rounds,
+            "num_drafts": self.drafts,
+            "num_draft_tokens": self.draft_tokens,
+            "num_accepted_tokens": self.accepted,
+            "accepted_per_position": self.per_position,
+            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
+            "alpha": self.accepted / self.checked if self.checked else None,
+            "mean_acceptance_length": 1 + self.accepted / self.drafts if self.drafts else None,
+            "rounds_by_k": {str(k): n for k, n in sorted(self.by_k.items())},
+        }
+
+
+class Answer:
+    """One admitted request: its events become text (`pieces`), and its
+    end is recorded once (`close`: a request that did not finish is
+    cancelled in the engine and counted as an abort)."""
+
+    def __init__(
+        self,
+        served: Served,
+        rid: int,
+        events: asyncio.Queue[Any],
+        text: TextAssembler,
+        prompt_tokens: int,
+        drafter: str,
+        started: float,
+    ):
+        self.served, self.rid, self.events, self.text = served, rid, events, text
+        self.prompt_tokens, self.started = prompt_tokens, started
+        self.figures = Figures(drafter)
+        self.finish_reason: str | None = None
+        self.first_token: float | None = None
+        self.closed = False
+
+    async def pieces(self) -> AsyncIterator[str]:
+        """The text as it is decoded; raises RuntimeError when the engine
+        failed the request."""
+        while self.finish_reason is None:
+            event = await self.events.get()
+            if isinstance(event, Tokens):
+                self.figures.add(event)
+                self.served.metrics.round(event.asked, event.drafted, event.accepted)
+                if event.ids and self.first_token is None:
+                    self.first_token = time.perf_counter()
+                delta = self.text.feed(event.ids)
+                if self.text.stopped:
+                    self.finish_reason = "stop"
+                    self.served.worker.cancel(self.rid)
+                if delta:
+                    yield delta
+            elif isinstance(event, Done):
+                self.finish_reason = "stop" if event.result.stop_reason == "eos" else "length"
+                rest = self.text.finish()
+                if rest:
+                    yield rest
+            elif isinstance(event, Failed):
+                self.finish_reason = "error"
+                raise RuntimeError(event.error)
+
+    @property
+    def completion_tokens(self) -> int:
+        return self.text.tokens
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+            "speculation": self.figures.summary(),
+        }
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.served.outstanding -= 1
+        if self.finish_reason is None:
+            self.served.worker.cancel(self.rid)
+        reason = self.finish_reason or "abort"
+        ttft = None if self.first_token is None else self.first_token - self.started
+        self.served.metrics.finished(
+            reason,
+            self.prompt_tokens,
+            self.completion_tokens,
+            ttft,
+            time.perf_counter() - self.started,
+        )
+
+
+# ---- the request bodies into engine requests
+def prompt_ids(served: Served, body: Sampling) -> list[int]:
+    """The prompt's token ids: a completion's text (or ids) as given, a
+    chat's messages through the model's chat template."""
+    from specdec_rs.measure import workloads
+
+    tokenizer = served.tokenizer
+    if isinstance(body, ChatRequest):
+        turns = [m.turn() for m in body.messages]
+        try:
+            return [int(t) for t in workloads.encode(tokenizer, turns)]
+        except ValueError as e:
+            raise Refusal(400, str(e), "bad_request", param="messages") from None
+        except Exception as e:  # noqa: BLE001 - a template that refuses these turns
+            raise Refusal(
+                400, f"the chat template refused the messages: {e}", "bad_request", param="messages"
+            ) from None
+    prompt = _completion(body).prompt
+    if isinstance(prompt, str):
+        return [int(t) for t in tokenizer(prompt)["input_ids"]]
+    return list(prompt or [])
+
+
+def _completion(body: Sampling) -> CompletionRequest:
+    assert isinstance(body, CompletionRequest)
+    return body
+
+
+def engine_request(served: Served, body: Sampling, ids: list[int]) -> tuple[Request, str]:
+    """(the engine's `Request`, the drafter's name) for a checked body."""
+    if not ids:
+        raise Refusal(400, "the prompt is empty; send some text", "bad_request", param="prompt")
+    budget = body.budget if isinstance(body, ChatRequest) else _completion(body).max_tokens
+    context = served.context
+    if budget is None:  # a chat without a budget: the rest of the context
+        budget = MAX_NEW_TOKENS if context is None else min(MAX_NEW_TOKENS, context - len(ids))
+    if context is not None and (len(ids) + budget > context or budget < 1):
+        raise Refusal(
+            400,
+            f"this model's context is {context} tokens; the prompt holds {len(ids)} and "
+            f"max_tokens asks for {budget} more ({len(ids) + budget}); shorten the prompt "
+            "or lower max_tokens",
+            "bad_request",
+            param="max_tokens" if len(ids) < context else "messages",
+            code="context_length_exceeded",
+        )
+    spec = body.speculation
+    drafter = served.default_drafter if spec is None or spec.drafter is None else spec.drafter
+    if drafter not in served.drafters:
+        raise Refusal(
+            400,
+            f"speculation.drafter {drafter!r} is not served here; this server has: "
+            f"{', '.join(served.drafters)} (start it with --drafters to add one)",
+            "bad_request",
+            param="speculation.drafter",
+        )
+    k = None if spec is None else spec.k
+    request = Request(
+        ids,
+        budget,
+        body.temperature,
+        body.top_k_or_none,
+        body.top_p_or_none,
+        body.min_p,
+        seed=body.seed,
+        eos_token_id=[] if body.ignore_eos else None,
+        k=k,
+        drafter=drafter,
+    )
+    return request, drafter if k != 0 else "none"
+
+
+# ---- the responses
+def completion_json(
+    served: Served, kind: str, rid: str, text: str, finish: str | None
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if kind == "text":
+        choice["text"] = text
+        obj = "text_completion"
+    else:
+        choice["message"] = {"role": "assistant", "content": text}
+        obj = "chat.completion"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": served.model_name,
+        "choices": [choice],
+    }
+
+
+def chunk_json(
+    served: Served,
+    kind: str,
+    rid: str,
+    delta: str | None,
+    finish: str | None,
+    *,
+    role: bool = False,
+) -> dict[str, Any]:
+    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
+    if kind == "text":
+        choice["text"] = delta or ""
+        obj = "text_completion"
+    else:
+        d: dict[str, Any] = {"role": "assistant"} if role else {}
+        if delta is not None:
+            d["content"] = delta
+        choice["delta"] = d
+        obj = "chat.completion.chunk"
+    return {
+        "id": rid,
+        "object": obj,
+        "created": int(time.time()),
+        "model": served.model_name,
+        "choices": [choice],
+    }
+
+
+def sse(payload: Any) -> bytes:
+    return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def stream_body(
+    served: Served, answer: Answer, kind: str, rid: str, include_usage: bool
+) -> AsyncIterator[bytes]:
+    """The SSE events of a streamed answer, ending with data: [DONE]."""
+    usage: dict[str, Any] = {"usage": None} if include_usage else {}
+    if kind == "chat":
+        yield sse({**chunk_json(served, kind, rid, "", None, role=True), **usage})
+    try:
+        async for piece in answer.pieces():
+            yield sse({**chunk_json(served, kind, rid, piece, None), **usage})
+    except RuntimeError as e:
+        yield sse(error_body(str(e), kind="server_error"))
+        yield b"data: [DONE]\n\n"
+        return
+    yield sse({**chunk_json(served, kind, rid, None, answer.finish_reason), **usage})
+    if include_usage:
+        last = chunk_json(served, kind, rid, None, None)
+        yield sse({**last, "choices": [], "usage": answer.usage()})
+    yield b"data: [DONE]\n\n"
+
+
+class EventStream:
+    """An SSE response that watches for the client leaving: then the body
+    stops and the answer is closed (its row freed) at once."""
+
+    def __init__(self, answer: Answer, body: AsyncIterator[bytes]):
+        self.answer, self.body = answer, body
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        headers = [
+            (b"content-type", b"text/event-stream; charset=utf-8"),
+            (b"cache-control", b"no-cache"),
+            (b"x-accel-buffering", b"no"),
+        ]
+
+        async def pump() -> None:
+            await send({"type": "http.response.start", "status": 200, "headers": headers})
+            async for chunk in self.body:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+        pumping = asyncio.ensure_future(pump())
+        try:
+            await first_of(pumping, until_disconnect(receive))
+        finally:
+            self.answer.close()
+        if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
+            exc = pumping.exception()
+            if not isinstance(exc, OSError):  # OSError: the client left while we wrote
+                raise exc  # type: ignore[misc]
+
+
+async def until_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+async def first_of(task: asyncio.Future[Any], other: Awaitable[Any]) -> None:
+    """Wait for `task` or `other`, whichever ends first; cancel the other."""
+    watcher = asyncio.ensure_future(other)
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for t in (task, watcher):
+            if not t.done():
+                t.cancel()
+        await asyncio.gather(task, watcher, return_exceptions=True)
+
+
+async def whole_answer(
+    http: HttpRequest, served: Served, answer: Answer, kind: str, rid: str
+) -> Response:
+    """A non-streamed answer; a client that leaves first cancels it."""
+    parts: list[str] = []
+
+    async def collect() -> None:
+        async for piece in answer.pieces():
+            parts.append(piece)
+
+    collecting = asyncio.ensure_future(collect())
+    try:
+        await first_of(collecting, until_disconnect(http.receive))
+    finally:
+        answer.close()
+    if not collecting.done() or collecting.cancelled():
+        return Response(status_code=499)  # the client left; nobody reads this
+    error = collecting.exception()
+    if error is not None:
+        return JSONResponse(error_body(str(error), kind="server_error"), status_code=500)
+    body = completion_json(served, kind, rid, "".join(parts), answer.finish_reason)
+    return JSONResponse({**body, "usage": answer.usage()})
+
+
+async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Response:
+    served: Served = http.app.state.served
+    started = time.perf_counter()
+    try:
+        body = parse(await http.body(), schema)
+        if body.model is not None and body.model != served.model_name:
+            raise Refusal(
+                404,
+                f"the model {body.model!r} is not served here; this server has "
+                f"{served.model_name!r} (GET /v1/models)",
+                "not_found",
+                param="model",
+                code="model_not_found",
+            )
+        if served.draining:
+            raise Refusal(503, "the server is shutting down; retry elsewhere", "draining")
+        if served.outstanding >= served.max_batch + served.max_queue:
+            raise Refusal(
+                429,
+                f"the queue is full ({served.max_batch} running, {served.max_queue} waiting); "
+                "retry shortly",
+                "queue_full",
+            )
+        ids = prompt_ids(served, body)
+        request, drafter = engine_request(served, body, ids)
+        served.outstanding += 1  # before the await: concurrent requests see it
+        try:
+            rid, events = await served.worker.submit(request)
+        except ValueError as e:
+            served.outstanding -= 1
+            raise Refusal(400, str(e), "bad_request") from None
+    except Refusal as r:
+        served.metrics.reject(r.reason)
+        return r.response()
+    answer = Answer(
+        served, rid, events, TextAssembler(served.tokenizer, body.stops), len(ids), drafter, started
+    )
+    name = ("cmpl-" if kind == "text" else "chatcmpl-") + uuid.uuid4().hex
+    if body.stream:
+        return EventStream(answer, stream_body(served, answer, kind, name, body.include_usage))  # type: ignore[return-value]
+    return await whole_answer(http, served, answer, kind, name)
+
+
+def parse(raw: bytes, schema: type[Sampling]) -> Any:
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise Refusal(400, f"the body is not valid JSON: {e}", "bad_request") from None
+    if not isinstance(data, dict):
+        raise Refusal(
+            400, f"the body is a JSON {type(data).__name__}; send a JSON object", "bad_request"
+        )
+    try:
+        return schema.model_validate(data)
+    except ValidationError as e:
+        message, param = validation_message(e)
+        raise Refusal(400, message, "bad_request", param=param) from None
+
+
+async def completions(http: HttpRequest) -> Response:
+    return await handle(http, CompletionRequest, "text")
+
+
+async def chat_completions(http: HttpRequest) -> Response:
+    return await handle(http, ChatRequest, "chat")
+
+
+async def models(http: HttpRequest) -> Response:
+    served: Served = http.app.state.served
+    card = {
+        "id": served.model_name,
+        "object": "model",
+        "created": served.created,
+        "owned_by": "specdec_rs",
+        "max_model_len": served.context,
+        "drafters": served.drafters,
+    }
+    return JSONResponse({"object": "list", "data": [card]})
+
+
+async def health(http: HttpRequest) -> Response:
+    served: Served = http.app.state.served
+    ok = served.worker.alive and not served.draining
+    body = {
+        "status": "ok" if ok else "draining" if served.draining else "stopped",
+        "running": served.worker.running,
+        "waiting": served.worker.waiting,
+        "outstanding": served.outstanding,
+    }
+    return JSONResponse(body, status_code=200 if ok else 503)
+
+
+async def metrics(http: HttpRequest) -> Response:
+    served: Served = http.app.state.served
+    return Response(served.metrics.text(), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+async def http_error(http: HttpRequest, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    kind = "not_found_error" if exc.status_code == 404 else "invalid_request_error"
+    message = f"{http.method} {http.url.path}: {exc.detail}"
+    return JSONResponse(error_body(message, kind=kind), status_code=exc.status_code)
+
+
+def build_app(served: Served) -> Starlette:
+    """The app over `served`; its lifespan starts the engine's thread and,
+    at shutdown (after the server drained its connections), stops it."""
+
+    @asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        if not served.worker.alive:
+            served.worker.start()
+        yield
+        served.draining = True
+        await asyncio.to_thread(served.worker.stop)
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat_completions, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+    handlers: dict[Any, Callable[..., Any]] = {HTTPException: http_error}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
+    app.state.served = served
+    return app

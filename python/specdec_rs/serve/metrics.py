@@ -1,0 +1,140 @@
+"""`/metrics`: Prometheus series of the server (prometheus_client, one
+registry per server). p = target, q = draft, k = γ.
+
+The series vLLM also has carry vLLM's names, so its dashboards read this
+server unchanged: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
+`vllm:prompt_tokens_total`, `vllm:generation_tokens_total`,
+`vllm:request_success_total{finished_reason}`,
+`vllm:spec_decode_num_drafts_total` (rounds that proposed drafts),
+`vllm:spec_decode_num_draft_tokens_total`,
+`vllm:spec_decode_num_accepted_tokens_total`,
+`vllm:spec_decode_num_accepted_tokens_per_pos_total{position}` (rounds that
+kept draft `position`, 0-based), and the latency histograms
+`vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds`,
+`vllm:e2e_request_latency_seconds`; every series has the label
+`model_name`. What vLLM lacks is under `specdec:`: rounds by the γ they
+asked for (`specdec:spec_decode_rounds_total{k}`), the mean acceptance
+length 1 + accepted / drafts (`specdec:spec_decode_mean_acceptance_length`),
+and refused requests by reason (`specdec:requests_rejected_total{reason}`).
+A request's rounds are counted as its handler receives them, so the
+counters add up to the `usage` of the responses.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
+
+
+class ServerMetrics:
+    """The series above; `running` and `waiting` are read at each scrape."""
+
+    def __init__(self, model_name: str, running: Callable[[], int], waiting: Callable[[], int]):
+        import prometheus_client
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        prometheus_client.disable_created_metrics()  # type: ignore[no-untyped-call]  # no *_created series (as vLLM)
+        self.registry = CollectorRegistry()
+        labels = ["model_name"]
+        self.model_name = model_name
+        self.n_drafts = self.n_accepted = 0  # for the mean acceptance length
+        self.n_finished = 0
+        r = self.registry
+
+        def gauge(name: str, doc: str, read: Callable[[], float]) -> None:
+            Gauge(name, doc, labels, registry=r).labels(model_name).set_function(read)
+
+        gauge("vllm:num_requests_running", "Requests decoding in the batch now", running)
+        gauge("vllm:num_requests_waiting", "Requests queued for a batch row", waiting)
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens prefilled", labels, registry=r
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated (returned)", labels, registry=r
+        ).labels(model_name)
+        self.success = Counter(
+            "vllm:request_success",
+            "Requests finished, by finish reason (stop, length, abort)",
+            [*labels, "finished_reason"],
+            registry=r,
+        )
+        self.drafts = Counter(
+            "vllm:spec_decode_num_drafts", "Rounds that proposed drafts", labels, registry=r
+        ).labels(model_name)
+        self.draft_tokens = Counter(
+            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed", labels, registry=r
+        ).labels(model_name)
+        self.accepted = Counter(
+            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted", labels, registry=r
+        ).labels(model_name)
+        self.per_position = Counter(
+            "vllm:spec_decode_num_accepted_tokens_per_pos",
+            "Rounds that accepted the draft at this position (0-based)",
+            [*labels, "position"],
+            registry=r,
+        )
+        self.rounds_by_k = Counter(
+            "specdec:spec_decode_rounds",
+            "Row rounds by the drafts they asked for (k = γ; 0: not speculating)",
+            [*labels, "k"],
+            registry=r,
+        )
+        self.rejected = Counter(
+            "specdec:requests_rejected",
+            "Requests refused (bad_request, queue_full, draining, not_found)",
+            [*labels, "reason"],
+            registry=r,
+        )
+        gauge(
+            "specdec:spec_decode_mean_acceptance_length",
+            "1 + accepted draft tokens / rounds that proposed drafts",
+            self.mean_acceptance_length,
+        )
+
+        def histogram(name: str, doc: str) -> Any:
+            return Histogram(name, doc, labels, buckets=LATENCY_BUCKETS, registry=r).labels(
+                model_name
+            )
+
+        self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
+        self.tpot = histogram("vllm:time_per_output_token_seconds", "Time per output token")
+        self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency, end to end")
+
+    def mean_acceptance_length(self) -> float:
+        return 1.0 + self.n_accepted / self.n_drafts if self.n_drafts else 0.0
+
+    def round(self, asked: int, drafted: int, accepted: int) -> None:
+        """One row round as its handler received it."""
+        self.rounds_by_k.labels(self.model_name, str(asked)).inc()
+        if drafted > 0:
+            self.drafts.inc()
+            self.draft_tokens.inc(drafted)
+            self.accepted.inc(accepted)
+            self.n_drafts += 1
+            self.n_accepted += accepted
+            for j in range(accepted):
+                self.per_position.labels(self.model_name, str(j)).inc()
+
+    def finished(
+        self, reason: str, prompt: int, generated: int, ttft: float | None, total: float
+    ) -> None:
+        """A request's end: its finish reason, token counts and latencies."""
+        self.success.labels(self.model_name, reason).inc()
+        self.n_finished += 1
+        self.prompt_tokens.inc(prompt)
+        self.generation_tokens.inc(generated)
+        self.e2e.observe(total)
+        if ttft is not None:
+            self.ttft.observe(ttft)
+            if generated > 1:
+                self.tpot.observe((total - ttft) / (generated - 1))
+
+    def reject(self, reason: str) -> None:
+        self.rejected.labels(self.model_name, reason).inc()
+
+    def text(self) -> bytes:
+        from prometheus_client import generate_latest
+
+        return bytes(generate_latest(self.registry))

@@ -1,0 +1,220 @@
+"""Building the server from a model and drafter specs, and running it.
+p = target, q = draft, k = γ.
+
+`build_served(target, tokenizer, options)` makes the engine (one
+`BatchEngine`: up to `max_batch` rows, the goodput policy's γ unless `k` is
+fixed), its worker thread and what the routes need. Each drafter spec
+(`--drafter` and `--drafters`) is built once; every request's row gets its
+own drafter from it by `drafters.copies` (the first row the object itself,
+later rows its ``fresh()``): a drafter that learns across requests keeps
+what it learns in the state its ``fresh()`` copies share, so every row of
+the server sees it.
+
+`run_server` serves under uvicorn on `host:port` (127.0.0.1 unless told)
+until SIGTERM or Ctrl-C: then it stops accepting connections, lets the
+running requests finish (at most `drain_timeout` seconds when set), stops
+the engine's thread and returns. `start_in_thread` runs the same server on
+a background thread (tests, benchmarks).
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import socket
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from specdec_rs import _checks, drafters
+from specdec_rs.generation import BatchEngine
+from specdec_rs.generation.batch import MAX_ROWS
+from specdec_rs.policy.base import MAX_K
+from specdec_rs.serve.app import Served, build_app
+from specdec_rs.serve.worker import EngineWorker
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    import uvicorn
+
+MAX_QUEUE = 100_000
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    """host/port to listen on; drafter: the spec a request gets unless it
+    names another of `drafters` (or "none"); max_batch rows decode
+    together, max_queue more wait (the next is a 429); k: a fixed γ for
+    requests that set none (None: the load-aware goodput policy);
+    model_name: the name /v1/models gives and requests may send;
+    drain_timeout: seconds SIGTERM waits for running requests (None: until
+    they finish)."""
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    drafter: str = "prompt-lookup"
+    drafters: tuple[str, ...] = ()
+    max_batch: int = 8
+    max_queue: int = 64
+    k: int | None = None
+    model_name: str = "SmolLM2-135M-Instruct"
+    drain_timeout: float | None = None
+    log_level: str = "info"
+
+    def check(self) -> ServerOptions:
+        """Every option, before a model loads (ValueError naming the flag)."""
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"--host {self.host!r} must be an address, e.g. 127.0.0.1")
+        _checks.integer(self.port, "--port", minimum=0, maximum=65535)
+        for spec in (self.drafter, *self.drafters):
+            drafters.parse_spec(spec)
+        _checks.integer(self.max_batch, "--max-batch", minimum=1, maximum=MAX_ROWS)
+        _checks.integer(self.max_queue, "--max-queue", minimum=0, maximum=MAX_QUEUE)
+        if self.k is not None:
+            _checks.integer(self.k, "--k", minimum=0, maximum=MAX_K)
+        if not isinstance(self.model_name, str) or not self.model_name:
+            raise ValueError("--served-model-name must be a non-empty name")
+        if self.drain_timeout is not None:
+            _checks.real(self.drain_timeout, "--drain-timeout", above=0.0)
+        _checks.choice(self.log_level, "--log-level", ("debug", "info", "warning", "error"))
+        return self
+
+
+def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
+    """The engine, its worker (not started yet) and the routes' state."""
+    from specdec_rs.policy import Goodput
+
+    options.check()
+    specs = list(dict.fromkeys([options.drafter, *options.drafters]))
+    factories: dict[str, Any] = {}
+    for spec in specs:
+        drafter = drafters.from_spec(spec, target, tokenizer)
+        factories[spec] = None if drafter is None else drafters.copies(drafter)
+    speculating = any(f is not None for f in factories.values())
+    goodput = Goodput() if options.k is None and speculating else None
+    engine = BatchEngine(
+        target,
+        factories[options.drafter],
+        max_batch=options.max_batch,
+        k=options.k if options.k is not None else 4,
+        goodput=goodput,
+        vocab_size=len(tokenizer) if speculating else None,
+        drafters=factories,
+    )
+    context = getattr(target.config, "max_position_embeddings", None)
+    return Served(
+        worker=EngineWorker(engine),
+        tokenizer=tokenizer,
+        model_name=options.model_name,
+        context=int(context) if context else None,
+        default_drafter=options.drafter,
+        drafters=list(engine.drafters),
+        max_batch=options.max_batch,
+        max_queue=options.max_queue,
+    )
+
+
+@dataclass(frozen=True)
+class ServeSummary:
+    """What a finished `run_server` did: where it listened, the requests
+    it answered, the batch rounds it ran."""
+
+    url: str
+    requests: int
+    rounds: int
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port (port 0: any free one), not listening yet."""
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except socket.gaierror as e:
+        raise ValueError(f"--host {host!r} is not an address this machine knows: {e}") from None
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise ValueError(
+            f"cannot listen on {host}:{port}: {e.strerror}; pick another --port"
+        ) from None
+    return sock
+
+
+def url_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _uvicorn_server(served: Served, options: ServerOptions) -> uvicorn.Server:
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        """uvicorn's server; a SIGTERM or Ctrl-C first marks the app as
+        draining (new requests get a 503 while the running ones finish)."""
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            # uvicorn's own records the signal to raise it again after the
+            # drain (the process would end by it); here `run_server` returns
+            served.draining = True
+            if self.should_exit and sig == signal.SIGINT:
+                self.force_exit = True  # a second Ctrl-C: stop without waiting
+            else:
+                self.should_exit = True
+
+    config = uvicorn.Config(
+        build_app(served),
+        log_level=options.log_level,
+        access_log=options.log_level == "debug",
+        timeout_graceful_shutdown=(
+            None if options.drain_timeout is None else math.ceil(options.drain_timeout)
+        ),
+        lifespan="on",
+    )
+    return Draining(config)
+
+
+def run_server(
+    served: Served, options: ServerOptions, *, ready: Callable[[str], None] | None = None
+) -> ServeSummary:
+    """Serve until SIGTERM or Ctrl-C (see the module docs); `ready(url)`
+    is called once the socket is bound."""
+    sock = listening_socket(options.host, options.port)
+    url = url_of(sock)
+    if ready is not None:
+        ready(url)
+    server = _uvicorn_server(served, options)
+    server.run(sockets=[sock])
+    return ServeSummary(url, served.metrics.n_finished, served.worker.rounds)
+
+
+class Background:
+    """A server on a background thread: `url`, and `stop()` (drains first)."""
+
+    def __init__(self, served: Served, options: ServerOptions):
+        self.served = served
+        sock = listening_socket(options.host, options.port)
+        self.url = url_of(sock)
+        self.server = _uvicorn_server(served, options)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [sock]}, name="specdec-serve", daemon=True
+        )
+        self.thread.start()
+        while not self.server.started and self.thread.is_alive():
+            threading.Event().wait(0.01)
+        if not self.server.started:
+            raise RuntimeError("the server did not start (see its log)")
+
+    def stop(self) -> None:
+        self.served.draining = True
+        self.server.should_exit = True
+        self.thread.join()
+
+
+def start_in_thread(served: Served, options: ServerOptions | None = None) -> Background:
+    """Serve `served` on a background thread (default: 127.0.0.1, a free port)."""
+    return Background(served, options or ServerOptions(port=0, log_level="warning"))

@@ -1,0 +1,167 @@
+"""The batch engine on its own thread, fed by the server's request handlers.
+p = target, q = draft, k = γ.
+
+`EngineWorker` owns a `BatchEngine`; only its thread touches it. Handlers
+send commands (submit, cancel) through a thread-safe queue; between two
+batch rounds the thread takes every waiting command, so a request joins the
+batch at the next round (continuous batching) and a cancelled one leaves
+it at once. Each row's round comes back to its handler's asyncio queue as a
+`Tokens` event (the ids it kept and the round's figures), and its end as
+`Done` (the `GenerationResult`) or `Failed` (the error). A failure of the
+whole round (a bug, not a request's fault) fails the rows in it and the
+worker goes on with the next requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import queue
+import threading
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec_rs.generation import BatchEngine, GenerationResult, Request
+    from specdec_rs.generation.rounds import Round
+
+log = logging.getLogger("specdec_rs.serve")
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """One round of a row: the ids it kept (after the budget and EOS cut),
+    drafts asked for (γ), proposed and accepted."""
+
+    ids: list[int]
+    asked: int
+    drafted: int
+    accepted: int
+
+
+@dataclass(frozen=True)
+class Done:
+    result: GenerationResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    error: str
+
+
+Event = Tokens | Done | Failed
+
+
+@dataclass(frozen=True)
+class Sink:
+    """Where a request's events go: its handler's event loop and queue."""
+
+    loop: asyncio.AbstractEventLoop
+    events: asyncio.Queue[Event]
+
+    def put(self, event: Event) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, event)
+        except RuntimeError:  # the loop closed (server stopped): nobody is listening
+            pass
+
+
+class EngineWorker:
+    """Runs `engine` on a thread (see the module docs). `running` and
+    `waiting` are the engine's rows and queue after the last round."""
+
+    def __init__(self, engine: BatchEngine):
+        self.engine = engine
+        engine.on_commit = self._on_commit
+        self.commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.sinks: dict[int, Sink] = {}
+        self.running = self.waiting = 0
+        self.rounds = 0
+        self._thread = threading.Thread(target=self._loop, name="specdec-engine", daemon=True)
+        self._stopping = False
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self, timeout: float | None = None) -> None:
+        """Finish the rows running and queued, then end the thread."""
+        self.commands.put(("stop",))
+        self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    # ---- the handlers' side (any thread)
+    async def submit(self, request: Request) -> tuple[int, asyncio.Queue[Event]]:
+        """Queue `request`; (its id, the queue its events arrive on). A bad
+        request is a ValueError (the engine's check), and nothing is queued."""
+        loop = asyncio.get_running_loop()
+        events: asyncio.Queue[Event] = asyncio.Queue()
+        answer: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self.commands.put(("submit", request, Sink(loop, events), answer))
+        rid = await asyncio.wrap_future(answer)
+        return rid, events
+
+    def cancel(self, rid: int) -> None:
+        """Free request `rid`'s row (or queue place) before the next round."""
+        self.commands.put(("cancel", rid))
+
+    # ---- the engine's thread
+    def _on_commit(self, rid: int, r: Round, ids: list[int]) -> None:
+        sink = self.sinks.get(rid)
+        if sink is not None:
+            sink.put(Tokens(ids, r.asked, r.drafted, r.accepted))
+
+    def _take(self, command: tuple[Any, ...]) -> None:
+        kind = command[0]
+        if kind == "submit":
+            _, request, sink, answer = command
+            try:
+                rid = self.engine.submit(request)
+            except ValueError as e:
+                answer.set_exception(e)
+                return
+            self.sinks[rid] = sink
+            answer.set_result(rid)
+        elif kind == "cancel":
+            self.engine.cancel(command[1])
+            self.sinks.pop(command[1], None)
+        elif kind == "stop":
+            self._stopping = True
+
+    def _busy(self) -> bool:
+        return bool(self.engine.active or self.engine.queued)
+
+    def _loop(self) -> None:
+        while True:
+            try:
+                self._take(self.commands.get(block=not self._busy() and not self._stopping))
+                while True:
+                    self._take(self.commands.get_nowait())
+            except queue.Empty:
+                pass
+            if self._busy():
+                self._round()
+            self.running, self.waiting = self.engine.active, self.engine.queued
+            if self._stopping and not self._busy():
+                return
+
+    def _round(self) -> None:
+        try:
+            finished = self.engine.step()
+        except Exception as e:  # noqa: BLE001 - a failed round must not end the server
+            log.exception("a batch round failed; its requests end with the error")
+            self._fail_all(f"the batch round failed: {type(e).__name__}: {e}")
+            return
+        self.rounds += 1
+        for f in finished:
+            sink = self.sinks.pop(f.id, None)
+            if sink is not None:
+                sink.put(Done(f.result) if f.result is not None else Failed(f.error or "failed"))
+
+    def _fail_all(self, error: str) -> None:
+        for rid in list(self.sinks):
+            self.engine.cancel(rid)
+            self.sinks.pop(rid).put(Failed(error))
