@@ -535,6 +535,22 @@ def test_text_assembler_equals_one_decode(model_folder: Path) -> None:
     assert not tokenizer.decode(ids[: stopped.tokens - 1]).endswith("東京")
 
 
-def test_served_state_counts_requests(server: Background) -> None:
+def test_draining_answers_503_and_the_default_host_is_loopback(server: Background) -> None:
+    from specdec_rs.cli import build_parser
+
     served: Served = server.served
     assert served.outstanding == 0 and served.worker.alive
+    served.draining = True
+    try:
+        with pytest.raises(openai.InternalServerError, match="shutting down"):
+            client(server).completions.create(model="tiny", prompt="x", max_tokens=2)
+        assert httpx.get(server.url + "/health").status_code == 503
+    finally:
+        served.draining = False
+    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    args = build_parser().parse_args(["serve"])
+    assert args.host == ServerOptions().host == "127.0.0.1"
+    with pytest.raises(ValueError, match="--max-batch"):
+        ServerOptions(max_batch=0).check()
+    with pytest.raises(ValueError, match="drafter 'nope' is not understood"):
+        ServerOptions(drafter="nope").check()

@@ -1,0 +1,276 @@
+"""`specdec serve` under load: throughput and latency at rising concurrency.
+
+Three servers run side by side (`specdec serve` processes on 127.0.0.1,
+the same model): speculation off (`--drafter none`), a fixed γ (`--k K`,
+prompt lookup) and the load-aware goodput policy (prompt lookup). For each
+concurrency C (1, 2, 4, 8, 16) the same `--requests` requests (the
+workload's prompts in turn, greedy, `max_tokens` each with `ignore_eos`, so
+every request does the same work) go to each server with at most C in
+flight, the servers' turns interleaved (with --repeats R, each setting's
+median of R runs). Per setting: throughput (completion tokens / wall clock
+of the whole set), time to first token and time per output token (after
+the first) at p50 and p95 over the requests, the mean acceptance length
+(from the responses' usage) and the γ the server's rows asked for (from
+its /metrics); the speedup is the throughput over the off server's at the
+same C, same run.
+
+    python benchmarks/bench_serve.py --out benchmarks/results/bench-serve
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx2 as httpx
+from specdec_rs import _files
+from specdec_rs.measure import workloads
+from specdec_rs.measure.tables import fmt, markdown_table
+
+
+@dataclass(frozen=True)
+class Setting:
+    workload: str
+    mode: str  # "off", "fixed", "goodput"
+    concurrency: int
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_second: float
+    ttft_p50_ms: float
+    ttft_p95_ms: float
+    tpot_p50_ms: float
+    tpot_p95_ms: float
+    mean_acceptance_length: float | None
+    rounds_by_k: dict[str, float]
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    at = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[at]
+
+
+class Server:
+    """A `specdec serve` process on a free port."""
+
+    def __init__(self, mode: str, k: int, max_batch: int, extra: list[str]):
+        argv = [sys.executable, "-m", "specdec_rs", "serve", "--port", "0", "--log-level"]
+        argv += ["warning", "--max-batch", str(max_batch), "--max-queue", "1000", *extra]
+        if mode == "off":
+            argv += ["--drafter", "none"]
+        elif mode == "fixed":
+            argv += ["--drafter", "prompt-lookup", "--k", str(k)]
+        else:
+            argv += ["--drafter", "prompt-lookup"]
+        self.mode = mode
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        if " on http" not in line:
+            raise RuntimeError(f"the {mode} server did not start: {line!r}")
+        self.url = line.split(" on ")[1].split("/v1")[0]
+        self.model = line.split("specdec serve: ")[1].split(" on ")[0]
+
+    def rounds_by_k(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            if line.startswith("specdec:spec_decode_rounds_total{"):
+                head, value = line.rsplit(" ", 1)
+                k = head.split('k="')[1].split('"')[0]
+                out[k] = out.get(k, 0.0) + float(value)
+        return out
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.communicate(timeout=120)
+
+
+async def one(
+    client: httpx.AsyncClient, url: str, model: str, messages: Any, max_tokens: int
+) -> dict[str, Any]:
+    body = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "ignore_eos": True,
+    }
+    sent = time.perf_counter()
+    first = last = None
+    usage = None
+    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
+        r.raise_for_status()
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+            for c in chunk.get("choices", []):
+                if c.get("delta", {}).get("content"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+    assert usage is not None and first is not None and last is not None
+    n = usage["completion_tokens"]
+    return {
+        "ttft": first - sent,
+        "tpot": (last - first) / (n - 1) if n > 1 else float("nan"),
+        "tokens": n,
+        "speculation": usage["speculation"],
+    }
+
+
+async def level(
+    server: Server, prompts: list[Any], requests: int, concurrency: int, max_tokens: int
+) -> tuple[list[dict[str, Any]], float]:
+    gate = asyncio.Semaphore(concurrency)
+    timeout = httpx.Timeout(600.0)
+    async with httpx.AsyncClient(timeout=timeout, limits=httpx.Limits(max_connections=64)) as c:
+
+        async def gated(i: int) -> dict[str, Any]:
+            async with gate:
+                messages = [{"role": "user", "content": prompts[i % len(prompts)]}]
+                return await one(c, server.url, server.model, messages, max_tokens)
+
+        started = time.perf_counter()
+        out = await asyncio.gather(*(gated(i) for i in range(requests)))
+        return list(out), time.perf_counter() - started
+
+
+def measure(
+    server: Server, workload: str, prompts: list[Any], args: argparse.Namespace, c: int
+) -> Setting:
+    before = server.rounds_by_k()
+    rows, wall = asyncio.run(level(server, prompts, args.requests, c, args.max_tokens))
+    after = server.rounds_by_k()
+    tokens = sum(r["tokens"] for r in rows)
+    drafts = sum(r["speculation"]["num_drafts"] for r in rows)
+    accepted = sum(r["speculation"]["num_accepted_tokens"] for r in rows)
+    return Setting(
+        workload,
+        server.mode,
+        c,
+        len(rows),
+        tokens,
+        wall,
+        tokens / wall,
+        1000 * percentile([r["ttft"] for r in rows], 0.5),
+        1000 * percentile([r["ttft"] for r in rows], 0.95),
+        1000 * percentile([r["tpot"] for r in rows], 0.5),
+        1000 * percentile([r["tpot"] for r in rows], 0.95),
+        1 + accepted / drafts if drafts else None,
+        {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after},
+    )
+
+
+def median_setting(runs: list[Setting]) -> Setting:
+    """The run whose throughput is the median (its other figures with it)."""
+    ordered = sorted(runs, key=lambda s: s.tokens_per_second)
+    return ordered[len(ordered) // 2]
+
+
+def table(settings: list[Setting]) -> str:
+    off = {(s.workload, s.concurrency): s.tokens_per_second for s in settings if s.mode == "off"}
+    rows = []
+    for s in settings:
+        base = off.get((s.workload, s.concurrency))
+        total_rounds = sum(s.rounds_by_k.values())
+        gamma = (
+            ", ".join(
+                f"{k}: {v / total_rounds:.0%}"
+                for k, v in sorted(s.rounds_by_k.items(), key=lambda kv: int(kv[0]))
+                if v
+            )
+            if total_rounds
+            else ""
+        )
+        rows.append(
+            [
+                s.workload,
+                str(s.concurrency),
+                s.mode,
+                f"{s.tokens_per_second:.1f}",
+                f"{s.tokens_per_second / base:.2f}x" if base else "",
+                f"{s.ttft_p50_ms:.0f} / {s.ttft_p95_ms:.0f}",
+                f"{s.tpot_p50_ms:.1f} / {s.tpot_p95_ms:.1f}",
+                fmt(s.mean_acceptance_length, ".2f"),
+                gamma,
+            ]
+        )
+    header = [
+        "workload",
+        "C",
+        "speculation",
+        "tokens/s",
+        "vs off",
+        "TTFT p50 / p95 ms",
+        "TPOT p50 / p95 ms",
+        "accept len",
+        "rounds by γ",
+    ]
+    return markdown_table(header, rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--workloads", nargs="+", default=["code", "chat"])
+    ap.add_argument("--concurrency", nargs="+", type=int, default=[1, 2, 4, 8, 16])
+    ap.add_argument("--requests", type=int, default=16, help="requests per setting")
+    ap.add_argument("--max-tokens", type=int, default=64)
+    ap.add_argument("--k", type=int, default=3, help="the fixed server's γ")
+    ap.add_argument("--max-batch", type=int, default=16)
+    ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--server-args", default="", help="more flags for every server")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    extra = args.server_args.split()
+    servers = [Server(m, args.k, args.max_batch, extra) for m in ("off", "fixed", "goodput")]
+    settings: list[Setting] = []
+    try:
+        for workload in args.workloads:
+            prompts = workloads.prompts(workload)
+            for c in args.concurrency:
+                runs: dict[str, list[Setting]] = {s.mode: [] for s in servers}
+                for _ in range(args.repeats):
+                    for server in servers:  # interleaved: the host's drift hits all three
+                        runs[server.mode].append(measure(server, workload, prompts, args, c))
+                for server in servers:
+                    s = median_setting(runs[server.mode])
+                    settings.append(s)
+                    print(
+                        f"{workload} C={c} {s.mode}: {s.tokens_per_second:.1f} tokens/s, "
+                        f"TTFT p50 {s.ttft_p50_ms:.0f} ms, TPOT p50 {s.tpot_p50_ms:.1f} ms",
+                        flush=True,
+                    )
+    finally:
+        for server in servers:
+            server.stop()
+    text = table(settings)
+    print(text)
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        record = {
+            "args": vars(args) | {"out": str(args.out)},
+            "settings": _files.json_safe([asdict(s) for s in settings]),
+        }
+        (args.out / "results.json").write_text(
+            _files.to_json(record, what="the results", indent=1) + "\n"
+        )
+        (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
