@@ -6,8 +6,8 @@ prompt lookup) and the load-aware goodput policy (prompt lookup). For each
 concurrency C (1, 2, 4, 8, 16) the same `--requests` requests (the
 workload's prompts in turn, greedy, `max_tokens` each with `ignore_eos`, so
 every request does the same work) go to each server with at most C in
-flight, the servers' turns interleaved (with --repeats R, each setting's
-median of R runs). Per setting: throughput (completion tokens / wall clock
+flight, the servers' turns interleaved (with --repeats R, each setting's run
+of median throughput; of two, the faster). Per setting: throughput (completion tokens / wall clock
 of the whole set), time to first token and time per output token (after
 the first) at p50 and p95 over the requests, the mean acceptance length
 (from the responses' usage) and the γ the server's rows asked for (from
