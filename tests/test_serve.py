@@ -52,14 +52,16 @@ def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def serve(folder: Path, **options: Any) -> Background:
+    """A server on `folder`'s model (a fixed γ = 2 unless told: no forward profile to take)."""
     target, tokenizer = models.load_local(folder)
+    options = {"k": 2, **options}
     opts = ServerOptions(port=0, log_level="warning", model_name="tiny", **options)
     return start_in_thread(build_served(target, tokenizer, opts), opts)
 
 
 @pytest.fixture(scope="module")
 def server(model_folder: Path) -> Iterator[Background]:
-    bg = serve(model_folder, max_batch=8, max_queue=40, drafters=("none",))
+    bg = serve(model_folder, max_batch=8, max_queue=40, drafters=("none",), k=None)  # goodput
     yield bg
     bg.stop()
 
@@ -402,7 +404,7 @@ def idle_until(bg: Background, ok: Any, timeout: float = 10.0) -> dict[str, Any]
 def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> None:
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
     argv = [sys.executable, "-m", "specdec_rs", "serve", "--model", str(model_folder)]
-    argv += ["--port", "0", "--log-level", "warning", "--served-model-name", "tiny"]
+    argv += ["--port", "0", "--log-level", "warning", "--served-model-name", "tiny", "--k", "2"]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -485,7 +487,7 @@ def test_rows_share_what_a_drafter_shares_across_requests(model_folder: Path) ->
 
     target, tokenizer = models.load_local(model_folder)
     shared = Remembering()
-    served = build_served(target, tokenizer, ServerOptions(port=0, log_level="warning"))
+    served = build_served(target, tokenizer, ServerOptions(port=0, log_level="warning", k=2))
     engine = served.worker.engine
     engine.drafters["prompt-lookup"] = engine.factory = drafters.copies(shared)
     bg = start_in_thread(served)
@@ -533,6 +535,47 @@ def test_text_assembler_equals_one_decode(model_folder: Path) -> None:
     assert stopped.feed(ids) == "naïve café — " and stopped.stopped
     assert tokenizer.decode(ids[: stopped.tokens]).endswith("東京")
     assert not tokenizer.decode(ids[: stopped.tokens - 1]).endswith("東京")
+
+
+def test_an_api_key_is_required_when_set(model_folder: Path) -> None:
+    bg = serve(model_folder, api_key="s3cret")
+    try:
+        wrong = openai.OpenAI(base_url=bg.url + "/v1", api_key="guess", max_retries=0)
+        with pytest.raises(openai.AuthenticationError, match="API key"):
+            wrong.completions.create(model="tiny", prompt="x", max_tokens=2)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=bg.url + "/v1", api_key="s3cret", max_retries=0)
+        assert right.completions.create(model="tiny", prompt="x", max_tokens=2).usage
+        assert httpx.get(bg.url + "/health").status_code == 200  # probes need no key
+    finally:
+        bg.stop()
+
+
+@pytest.mark.slow
+def test_smollm2_greedy_stream_equals_specdec_generate(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The real target (GGUF, the Rust batch path, its chat template)."""
+    assert (
+        main(["generate", MESSAGE, "--temperature", "0", "--max-new-tokens", "24", "--json"]) == 0
+    )
+    expected = json.loads(capsys.readouterr().out)["text"]
+    target, tokenizer = models.load_smollm2()
+    opts = ServerOptions(port=0, log_level="warning", k=3)
+    bg = start_in_thread(build_served(target, tokenizer, opts), opts)
+    try:
+        stream = client(bg).chat.completions.create(
+            model=opts.model_name,
+            messages=[{"role": "user", "content": MESSAGE}],
+            max_tokens=24,
+            temperature=0,
+            stream=True,
+        )
+        text = "".join(ch.choices[0].delta.content or "" for ch in stream if ch.choices)
+        assert text == expected and len(text) > 20
+    finally:
+        bg.stop()
 
 
 def test_draining_answers_503_and_the_default_host_is_loopback(server: Background) -> None:

@@ -2,12 +2,14 @@
 
 specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
               [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
-              [--k K] [--served-model-name NAME] [--drain-timeout S] [--log-level info]
+              [--k K] [--served-model-name NAME] [--drain-timeout S] [--api-key KEY]
+              [--log-level info]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -55,6 +57,11 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="S",
         help="on SIGTERM wait at most S seconds for running requests (default: until done)",
     )
+    s.add_argument(
+        "--api-key",
+        default=None,
+        help="require Authorization: Bearer KEY on /v1/ (default: $SPECDEC_API_KEY, else none)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(run=run_serve, show=show_serve)
 
@@ -77,6 +84,7 @@ def options(args: argparse.Namespace) -> ServerOptions:
         model_name=name,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
+        api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,
     ).check()
 
 

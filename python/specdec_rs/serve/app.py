@@ -50,7 +50,8 @@ class Served:
     """What the app serves: the engine's worker, the tokenizer, the model's
     name and context, the drafters a request may name (`default_drafter`
     when it names none), and the queue bound: at most max_batch running
-    plus max_queue waiting requests, the next one is a 429."""
+    plus max_queue waiting requests, the next one is a 429. api_key: when
+    set, /v1/ routes want ``Authorization: Bearer <api_key>`` (else 401)."""
 
     worker: EngineWorker
     tokenizer: Any
@@ -60,6 +61,7 @@ class Served:
     drafters: list[str]
     max_batch: int
     max_queue: int
+    api_key: str | None = None
     metrics: ServerMetrics = field(init=False)
     draining: bool = False
     outstanding: int = 0
@@ -88,7 +90,12 @@ class Refusal(Exception):
         self.param, self.code = param, code
 
     def response(self) -> JSONResponse:
-        kind = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
+        kind = {
+            400: "invalid_request_error",
+            401: "authentication_error",
+            404: "not_found_error",
+            429: "rate_limit_error",
+        }
         body = error_body(
             self.message,
             kind=kind.get(self.status, "server_error"),
@@ -292,23 +299,24 @@ def engine_request(served: Served, body: Sampling, ids: list[int]) -> tuple[Requ
 
 
 # ---- the responses
-def completion_json(
-    served: Served, kind: str, rid: str, text: str, finish: str | None
-) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
-    if kind == "text":
-        choice["text"] = text
-        obj = "text_completion"
-    else:
-        choice["message"] = {"role": "assistant", "content": text}
-        obj = "chat.completion"
+def envelope(served: Served, obj: str, rid: str, choice: dict[str, Any]) -> dict[str, Any]:
+    """An OpenAI response object (or stream chunk) around its one choice."""
     return {
         "id": rid,
         "object": obj,
         "created": int(time.time()),
         "model": served.model_name,
-        "choices": [choice],
+        "choices": [{"index": 0, "logprobs": None, **choice}],
     }
+
+
+def completion_json(
+    served: Served, kind: str, rid: str, text: str, finish: str | None
+) -> dict[str, Any]:
+    if kind == "text":
+        return envelope(served, "text_completion", rid, {"text": text, "finish_reason": finish})
+    message = {"role": "assistant", "content": text}
+    return envelope(served, "chat.completion", rid, {"message": message, "finish_reason": finish})
 
 
 def chunk_json(
@@ -320,23 +328,13 @@ def chunk_json(
     *,
     role: bool = False,
 ) -> dict[str, Any]:
-    choice: dict[str, Any] = {"index": 0, "logprobs": None, "finish_reason": finish}
     if kind == "text":
-        choice["text"] = delta or ""
-        obj = "text_completion"
-    else:
-        d: dict[str, Any] = {"role": "assistant"} if role else {}
-        if delta is not None:
-            d["content"] = delta
-        choice["delta"] = d
-        obj = "chat.completion.chunk"
-    return {
-        "id": rid,
-        "object": obj,
-        "created": int(time.time()),
-        "model": served.model_name,
-        "choices": [choice],
-    }
+        choice = {"text": delta or "", "finish_reason": finish}
+        return envelope(served, "text_completion", rid, choice)
+    d: dict[str, Any] = {"role": "assistant"} if role else {}
+    if delta is not None:
+        d["content"] = delta
+    return envelope(served, "chat.completion.chunk", rid, {"delta": d, "finish_reason": finish})
 
 
 def sse(payload: Any) -> bytes:
@@ -440,6 +438,7 @@ async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Respon
     served: Served = http.app.state.served
     started = time.perf_counter()
     try:
+        authorize(http, served)
         body = parse(await http.body(), schema)
         if body.model is not None and body.model != served.model_name:
             raise Refusal(
@@ -479,6 +478,17 @@ async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Respon
     return await whole_answer(http, served, answer, kind, name)
 
 
+def authorize(http: HttpRequest, served: Served) -> None:
+    """With an API key set, the request must carry it as a bearer token."""
+    import hmac
+
+    if served.api_key is None:
+        return
+    given = http.headers.get("authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {served.api_key}".encode()):
+        raise Refusal(401, "a valid API key is needed (Authorization: Bearer ...)", "unauthorized")
+
+
 def parse(raw: bytes, schema: type[Sampling]) -> Any:
     try:
         data = json.loads(raw)
@@ -505,6 +515,11 @@ async def chat_completions(http: HttpRequest) -> Response:
 
 async def models(http: HttpRequest) -> Response:
     served: Served = http.app.state.served
+    try:
+        authorize(http, served)
+    except Refusal as r:
+        served.metrics.reject(r.reason)
+        return r.response()
     card = {
         "id": served.model_name,
         "object": "model",

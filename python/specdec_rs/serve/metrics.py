@@ -48,44 +48,37 @@ class ServerMetrics:
 
         gauge("vllm:num_requests_running", "Requests decoding in the batch now", running)
         gauge("vllm:num_requests_waiting", "Requests queued for a batch row", waiting)
-        self.prompt_tokens = Counter(
-            "vllm:prompt_tokens", "Prompt tokens prefilled", labels, registry=r
-        ).labels(model_name)
-        self.generation_tokens = Counter(
-            "vllm:generation_tokens", "Tokens generated (returned)", labels, registry=r
-        ).labels(model_name)
-        self.success = Counter(
+
+        def counter(name: str, doc: str) -> Any:
+            return Counter(name, doc, labels, registry=r).labels(model_name)
+
+        def counter_by(name: str, doc: str, label: str) -> Any:
+            return Counter(name, doc, [*labels, label], registry=r)
+
+        self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled")
+        self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated (returned)")
+        self.success = counter_by(
             "vllm:request_success",
-            "Requests finished, by finish reason (stop, length, abort)",
-            [*labels, "finished_reason"],
-            registry=r,
+            "Requests finished, by finish reason (stop, length, abort, error)",
+            "finished_reason",
         )
-        self.drafts = Counter(
-            "vllm:spec_decode_num_drafts", "Rounds that proposed drafts", labels, registry=r
-        ).labels(model_name)
-        self.draft_tokens = Counter(
-            "vllm:spec_decode_num_draft_tokens", "Draft tokens proposed", labels, registry=r
-        ).labels(model_name)
-        self.accepted = Counter(
-            "vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted", labels, registry=r
-        ).labels(model_name)
-        self.per_position = Counter(
+        self.drafts = counter("vllm:spec_decode_num_drafts", "Rounds that proposed drafts")
+        self.draft_tokens = counter("vllm:spec_decode_num_draft_tokens", "Draft tokens proposed")
+        self.accepted = counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted")
+        self.per_position = counter_by(
             "vllm:spec_decode_num_accepted_tokens_per_pos",
             "Rounds that accepted the draft at this position (0-based)",
-            [*labels, "position"],
-            registry=r,
+            "position",
         )
-        self.rounds_by_k = Counter(
+        self.rounds_by_k = counter_by(
             "specdec:spec_decode_rounds",
             "Row rounds by the drafts they asked for (k = γ; 0: not speculating)",
-            [*labels, "k"],
-            registry=r,
+            "k",
         )
-        self.rejected = Counter(
+        self.rejected = counter_by(
             "specdec:requests_rejected",
             "Requests refused (bad_request, queue_full, draining, not_found)",
-            [*labels, "reason"],
-            registry=r,
+            "reason",
         )
         gauge(
             "specdec:spec_decode_mean_acceptance_length",

@@ -49,7 +49,7 @@ class ServerOptions:
     requests that set none (None: the load-aware goodput policy);
     model_name: the name /v1/models gives and requests may send;
     drain_timeout: seconds SIGTERM waits for running requests (None: until
-    they finish)."""
+    they finish); api_key: the bearer token the /v1/ routes want (None: none)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -61,6 +61,7 @@ class ServerOptions:
     model_name: str = "SmolLM2-135M-Instruct"
     drain_timeout: float | None = None
     log_level: str = "info"
+    api_key: str | None = None
 
     def check(self) -> ServerOptions:
         """Every option, before a model loads (ValueError naming the flag)."""
@@ -78,6 +79,8 @@ class ServerOptions:
         if self.drain_timeout is not None:
             _checks.real(self.drain_timeout, "--drain-timeout", above=0.0)
         _checks.choice(self.log_level, "--log-level", ("debug", "info", "warning", "error"))
+        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
+            raise ValueError("--api-key must be a non-empty string (or leave it out)")
         return self
 
 
@@ -112,6 +115,7 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         drafters=list(engine.drafters),
         max_batch=options.max_batch,
         max_queue=options.max_queue,
+        api_key=options.api_key,
     )
 
 
@@ -126,7 +130,8 @@ class ServeSummary:
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
-    """A socket bound to host:port (port 0: any free one), not listening yet."""
+    """A listening socket on host:port (port 0: any free one): a client may
+    connect as soon as it is printed, before uvicorn has started."""
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
             host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
@@ -137,6 +142,7 @@ def listening_socket(host: str, port: int) -> socket.socket:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         sock.bind(address)
+        sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
     except OSError as e:
         sock.close()
         raise ValueError(
