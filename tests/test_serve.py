@@ -330,6 +330,22 @@ def test_a_bad_request_is_a_400_and_the_server_goes_on(
     assert ok.usage.completion_tokens == 2
 
 
+def test_a_bug_is_a_500_with_an_error_body(
+    server: Background, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from specdec_rs.serve import app
+
+    def broken(served: Any, body: Any) -> list[int]:
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(app, "prompt_ids", broken)
+    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    assert r.status_code == 500 and "RuntimeError: a bug" in r.json()["error"]["message"]
+    monkeypatch.undo()
+    assert client(server).completions.create(model="tiny", prompt="x", max_tokens=2).usage
+    assert idle(server)["outstanding"] == 0
+
+
 def test_chat_refusals_and_other_models(server: Background) -> None:
     c = client(server)
     with pytest.raises(openai.BadRequestError, match="messages"):

@@ -42,7 +42,7 @@ from specdec_rs.serve.protocol import (
     validation_message,
 )
 from specdec_rs.serve.text import TextAssembler
-from specdec_rs.serve.worker import Done, EngineWorker, Failed, Tokens
+from specdec_rs.serve.worker import Done, EngineWorker, Failed, Tokens, log
 
 
 @dataclass
@@ -555,6 +555,13 @@ async def http_error(http: HttpRequest, exc: Exception) -> Response:
     return JSONResponse(error_body(message, kind=kind), status_code=exc.status_code)
 
 
+async def internal_error(http: HttpRequest, exc: Exception) -> Response:
+    """A bug, not the request's fault: a 500 with an error body (logged)."""
+    log.error("%s %s failed", http.method, http.url.path, exc_info=exc)
+    message = f"internal error: {type(exc).__name__}: {exc}"
+    return JSONResponse(error_body(message, kind="server_error"), status_code=500)
+
+
 def build_app(served: Served) -> Starlette:
     """The app over `served`; its lifespan starts the engine's thread and,
     at shutdown (after the server drained its connections), stops it."""
@@ -574,7 +581,10 @@ def build_app(served: Served) -> Starlette:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
     ]
-    handlers: dict[Any, Callable[..., Any]] = {HTTPException: http_error}
+    handlers: dict[Any, Callable[..., Any]] = {
+        HTTPException: http_error,
+        Exception: internal_error,
+    }
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     app.state.served = served
     return app
