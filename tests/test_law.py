@@ -22,7 +22,10 @@ head's drawn trees (children without replacement) at T = 0.8 0.355 (6,000
 runs), and fixed candidates (the head's confidence tree) verified with the iid
 rule at T = 1 1.247; on a target read from a GGUF file (Q4_1 linears, the
 Rust kernels), the off-by-one target row with a draft model under the
-adaptive γ 2.303 and continue-after-reject with early exit at top-p 0.196.
+adaptive γ 2.303 and continue-after-reject with early exit at top-p 0.196;
+with the suffix drafter (one object over all runs: its global index learns
+from every earlier run), resample-from-p at top-k/top-p 0.274 (9 cells) and
+its fixed-children trees verified by the iid rule at T = 1 1.244 (6,000 runs).
 (Children tested without updating p' has effect 0.057
 there: too weak for 900 runs, so it is left to the audit tests.) The two
 heads are trained a few steps on the target's own answers, over a draft
@@ -74,6 +77,8 @@ GATE_EFFECT = 0.273  # the gate's kept draft verified against the full q (8,000 
 FIXED_TREE_EFFECT = 1.247  # fixed candidates under the iid rule, EAGLE confidence trees (8,000)
 GGUF_DRAFT_EFFECT = 2.303  # the off-by-one target row, GGUF target, draft model (8,000 runs)
 GGUF_EARLY_EXIT_EFFECT = 0.196  # continue-after-reject, GGUF target, early exit, top-p (8,000)
+SUFFIX_EFFECT = 0.274  # resample-from-p, the suffix drafter at top-k/top-p (6,000 runs)
+SUFFIX_TREE_EFFECT = 1.244  # its fixed-children trees verified by the iid rule (6,000 runs)
 
 
 def models_pair() -> tuple[Any, Any]:
@@ -322,6 +327,28 @@ SETTINGS = {
         3,
         buggy_tree_verifier("exact", as_children="iid"),
         effect=FIXED_TREE_EFFECT,
+        tree=4,
+    ),
+    # the suffix drafter: one object over all the runs, so its global index
+    # learns from every earlier run's output (drafts that depend on the past
+    # runs, each run's law still the target's)
+    "suffix-T0.8-top-k-top-p": Setting(
+        SamplingConfig(0.8, top_k=3, top_p=0.95),
+        lambda t, d: sd.SuffixDrafter(),
+        lambda t, d: sd.SuffixDrafter(),
+        lambda: 3,
+        3,
+        buggy_verifier("resample_from_p"),
+        effect=SUFFIX_EFFECT,
+    ),
+    "suffix-tree-T1": Setting(
+        SamplingConfig(1.0),
+        lambda t, d: sd.SuffixDrafter(),
+        lambda t, d: sd.SuffixDrafter(),
+        lambda: 1,
+        3,
+        buggy_tree_verifier("exact", as_children="iid"),
+        effect=SUFFIX_TREE_EFFECT,
         tree=4,
     ),
 }

@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 # nothing: the `specdec` command catches Ctrl-C around its own imports.
 _EXPORTS = {
     "specdec_rs._core": ("TREE_VARIANTS", "VARIANTS", "__version__"),
-    "specdec_rs.drafters": ("Draft", "Drafter", "DraftModel", "EarlyExit", "PromptLookup"),
+    "specdec_rs.drafters": (
+        "Draft",
+        "Drafter",
+        "DraftModel",
+        "EarlyExit",
+        "PromptLookup",
+        "SuffixDrafter",
+    ),
     "specdec_rs.generation": (
         "BatchEngine",
         "GenerationResult",
@@ -97,7 +104,14 @@ sys.modules[__name__].__class__ = _Package
 
 if TYPE_CHECKING:
     from specdec_rs._core import TREE_VARIANTS, VARIANTS, __version__
-    from specdec_rs.drafters import Draft, Drafter, DraftModel, EarlyExit, PromptLookup
+    from specdec_rs.drafters import (
+        Draft,
+        Drafter,
+        DraftModel,
+        EarlyExit,
+        PromptLookup,
+        SuffixDrafter,
+    )
     from specdec_rs.generation import (
         BatchEngine,
         GenerationResult,
@@ -150,6 +164,7 @@ __all__ = [
     "EarlyExit",
     "GenerationResult",
     "PromptLookup",
+    "SuffixDrafter",
     "Round",
     "SamplingConfig",
     "BatchEngine",

@@ -14,6 +14,7 @@ from specdec_rs.drafters.lookup import PromptLookup, lookup
 from specdec_rs.drafters.medusa import Medusa
 from specdec_rs.drafters.model import DraftModel, Truncated
 from specdec_rs.drafters.registry import REGISTRY, from_spec, parse_spec, spec_help
+from specdec_rs.drafters.suffix import SuffixDrafter, SuffixIndex
 
 __all__ = [
     "REGISTRY",
@@ -26,6 +27,8 @@ __all__ = [
     "Medusa",
     "ModelDrafter",
     "PromptLookup",
+    "SuffixDrafter",
+    "SuffixIndex",
     "TeacherForced",
     "TreeDraft",
     "Truncated",

@@ -1,0 +1,397 @@
+"""Suffix decoding: drafts from the counts of what followed the text's end,
+in this sequence and in earlier ones. p = target, q = draft (one-hot), k = γ.
+
+`SuffixIndex` counts every substring of at most `depth` tokens of the
+sequences added to it (a suffix trie of bounded depth: node = substring,
+count = its occurrences, children = the tokens that followed). A
+`SuffixDrafter` keeps one index over its own sequence (prompt + output,
+grown as tokens are accepted) and shares a global one over the outputs of
+every sequence drafted by it or its `fresh()` copies (the rows of a batch,
+a server's requests), bounded to `global_tokens` tokens, the oldest
+sequences evicted first.
+
+A round: the longest suffix of the text (m tokens, at most `depth` − 1)
+that occurred before with a continuation, in either index; from that node
+the draft follows the most frequent continuation while its empirical
+probability (count / the node's continuations) stays at or above
+`min_prob`, for at most min(k, ⌊factor·m + offset⌋) tokens (the more of
+the text matched, the longer the draft it can trust). Of the two indexes
+the draft with the larger sum of path probabilities (its expected length)
+wins. A tree (`propose_tree`) expands the nodes of largest path
+probability first, up to `budget` nodes, as fixed children: verification
+(`verify` with one-hot q for a chain, `verify_tree` with fixed children)
+keeps the output exactly the target's at any temperature.
+
+>>> index = SuffixIndex(depth=4)
+>>> index.add([1, 2, 3, 1, 2, 4, 1, 2, 3])
+>>> node = index.find([1, 2])
+>>> sorted((t, c.count) for t, c in node.children.items())
+[(3, 2), (4, 1)]
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specdec_rs import _checks
+from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree, one_hot_draft
+from specdec_rs.drafters.draft import Draft, TreeDraft
+from specdec_rs.drafters.registry import register
+from specdec_rs.processors import Sampler
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel
+    from transformers.cache_utils import Cache
+
+MAX_DEPTH = 256
+
+
+class Node:
+    """A substring: how often it occurred, and what followed it."""
+
+    __slots__ = ("children", "count")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.children: dict[int, Node] = {}
+
+    def continuations(self) -> int:
+        return sum(c.count for c in self.children.values())
+
+
+class SuffixIndex:
+    """Counts of the substrings (at most `depth` tokens) of the sequences
+    added. `grow(state, tokens)` extends one sequence token by token in
+    O(depth) each (`state` holds the nodes of its current suffixes);
+    `remove(tokens)` undoes `add(tokens)` (eviction)."""
+
+    def __init__(self, depth: int = 32):
+        self.depth = _checks.integer(depth, "depth", minimum=2, maximum=MAX_DEPTH)
+        self.root = Node()
+
+    def grow(self, suffixes: list[Node], tokens: list[int] | Any) -> list[Node]:
+        """The suffix nodes after appending `tokens` to a sequence whose
+        suffix nodes (lengths 1, 2, ...) are `suffixes`; counts added."""
+        depth = self.depth
+        for t in tokens:
+            t = int(t)
+            grown = [self.root, *suffixes[: depth - 1]]
+            suffixes = []
+            for node in grown:
+                child = node.children.get(t)
+                if child is None:
+                    child = node.children[t] = Node()
+                child.count += 1
+                suffixes.append(child)
+        return suffixes
+
+    def add(self, tokens: list[int] | Any) -> None:
+        self.grow([], tokens)
+
+    def remove(self, tokens: list[int] | Any) -> None:
+        """Take one earlier `add(tokens)` back out (nodes left empty go)."""
+        seq = [int(t) for t in tokens]
+        for start in range(len(seq)):
+            node = self.root
+            for t in seq[start : start + self.depth]:
+                child = node.children.get(t)
+                if child is None:
+                    break
+                child.count -= 1
+                if child.count <= 0:
+                    del node.children[t]
+                    break
+                node = child
+
+    def find(self, pattern: list[int]) -> Node | None:
+        node: Node | None = self.root
+        for t in pattern:
+            node = node.children.get(t) if node is not None else None
+            if node is None:
+                return None
+        return node
+
+    def longest_match(self, seq: list[int], max_match: int) -> tuple[Node | None, int]:
+        """(node, m) for the longest suffix of `seq` (m <= max_match) that
+        occurred with a continuation; (None, 0) when none did. A substring's
+        suffixes all occur when it does, so m is found by bisection."""
+        lo, hi = 0, min(max_match, len(seq), self.depth - 1)
+        best: tuple[Node | None, int] = (None, 0)
+        while lo < hi:
+            m = (lo + hi + 1) // 2
+            node = self.find(seq[len(seq) - m :])
+            if node is None:
+                hi = m - 1
+            else:
+                lo = m
+                if node.children:
+                    best = (node, m)
+        if best[1] != lo and lo > 0:  # the longest occurring suffix may lack a continuation
+            for m in range(lo, best[1], -1):
+                node = self.find(seq[len(seq) - m :])
+                if node is not None and node.children:
+                    return node, m
+        return best
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """A chain from one index: its tokens and their path probabilities."""
+
+    tokens: list[int]
+    probs: list[float]
+
+    @property
+    def score(self) -> float:
+        return sum(self.probs)
+
+
+def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
+    """The most frequent continuation from `node` while its probability
+    (count / the node's continuations) is >= min_prob; at most `limit` tokens."""
+    tokens: list[int] = []
+    probs: list[float] = []
+    path = 1.0
+    while node is not None and node.children and len(tokens) < limit:
+        total = node.continuations()
+        token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+        p = child.count / total
+        if p < min_prob:
+            break
+        path *= p
+        tokens.append(token)
+        probs.append(path)
+        node = child
+    return Proposal(tokens, probs)
+
+
+def tree_from(node: Node, limit: int, budget: int, min_prob: float) -> tuple[list[int], list[int]]:
+    """(tokens, parents) of the continuations of `node` expanded by largest
+    path probability first (each step's probability >= min_prob), at most
+    `budget` nodes and `limit` deep."""
+    import heapq
+
+    tokens: list[int] = []
+    parents: list[int] = []
+    heap: list[tuple[float, int, int, int, Node]] = []  # (-path p, tiebreak, parent, depth, node)
+    order = 0
+
+    def push(parent_index: int, at: Node, path: float, depth: int) -> None:
+        nonlocal order
+        if depth >= limit:
+            return
+        total = at.continuations()
+        for token, child in at.children.items():
+            p = child.count / total
+            if p >= min_prob:
+                heapq.heappush(heap, (-path * p, order, parent_index, depth, child))
+                order += 1
+                child_token[id(child)] = token
+
+    child_token: dict[int, int] = {}
+    push(-1, node, 1.0, 0)
+    while heap and len(tokens) < budget:
+        neg, _, parent, depth, child = heapq.heappop(heap)
+        tokens.append(child_token[id(child)])
+        parents.append(parent)
+        push(len(tokens) - 1, child, -neg, depth + 1)
+    return tokens, parents
+
+
+class SharedSuffixes:
+    """The global index of a drafter and its fresh copies: the outputs of
+    the sequences they drafted for, at most `max_tokens` tokens (the oldest
+    sequences are evicted whole)."""
+
+    def __init__(self, depth: int, max_tokens: int):
+        self.index = SuffixIndex(depth)
+        self.max_tokens = max_tokens
+        self.sequences: deque[list[int]] = deque()
+        self.tokens = 0
+
+    def open(self) -> list[int]:
+        """A new sequence's output (appended to by `extend`)."""
+        out: list[int] = []
+        self.sequences.append(out)
+        return out
+
+    def extend(self, output: list[int], suffixes: list[Node], tokens: list[int]) -> list[Node]:
+        if not any(s is output for s in self.sequences):
+            return suffixes  # evicted: it no longer counts
+        output += tokens
+        self.tokens += len(tokens)
+        suffixes = self.index.grow(suffixes, tokens)
+        while self.tokens > self.max_tokens and len(self.sequences) > 1:
+            old = self.sequences.popleft()
+            self.index.remove(old)
+            self.tokens -= len(old)
+        return suffixes
+
+
+@register(
+    "suffix", arg=None, help="suffix decoding: what followed the text's end, here and earlier"
+)
+class SuffixDrafter:
+    """Suffix decoding (see the module docs). depth: the longest substring
+    counted (match + draft); factor, offset: the draft is at most
+    ⌊factor·m + offset⌋ tokens after an m-token match; min_prob: the
+    least empirical probability a drafted step may have; global_tokens:
+    the global index's bound (0: no global index)."""
+
+    needs_target_hidden = False
+
+    def __init__(
+        self,
+        *,
+        depth: int = 32,
+        factor: float = 1.0,
+        offset: float = 0.0,
+        min_prob: float = 0.1,
+        global_tokens: int = 1_000_000,
+        shared: SharedSuffixes | None = None,
+    ):
+        self.depth = _checks.integer(depth, "depth", minimum=2, maximum=MAX_DEPTH)
+        self.factor = _checks.real(factor, "factor", above=0.0)
+        self.offset = _checks.real(offset, "offset", minimum=0.0)
+        self.min_prob = _checks.real(min_prob, "min_prob", above=0.0, maximum=1.0)
+        global_tokens = _checks.integer(global_tokens, "global_tokens", minimum=0)
+        self.shared = (
+            shared
+            if shared is not None
+            else SharedSuffixes(self.depth, global_tokens)
+            if global_tokens
+            else None
+        )
+        self.name = "suffix"
+        self.local = SuffixIndex(self.depth)
+        self._local_suffixes: list[Node] = []
+        self._global_suffixes: list[Node] = []
+        self._output: list[int] | None = None
+        self._seen = 0  # tokens of the sequence indexed so far
+        self._prompt = 0
+        self._tokens: list[int] = []
+
+    @classmethod
+    def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> SuffixDrafter:
+        return cls()
+
+    def fresh(self) -> SuffixDrafter:
+        """A drafter for another sequence sharing this one's global index."""
+        return SuffixDrafter(
+            depth=self.depth,
+            factor=self.factor,
+            offset=self.offset,
+            min_prob=self.min_prob,
+            global_tokens=0 if self.shared is None else self.shared.max_tokens,
+            shared=self.shared,
+        )
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        pass  # no model
+
+    def start(
+        self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        self._begin([int(t) for t in seq.tolist()], learn=True)
+
+    def _begin(self, tokens: list[int], *, learn: bool) -> None:
+        """A new sequence (its prompt `tokens`); `learn`: its output goes
+        into the global index as it grows."""
+        self.local = SuffixIndex(self.depth)
+        self._local_suffixes = self.local.grow([], tokens)
+        self._global_suffixes = []
+        self._output = self.shared.open() if self.shared is not None and learn else None
+        self._tokens = tokens
+        self._seen = self._prompt = len(tokens)
+
+    def update(
+        self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None
+    ) -> None:
+        new = [int(t) for t in seq[self._seen :].tolist()]
+        if not new:
+            return
+        self._tokens += new
+        self._seen += len(new)
+        self._local_suffixes = self.local.grow(self._local_suffixes, new)
+        if self.shared is not None and self._output is not None:
+            self._global_suffixes = self.shared.extend(self._output, self._global_suffixes, new)
+
+    def _sync(self, seq: torch.Tensor) -> list[int]:
+        """The sequence as a list, the indexes caught up with it."""
+        if len(seq) != self._seen:
+            # another sequence (start() was not called for it): a cheap check
+            # (the length, the last token seen), not the whole prefix
+            if len(seq) < self._seen or (
+                self._seen and int(seq[self._seen - 1]) != self._tokens[-1]
+            ):
+                self._begin([int(t) for t in seq.tolist()], learn=self._output is not None)
+            else:
+                self.update(seq, 0)
+        return self._tokens
+
+    def _candidates(self, seq: list[int]) -> list[tuple[Node, int]]:
+        out = []
+        for index in (self.local, self.shared.index if self.shared is not None else None):
+            if index is None:
+                continue
+            node, m = index.longest_match(seq, self.depth - 1)
+            if node is not None:
+                out.append((node, m))
+        return out
+
+    def _limit(self, m: int, k: int) -> int:
+        return max(0, min(k, int(self.factor * m + self.offset)))
+
+    def find(self, seq: list[int], k: int) -> list[int]:
+        best = Proposal([], [])
+        for node, m in self._candidates(seq):
+            p = chain_from(node, self._limit(m, k), self.min_prob)
+            if p.score > best.score:
+                best = p
+        return best.tokens
+
+    def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
+        import torch
+
+        found = self.find(self._sync(seq), k)
+        if not found:
+            return empty_draft(sampler)
+        return one_hot_draft(torch.tensor(found, dtype=torch.long), sampler)
+
+    def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
+        """The better index's continuations as a tree of at most `budget`
+        nodes (fixed children)."""
+        tokens = self._sync(seq)
+        best: tuple[float, list[int], list[int]] = (0.0, [], [])
+        for node, m in self._candidates(tokens):
+            limit = self._limit(m, budget)
+            score = chain_from(node, limit, self.min_prob).score
+            if score > best[0]:
+                best = (score, *tree_from(node, limit, budget, self.min_prob))
+        return fixed_tree(best[1], best[2], sampler)
+
+    def acceptance(self, tf: TeacherForced, k_max: int) -> np.ndarray:
+        """a[t, i] for x = the draft after the text before answer position
+        t: the indicator x_i = answer[t + i] at greedy, else p_{t+i}(x_i).
+        The global index is read, not taught (the answer is not an output)."""
+        seq = tf.seq.cpu()
+        answer = seq[tf.start :].numpy()
+        p = tf.p.double().cpu().numpy()
+        n = len(answer)
+        a = np.full((n, k_max), np.nan)
+        view = self.fresh()
+        view._begin([int(t) for t in seq[: tf.start].tolist()], learn=False)
+        for t in range(n):
+            view.update(seq[: tf.start + t], 0)
+            x = np.array(view.find(view._tokens, k_max)[: n - t], dtype=np.int64)
+            rows = t + np.arange(len(x))
+            a[t, : len(x)] = (x == answer[rows]) if tf.sampler.config.greedy else p[rows, x]
+        return a
+
+    def hf_kwargs(self) -> dict[str, Any] | None:
+        return None

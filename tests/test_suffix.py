@@ -1,0 +1,163 @@
+"""The suffix drafter: its index, its drafts, what its fresh copies share,
+and greedy identity with target-only generation. (Its output law at T > 0:
+`tests/test_law.py`.) p = target, q = draft, k = γ."""
+
+from __future__ import annotations
+
+import pytest
+import specdec_rs as sd
+from specdec_rs.drafters.suffix import SharedSuffixes, SuffixIndex, chain_from, tree_from
+from specdec_rs.models import tiny_llama
+
+
+def test_the_index_counts_substrings_and_forgets_them_again() -> None:
+    index = SuffixIndex(depth=3)
+    index.add([1, 2, 1, 2, 3])
+    assert index.find([1, 2]).count == 2  # type: ignore[union-attr]
+    assert index.find([2, 1, 2]).count == 1  # type: ignore[union-attr]
+    assert index.find([1, 2, 1, 2]) is None  # deeper than depth
+    node = index.find([1, 2])
+    assert node is not None and {t: c.count for t, c in node.children.items()} == {1: 1, 3: 1}
+    index.add([4, 1, 2, 3])
+    index.remove([1, 2, 1, 2, 3])
+    assert index.find([1, 2]).count == 1 and index.find([2, 1]) is None  # type: ignore[union-attr]
+    index.remove([4, 1, 2, 3])
+    assert index.root.children == {}
+
+
+def test_growing_one_token_at_a_time_equals_adding_at_once() -> None:
+    seq = [5, 1, 2, 5, 1, 3, 5, 1, 2, 2]
+    whole, grown = SuffixIndex(depth=4), SuffixIndex(depth=4)
+    whole.add(seq)
+    suffixes: list = []
+    for t in seq:
+        suffixes = grown.grow(suffixes, [t])
+
+    def dump(node: object, path: tuple[int, ...] = ()) -> dict[tuple[int, ...], int]:
+        out = {}
+        for t, c in node.children.items():  # type: ignore[attr-defined]
+            out[(*path, t)] = c.count
+            out |= dump(c, (*path, t))
+        return out
+
+    assert dump(whole.root) == dump(grown.root)
+    assert len(suffixes) == 4 and suffixes[0] is grown.find([2])
+
+
+def test_the_longest_match_with_a_continuation() -> None:
+    index = SuffixIndex(depth=8)
+    index.add([7, 1, 2, 3, 9, 4, 1, 2])
+    # "4 1 2" occurred, but only at the end (no continuation): the match is "1 2" (then 3)
+    node, m = index.longest_match([0, 4, 1, 2], 8)
+    assert m == 2 and node is index.find([1, 2]) and node is not None and 3 in node.children
+    node, m = index.longest_match([5, 1, 2], 8)
+    assert m == 2 and node is not None and 3 in node.children
+    assert index.longest_match([6, 6], 8) == (None, 0)
+
+
+def test_drafts_follow_frequent_continuations_above_the_threshold() -> None:
+    index = SuffixIndex(depth=6)
+    for _ in range(3):
+        index.add([1, 2, 3, 4])
+    index.add([1, 2, 5, 6])
+    node = index.find([1, 2])
+    assert node is not None
+    chain = chain_from(node, 4, 0.3)
+    assert chain.tokens == [3, 4] and chain.probs == pytest.approx([0.75, 0.75])
+    assert chain_from(node, 4, 0.8).tokens == []  # 3 follows only 3 of 4 times
+    assert chain_from(node, 1, 0.1).tokens == [3]  # the limit
+    tokens, parents = tree_from(node, 4, 4, 0.1)
+    assert tokens == [3, 4, 5, 6] and parents == [-1, 0, -1, 2]
+
+
+def test_a_drafter_copies_share_one_global_index_and_it_stays_bounded() -> None:
+    target = tiny_llama(num_layers=2)
+    first = sd.SuffixDrafter(global_tokens=30)
+    a = sd.generate(target, first, [5, 6, 7], max_new_tokens=12, temperature=0, eos_token_id=[])
+    second = first.fresh()
+    assert second.shared is first.shared
+    out = sd.generate(target, second, [9, 8], max_new_tokens=12, temperature=0, eos_token_id=[])
+    assert (
+        out.tokens
+        == sd.generate(
+            target, None, [9, 8], max_new_tokens=12, temperature=0, eos_token_id=[]
+        ).tokens
+    )
+    shared = first.shared
+    assert shared is not None and shared.tokens <= 30 or len(shared.sequences) == 1
+    assert len(a.tokens) == 12
+
+
+def test_eviction_drops_the_oldest_sequences() -> None:
+    shared = SharedSuffixes(depth=4, max_tokens=6)
+    one, two = shared.open(), shared.open()
+    shared.extend(one, [], [1, 2, 3, 4])
+    shared.extend(two, [], [5, 6, 7])
+    assert shared.tokens == 3 and list(shared.sequences) == [two]
+    assert shared.index.find([1, 2]) is None and shared.index.find([5, 6]) is not None
+    assert shared.extend(one, [], [9]) == []  # an evicted sequence no longer counts
+    assert shared.index.find([9]) is None
+
+
+@pytest.mark.parametrize("tree", [None, 6])
+def test_greedy_output_is_the_targets_own(tree: int | None) -> None:
+    """Prompts that repeat, so the drafter drafts; the same drafter object
+    over all prompts, so the global index serves the later ones."""
+    target = tiny_llama(num_layers=2, vocab_size=16)
+    drafter = sd.SuffixDrafter()
+    drafted = 0
+    for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [1, 2, 3, 1]):
+        plain = sd.generate(target, None, prompt, max_new_tokens=20, temperature=0, eos_token_id=[])
+        out = sd.generate(
+            target,
+            drafter,
+            prompt,
+            max_new_tokens=20,
+            k=4,
+            tree=tree,
+            temperature=0,
+            eos_token_id=[],
+        )
+        assert out.tokens == plain.tokens
+        drafted += out.drafted
+    assert drafted > 0
+
+
+def test_it_drafts_in_a_batch_and_learns_across_its_rows() -> None:
+    target = tiny_llama(num_layers=2, vocab_size=16)
+    prompts = [[1, 2, 3, 1, 2], [3, 1, 2, 3], [7, 7, 7]]
+    shared = sd.SuffixDrafter()
+    out = sd.generate_batch(
+        target,
+        sd.drafters.copies(shared),
+        prompts,
+        max_new_tokens=10,
+        temperature=0,
+        eos_token_id=[],
+        k=3,
+    )
+    for prompt, row in zip(prompts, out.rows, strict=True):
+        plain = sd.generate(target, None, prompt, max_new_tokens=10, temperature=0, eos_token_id=[])
+        assert row.result is not None and row.result.tokens == plain.tokens
+    assert shared.shared is not None and len(shared.shared.sequences) == 3
+
+
+@pytest.mark.parametrize(
+    ("options", "says"),
+    [
+        ({"depth": 1}, "depth"),
+        ({"factor": 0}, "factor"),
+        ({"offset": -1}, "offset"),
+        ({"min_prob": 0}, "min_prob"),
+        ({"min_prob": 1.5}, "min_prob"),
+        ({"global_tokens": -1}, "global_tokens"),
+    ],
+)
+def test_bad_options_are_value_errors(options: dict[str, float], says: str) -> None:
+    with pytest.raises(ValueError, match=says):
+        sd.SuffixDrafter(**options)  # type: ignore[arg-type]
+
+
+def test_the_cli_name_builds_it() -> None:
+    target = tiny_llama(num_layers=2)
+    assert isinstance(sd.drafters.from_spec("suffix", target), sd.SuffixDrafter)
