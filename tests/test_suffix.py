@@ -4,6 +4,10 @@ and greedy identity with target-only generation. (Its output law at T > 0:
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Any
+
 import pytest
 import specdec_rs as sd
 from specdec_rs.drafters.suffix import SharedSuffixes, SuffixIndex, chain_from, tree_from
@@ -161,3 +165,76 @@ def test_bad_options_are_value_errors(options: dict[str, float], says: str) -> N
 def test_the_cli_name_builds_it() -> None:
     target = tiny_llama(num_layers=2)
     assert isinstance(sd.drafters.from_spec("suffix", target), sd.SuffixDrafter)
+
+
+def test_the_repeated_workload_asks_twice_and_quotes_the_answer() -> None:
+    from specdec_rs.measure import repeated
+
+    seen: list[list[dict[str, str]]] = []
+
+    def fake(messages: list[dict[str, str]]) -> tuple[str, object]:
+        seen.append(messages)
+        return "First sentence here. Then more.", object()
+
+    asked = repeated.run_repeated(fake, code=2, chat=2)  # type: ignore[arg-type]
+    assert [(a.kind, a.repeat) for a in asked] == [
+        ("code", False), ("code", True), ("code", False), ("code", True),
+        ("chat", False), ("chat", True), ("chat", False), ("chat", True),
+    ]  # fmt: skip
+    assert seen[1][0]["content"] == repeated.edited(seen[0][0]["content"]) != seen[0][0]["content"]
+    follow = seen[5]
+    assert [m["role"] for m in follow] == ["user", "assistant", "user"]
+    assert '"First sentence here."' in follow[2]["content"]
+    from specdec_rs.training.prompts import check_held_out
+
+    check_held_out([m[0]["content"] for m in seen])  # not the evaluation prompts
+
+
+def test_the_global_index_saves_and_loads_back(tmp_path: Path) -> None:
+    target = tiny_llama(num_layers=2, vocab_size=16)
+    drafter = sd.SuffixDrafter(global_tokens=500)
+    for prompt in ([1, 2, 3, 1, 2], [4, 5, 6]):
+        sd.generate(target, drafter, prompt, max_new_tokens=8, temperature=0, eos_token_id=[])
+    path = tmp_path / "suffix.json"
+    drafter.save(path)
+    loaded = sd.drafters.from_spec(f"suffix:{path}", target)
+    assert loaded.shared is not None and drafter.shared is not None
+    assert list(loaded.shared.sequences) == list(drafter.shared.sequences)
+    assert loaded.shared.max_tokens == 500 and loaded.depth == drafter.depth
+    seq = drafter.shared.sequences[0]
+    assert loaded.shared.index.find(seq[:3]).count == drafter.shared.index.find(seq[:3]).count  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="outside the target's vocabulary of 8"):
+        sd.drafters.from_spec(f"suffix:{path}", tiny_llama(num_layers=2, vocab_size=8))
+
+
+def _damaged(path: Path, change: Any) -> Path:
+    data = json.loads(path.read_text())
+    change(data)
+    out = path.with_name("damaged.json")
+    out.write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda d: d["index"]["sequences"][0].append(3), "checksum"),
+        (lambda d: d.update(version=2), "version 2"),
+        (lambda d: d.update(format="other"), "not a specdec-suffix-index file"),
+        (lambda d: d.pop("sha256"), "checksum"),
+    ],
+)
+def test_a_damaged_saved_index_is_a_value_error(tmp_path: Path, change: Any, says: str) -> None:
+    drafter = sd.SuffixDrafter()
+    sd.generate(tiny_llama(num_layers=2), drafter, [1, 2, 1], max_new_tokens=4, temperature=0)
+    path = tmp_path / "suffix.json"
+    drafter.save(path)
+    with pytest.raises(ValueError, match=says):
+        sd.SuffixDrafter.load(_damaged(path, change))
+    (tmp_path / "junk.json").write_text("{not json")
+    with pytest.raises(ValueError, match="not JSON"):
+        sd.SuffixDrafter.load(tmp_path / "junk.json")
+    with pytest.raises(ValueError, match="missing"):
+        sd.drafters.from_spec(f"suffix:{tmp_path / 'nothing.json'}", tiny_llama(num_layers=2))
+    with pytest.raises(ValueError, match="no global index"):
+        sd.SuffixDrafter(global_tokens=0).save(path)

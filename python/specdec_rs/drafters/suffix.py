@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
 MAX_DEPTH = 256
+FILE_FORMAT = "specdec-suffix-index"
+FILE_VERSION = 1
+FIX = "save it again with SuffixDrafter.save(path), or start without it (--drafter suffix)"
 
 
 class Node:
@@ -220,6 +223,69 @@ class SharedSuffixes:
         self.sequences.append(out)
         return out
 
+    def save(self, path: Any) -> None:
+        """The sequences (the index is rebuilt from them) as JSON with a
+        format, a version and the SHA-256 of the canonical payload."""
+        from specdec_rs import _files
+
+        payload = {
+            "depth": self.index.depth,
+            "max_tokens": self.max_tokens,
+            "sequences": [list(s) for s in self.sequences],
+        }
+        record = {
+            "format": FILE_FORMAT,
+            "version": FILE_VERSION,
+            "sha256": digest(payload),
+            "index": payload,
+        }
+        _files.write_json(path, record, what="the suffix index", indent=None)
+
+    @classmethod
+    def load(cls, path: Any) -> SharedSuffixes:
+        """A saved index; any damage (not JSON, another format or version,
+        a checksum that differs, a malformed field) is a ValueError."""
+        from specdec_rs import _files
+
+        what = "suffix index"
+        data = _files.read_json(path, what=what, fix=FIX)
+        if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+            raise _files.problem(path, f"not a {FILE_FORMAT} file", FIX)
+        if data.get("version") != FILE_VERSION:
+            raise _files.problem(
+                path, f"version {data.get('version')!r}; this build reads {FILE_VERSION}", FIX
+            )
+        payload = data.get("index")
+        if not isinstance(payload, dict) or data.get("sha256") != digest(payload):
+            raise _files.problem(path, "the checksum does not match the contents (damaged)", FIX)
+        depth, max_tokens, sequences = (
+            payload.get(k) for k in ("depth", "max_tokens", "sequences")
+        )
+        ok = (
+            isinstance(depth, int)
+            and 2 <= depth <= MAX_DEPTH
+            and isinstance(max_tokens, int)
+            and max_tokens >= 1
+            and isinstance(sequences, list)
+            and all(
+                isinstance(q, list)
+                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in q)
+                for q in sequences
+            )
+        )
+        if not ok:
+            raise _files.problem(
+                path, "the index's depth, max_tokens or sequences are malformed", FIX
+            )
+        shared = cls(depth, max_tokens)  # type: ignore[arg-type]
+        for seq in sequences:  # type: ignore[union-attr]
+            shared.extend(shared.open(), [], seq)
+        return shared
+
+    @property
+    def largest_token(self) -> int:
+        return max((max(s) for s in self.sequences if s), default=-1)
+
     def extend(self, output: list[int], suffixes: list[Node], tokens: list[int]) -> list[Node]:
         if not any(s is output for s in self.sequences):
             return suffixes  # evicted: it no longer counts
@@ -233,8 +299,20 @@ class SharedSuffixes:
         return suffixes
 
 
+def digest(payload: Any) -> str:
+    """SHA-256 of the payload's canonical JSON (sorted keys, no spaces)."""
+    import hashlib
+    import json
+
+    canonical = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
 @register(
-    "suffix", arg=None, help="suffix decoding: what followed the text's end, here and earlier"
+    "suffix",
+    arg="optional-path",
+    help="suffix decoding: what followed the text's end here and in earlier outputs "
+    "(:PATH a saved global index)",
 )
 class SuffixDrafter:
     """Suffix decoding (see the module docs). depth: the longest substring
@@ -278,7 +356,22 @@ class SuffixDrafter:
 
     @classmethod
     def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> SuffixDrafter:
-        return cls()
+        drafter = cls() if arg is None else cls.load(arg)
+        drafter.check_target(target)
+        return drafter
+
+    @classmethod
+    def load(cls, path: Any, **options: Any) -> SuffixDrafter:
+        """A drafter whose global index is the one saved at `path` (its
+        depth and bound are the file's)."""
+        shared = SharedSuffixes.load(path)
+        return cls(depth=shared.index.depth, shared=shared, **options)
+
+    def save(self, path: Any) -> None:
+        """Save the global index (`SharedSuffixes.save`); ValueError without one."""
+        if self.shared is None:
+            raise ValueError("this suffix drafter has no global index (global_tokens=0)")
+        self.shared.save(path)
 
     def fresh(self) -> SuffixDrafter:
         """A drafter for another sequence sharing this one's global index."""
@@ -292,7 +385,17 @@ class SuffixDrafter:
         )
 
     def check_target(self, target: PreTrainedModel) -> None:
-        pass  # no model
+        """A loaded global index must hold only ids of the target's vocabulary."""
+        if self.shared is None or self.shared.largest_token < 0:
+            return
+        from specdec_rs import models
+
+        vocab = models.vocab_of(target)
+        if self.shared.largest_token >= vocab:
+            raise ValueError(
+                f"the suffix drafter's global index holds the id {self.shared.largest_token}, "
+                f"outside the target's vocabulary of {vocab}: it was saved for another model"
+            )
 
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 # the demo's drafters and the most drafts each may ask for in a round
 DEMO_KS = {
     "prompt-lookup": 8,
+    "suffix": 8,
     "eagle": 3,
     "medusa": 3,
     "hybrid": 4,

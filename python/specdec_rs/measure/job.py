@@ -28,7 +28,15 @@ if TYPE_CHECKING:
 # (description, total) -> advance(): how long jobs report progress (the CLI draws bars)
 Progress = Callable[[str, int], Callable[[], None]]
 
-DEFAULT_DRAFTERS = ("prompt-lookup", "eagle", "medusa", "hybrid", "early-exit:24", "truncated:8")
+DEFAULT_DRAFTERS = (
+    "prompt-lookup",
+    "suffix",
+    "eagle",
+    "medusa",
+    "hybrid",
+    "early-exit:24",
+    "truncated:8",
+)
 MAX_K_MAX = 64  # the longest γ a job measures
 
 
