@@ -331,11 +331,12 @@ SETTINGS = {
     ),
     # the suffix drafter: one object over all the runs, so its global index
     # learns from every earlier run's output (drafts that depend on the past
-    # runs, each run's law still the target's)
+    # runs, each run's law still the target's); matches of one token draft too
+    # (as the effects were measured)
     "suffix-T0.8-top-k-top-p": Setting(
         SamplingConfig(0.8, top_k=3, top_p=0.95),
-        lambda t, d: sd.SuffixDrafter(),
-        lambda t, d: sd.SuffixDrafter(),
+        lambda t, d: sd.SuffixDrafter(min_match=1),
+        lambda t, d: sd.SuffixDrafter(min_match=1),
         lambda: 3,
         3,
         buggy_verifier("resample_from_p"),
@@ -343,8 +344,8 @@ SETTINGS = {
     ),
     "suffix-tree-T1": Setting(
         SamplingConfig(1.0),
-        lambda t, d: sd.SuffixDrafter(),
-        lambda t, d: sd.SuffixDrafter(),
+        lambda t, d: sd.SuffixDrafter(min_match=1),
+        lambda t, d: sd.SuffixDrafter(min_match=1),
         lambda: 1,
         3,
         buggy_tree_verifier("exact", as_children="iid"),

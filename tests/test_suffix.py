@@ -155,6 +155,8 @@ def test_it_drafts_in_a_batch_and_learns_across_its_rows() -> None:
         ({"min_prob": 0}, "min_prob"),
         ({"min_prob": 1.5}, "min_prob"),
         ({"global_tokens": -1}, "global_tokens"),
+        ({"min_match": 0}, "min_match"),
+        ({"min_match": 32}, "min_match"),
     ],
 )
 def test_bad_options_are_value_errors(options: dict[str, float], says: str) -> None:

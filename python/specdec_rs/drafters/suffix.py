@@ -13,8 +13,8 @@ sequences evicted first.
 A round: the longest suffix of the text (m tokens, at most `depth` − 1)
 that occurred before with a continuation, in either index; from that node
 the draft follows the most frequent continuation while its empirical
-probability (count / the node's continuations) stays at or above
-`min_prob`, for at most min(k, ⌊factor·m + offset⌋) tokens (the more of
+path probability (the product of count / the node's continuations along
+the way) stays at or above `min_prob`, for at most min(k, ⌊factor·m + offset⌋) tokens (the more of
 the text matched, the longer the draft it can trust). Of the two indexes
 the draft with the larger sum of path probabilities (its expected length)
 wins. A tree (`propose_tree`) expands the nodes of largest path
@@ -155,18 +155,18 @@ class Proposal:
 
 
 def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
-    """The most frequent continuation from `node` while its probability
-    (count / the node's continuations) is >= min_prob; at most `limit` tokens."""
+    """The most frequent continuation from `node` while its path
+    probability (the product of count / the node's continuations along the
+    way) is >= min_prob; at most `limit` tokens."""
     tokens: list[int] = []
     probs: list[float] = []
     path = 1.0
     while node is not None and node.children and len(tokens) < limit:
         total = node.continuations()
         token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
-        p = child.count / total
-        if p < min_prob:
+        path *= child.count / total
+        if path < min_prob:
             break
-        path *= p
         tokens.append(token)
         probs.append(path)
         node = child
@@ -175,8 +175,8 @@ def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
 
 def tree_from(node: Node, limit: int, budget: int, min_prob: float) -> tuple[list[int], list[int]]:
     """(tokens, parents) of the continuations of `node` expanded by largest
-    path probability first (each step's probability >= min_prob), at most
-    `budget` nodes and `limit` deep."""
+    path probability first (every node's path probability >= min_prob), at
+    most `budget` nodes and `limit` deep."""
     import heapq
 
     tokens: list[int] = []
@@ -190,9 +190,9 @@ def tree_from(node: Node, limit: int, budget: int, min_prob: float) -> tuple[lis
             return
         total = at.continuations()
         for token, child in at.children.items():
-            p = child.count / total
+            p = path * child.count / total
             if p >= min_prob:
-                heapq.heappush(heap, (-path * p, order, parent_index, depth, child))
+                heapq.heappush(heap, (-p, order, parent_index, depth, child))
                 order += 1
                 child_token[id(child)] = token
 
@@ -330,6 +330,7 @@ class SuffixDrafter:
         factor: float = 1.0,
         offset: float = 0.0,
         min_prob: float = 0.1,
+        min_match: int = 2,
         global_tokens: int = 1_000_000,
         shared: SharedSuffixes | None = None,
     ):
@@ -337,6 +338,7 @@ class SuffixDrafter:
         self.factor = _checks.real(factor, "factor", above=0.0)
         self.offset = _checks.real(offset, "offset", minimum=0.0)
         self.min_prob = _checks.real(min_prob, "min_prob", above=0.0, maximum=1.0)
+        self.min_match = _checks.integer(min_match, "min_match", minimum=1, maximum=self.depth - 1)
         global_tokens = _checks.integer(global_tokens, "global_tokens", minimum=0)
         self.shared = (
             shared
@@ -380,6 +382,7 @@ class SuffixDrafter:
             factor=self.factor,
             offset=self.offset,
             min_prob=self.min_prob,
+            min_match=self.min_match,
             global_tokens=0 if self.shared is None else self.shared.max_tokens,
             shared=self.shared,
         )
@@ -443,7 +446,7 @@ class SuffixDrafter:
             if index is None:
                 continue
             node, m = index.longest_match(seq, self.depth - 1)
-            if node is not None:
+            if node is not None and m >= self.min_match:
                 out.append((node, m))
         return out
 
