@@ -37,9 +37,35 @@ def test_generate_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str
     assert json.loads(capsys.readouterr().out)["text"] == plain["text"]
 
 
+def test_the_suffix_drafters_greedy_text_is_target_onlys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Through the CLI on SmolLM2, one prompt and a file of prompts (one
+    drafter object: its global index learns across them, with or without --batch)."""
+    args = ["generate", PROMPT, "--max-new-tokens", "24", "--json", "--temperature", "0"]
+    assert main([*args, "--drafter", "suffix"]) == 0
+    assert main([*args, "--drafter", "none"]) == 0
+    suffix, plain = (json.loads(x) for x in capsys.readouterr().out.strip().splitlines())
+    assert suffix["text"] == plain["text"] and suffix["drafter"] == "suffix"
+    file = tmp_path / "prompts.txt"
+    file.write_text(f"{PROMPT}\n{PROMPT} Keep the name f.\n{PROMPT}\n")
+    many = ["generate", "--prompts-file", str(file), "--max-new-tokens", "24", "--json"]
+    many += ["--temperature", "0"]
+    texts = {}
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "suffix"],
+        ["--drafter", "suffix", "--batch", "2"],
+    ):
+        assert main([*many, *extra]) == 0
+        texts[" ".join(extra)] = [r["text"] for r in json.loads(capsys.readouterr().out)["results"]]
+    assert len(set(map(tuple, texts.values()))) == 1, texts
+
+
 DRAFTERS = [
     "none",
     "prompt-lookup",
+    "suffix",
     "early-exit:4",
     "truncated:2",
     "model:SMOLLM2",

@@ -51,7 +51,7 @@ def test_greedy_speculative_equals_target_greedy(
     model, tokenizer = smollm2
     ids, baseline = plain[workload]
     assert baseline.new_tokens > 8
-    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8)]
+    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8), (sd.SuffixDrafter(), 8)]
     if workload == "code":  # one prompt for the model drafter: its rounds cost the most
         drafters.append((sd.EarlyExit(model, 24), 2))
     else:  # the shipped heads, sampling their drafts (q their distribution)
