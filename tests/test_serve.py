@@ -522,6 +522,24 @@ def test_rows_share_what_a_drafter_shares_across_requests(model_folder: Path) ->
         bg.stop()
 
 
+def test_the_suffix_drafter_learns_across_the_servers_requests(model_folder: Path) -> None:
+    bg = serve(model_folder, drafter="suffix")
+    try:
+        c = client(bg)
+        texts = [
+            c.completions.create(model="tiny", prompt=p, max_tokens=6, temperature=0)
+            .choices[0]
+            .text
+            for p in ("one two three", "four five")
+        ]
+        shared = bg.served.built["suffix"].shared
+        assert len(shared.sequences) == 2 and all(len(s) > 0 for s in shared.sequences)
+        tokenizer = bg.served.tokenizer
+        assert [tokenizer.decode(s) for s in shared.sequences] == texts  # both outputs, in order
+    finally:
+        bg.stop()
+
+
 def test_text_assembler_holds_back_what_may_become_a_stop() -> None:
     class Chars:
         def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

@@ -38,6 +38,9 @@ A drafter is an object with these members (`generate` calls the first five,
   per row (`copies`). Without it a shallow copy serves, which is right for
   a drafter whose ``start`` replaces all of its state (every built-in one
   but the hybrid, whose parts are objects of their own: it has ``fresh``).
+- ``end(seq)`` (optional): called once when a generation ends by its budget
+  or an EOS, with the whole sequence (a drafter that learns across sequences,
+  e.g. the suffix drafter, reads the last round's tokens there).
 - ``source(seq) -> str`` and ``parts`` (optional; drafters that mix several,
   e.g. the hybrid): the name of the part that drafts the next round after
   `seq`, and each part (a drafter) by that name. A per-source γ policy

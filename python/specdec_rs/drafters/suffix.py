@@ -427,6 +427,12 @@ class SuffixDrafter:
         if self.shared is not None and self._output is not None:
             self._global_suffixes = self.shared.extend(self._output, self._global_suffixes, new)
 
+    def end(self, seq: torch.Tensor) -> None:
+        """The sequence is complete: index its last round's tokens too (the
+        global index would otherwise miss them: `update` sees the sequence
+        before a round's tokens are appended)."""
+        self._sync(seq)
+
     def _sync(self, seq: torch.Tensor) -> list[int]:
         """The sequence as a list, the indexes caught up with it."""
         if len(seq) != self._seen:

@@ -192,6 +192,10 @@ class Run:
             new = new[: hit + 1]
             self.stop = "eos"
         self.decoder.append(new, r.margins)
+        if self.done:  # a drafter may read the whole output once (optional `end(seq)`)
+            end = getattr(self.decoder.drafter, "end", None)
+            if callable(end):
+                end(self.decoder.seq)
         if self.on_tokens is not None:
             self.on_tokens(new)
 

@@ -51,7 +51,9 @@ class Served:
     name and context, the drafters a request may name (`default_drafter`
     when it names none), and the queue bound: at most max_batch running
     plus max_queue waiting requests, the next one is a 429. api_key: when
-    set, /v1/ routes want ``Authorization: Bearer <api_key>`` (else 401)."""
+    set, /v1/ routes want ``Authorization: Bearer <api_key>`` (else 401).
+    built: the drafter object of each spec, whose `fresh()` copies the rows
+    get (a suffix drafter's global index is `built["suffix"].shared`)."""
 
     worker: EngineWorker
     tokenizer: Any
@@ -62,6 +64,7 @@ class Served:
     max_batch: int
     max_queue: int
     api_key: str | None = None
+    built: dict[str, Any] = field(default_factory=dict)
     metrics: ServerMetrics = field(init=False)
     draining: bool = False
     outstanding: int = 0

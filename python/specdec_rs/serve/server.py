@@ -91,8 +91,9 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
     options.check()
     specs = list(dict.fromkeys([options.drafter, *options.drafters]))
     factories: dict[str, Any] = {}
+    built: dict[str, Any] = {}
     for spec in specs:
-        drafter = drafters.from_spec(spec, target, tokenizer)
+        drafter = built[spec] = drafters.from_spec(spec, target, tokenizer)
         factories[spec] = None if drafter is None else drafters.copies(drafter)
     speculating = any(f is not None for f in factories.values())
     goodput = Goodput() if options.k is None and speculating else None
@@ -116,6 +117,7 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         max_batch=options.max_batch,
         max_queue=options.max_queue,
         api_key=options.api_key,
+        built=built,
     )
 
 
