@@ -14,8 +14,9 @@ A round: the longest suffix of the text (m tokens, at most `depth` − 1)
 that occurred before with a continuation, in either index; from that node
 the draft follows the most frequent continuation while its empirical
 path probability (the product of count / the node's continuations along
-the way) stays at or above `min_prob`, for at most min(k, ⌊factor·m + offset⌋) tokens (the more of
-the text matched, the longer the draft it can trust). Of the two indexes
+the way) stays at or above `min_prob`, for at most min(k, ⌊factor·m +
+offset⌋) tokens (the more of the text matched, the longer the draft it can
+trust); a match shorter than `min_match` tokens does not draft. Of the two indexes
 the draft with the larger sum of path probabilities (its expected length)
 wins. A tree (`propose_tree`) expands the nodes of largest path
 probability first, up to `budget` nodes, as fixed children: verification
@@ -215,12 +216,14 @@ class SharedSuffixes:
         self.index = SuffixIndex(depth)
         self.max_tokens = max_tokens
         self.sequences: deque[list[int]] = deque()
+        self.live: set[int] = set()  # id() of the sequences not evicted (their views hold them)
         self.tokens = 0
 
     def open(self) -> list[int]:
         """A new sequence's output (appended to by `extend`)."""
         out: list[int] = []
         self.sequences.append(out)
+        self.live.add(id(out))
         return out
 
     def save(self, path: Any) -> None:
@@ -287,13 +290,14 @@ class SharedSuffixes:
         return max((max(s) for s in self.sequences if s), default=-1)
 
     def extend(self, output: list[int], suffixes: list[Node], tokens: list[int]) -> list[Node]:
-        if not any(s is output for s in self.sequences):
+        if id(output) not in self.live:
             return suffixes  # evicted: it no longer counts
         output += tokens
         self.tokens += len(tokens)
         suffixes = self.index.grow(suffixes, tokens)
         while self.tokens > self.max_tokens and len(self.sequences) > 1:
             old = self.sequences.popleft()
+            self.live.discard(id(old))
             self.index.remove(old)
             self.tokens -= len(old)
         return suffixes
@@ -318,7 +322,8 @@ class SuffixDrafter:
     """Suffix decoding (see the module docs). depth: the longest substring
     counted (match + draft); factor, offset: the draft is at most
     ⌊factor·m + offset⌋ tokens after an m-token match; min_prob: the
-    least empirical probability a drafted step may have; global_tokens:
+    least path probability a drafted token may have; min_match: the
+    shortest match that drafts; global_tokens:
     the global index's bound (0: no global index)."""
 
     needs_target_hidden = False
@@ -353,7 +358,6 @@ class SuffixDrafter:
         self._global_suffixes: list[Node] = []
         self._output: list[int] | None = None
         self._seen = 0  # tokens of the sequence indexed so far
-        self._prompt = 0
         self._tokens: list[int] = []
 
     @classmethod
@@ -389,14 +393,15 @@ class SuffixDrafter:
 
     def check_target(self, target: PreTrainedModel) -> None:
         """A loaded global index must hold only ids of the target's vocabulary."""
-        if self.shared is None or self.shared.largest_token < 0:
+        largest = -1 if self.shared is None else self.shared.largest_token
+        if largest < 0:
             return
         from specdec_rs import models
 
         vocab = models.vocab_of(target)
-        if self.shared.largest_token >= vocab:
+        if largest >= vocab:
             raise ValueError(
-                f"the suffix drafter's global index holds the id {self.shared.largest_token}, "
+                f"the suffix drafter's global index holds the id {largest}, "
                 f"outside the target's vocabulary of {vocab}: it was saved for another model"
             )
 
@@ -413,7 +418,7 @@ class SuffixDrafter:
         self._global_suffixes = []
         self._output = self.shared.open() if self.shared is not None and learn else None
         self._tokens = tokens
-        self._seen = self._prompt = len(tokens)
+        self._seen = len(tokens)
 
     def update(
         self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None

@@ -23,6 +23,7 @@ import math
 import signal
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -213,7 +214,7 @@ class Background:
         )
         self.thread.start()
         while not self.server.started and self.thread.is_alive():
-            threading.Event().wait(0.01)
+            time.sleep(0.01)
         if not self.server.started:
             raise RuntimeError("the server did not start (see its log)")
 
