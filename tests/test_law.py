@@ -25,7 +25,10 @@ Rust kernels), the off-by-one target row with a draft model under the
 adaptive γ 2.303 and continue-after-reject with early exit at top-p 0.196;
 with the suffix drafter (one object over all runs: its global index learns
 from every earlier run), resample-from-p at top-k/top-p 0.274 (9 cells) and
-its fixed-children trees verified by the iid rule at T = 1 1.244 (6,000 runs).
+its fixed-children trees verified by the iid rule at T = 1 1.244 (6,000 runs);
+with the lookahead drafter (its Jacobi window in every verification
+forward), resample-from-p at top-k/top-p 0.182 (9 cells) and its tries of
+fixed candidates verified by the iid rule at T = 0.9, top-p 0.149 (6,000 runs).
 (Children tested without updating p' has effect 0.057
 there: too weak for 900 runs, so it is left to the audit tests.) The two
 heads are trained a few steps on the target's own answers, over a draft
@@ -79,6 +82,8 @@ GGUF_DRAFT_EFFECT = 2.303  # the off-by-one target row, GGUF target, draft model
 GGUF_EARLY_EXIT_EFFECT = 0.196  # continue-after-reject, GGUF target, early exit, top-p (8,000)
 SUFFIX_EFFECT = 0.274  # resample-from-p, the suffix drafter at top-k/top-p (6,000 runs)
 SUFFIX_TREE_EFFECT = 1.244  # its fixed-children trees verified by the iid rule (6,000 runs)
+LOOKAHEAD_EFFECT = 0.182  # resample-from-p, lookahead at top-k/top-p (6,000 runs)
+LOOKAHEAD_TREE_EFFECT = 0.149  # its tries verified by the iid rule, top-p (6,000 runs)
 
 
 def models_pair() -> tuple[Any, Any]:
@@ -350,6 +355,29 @@ SETTINGS = {
         3,
         buggy_tree_verifier("exact", as_children="iid"),
         effect=SUFFIX_TREE_EFFECT,
+        tree=4,
+    ),
+    # lookahead: a window of 3 columns runs in every verification forward (the
+    # first token's row beside it); the second round drafts the pool's
+    # bigrams of the first token, from the window's first Jacobi step and the
+    # text
+    "lookahead-T0.8-top-k-top-p": Setting(
+        SamplingConfig(0.8, top_k=3, top_p=0.95),
+        lambda t, d: sd.Lookahead(window=3, ngram=2, pool=3),
+        lambda t, d: sd.Lookahead(window=3, ngram=2, pool=3),
+        lambda: 3,
+        3,
+        buggy_verifier("resample_from_p"),
+        effect=LOOKAHEAD_EFFECT,
+    ),
+    "lookahead-tree-T0.9-top-p": Setting(
+        SamplingConfig(0.9, top_p=0.95),
+        lambda t, d: sd.Lookahead(window=3, ngram=2, pool=3),
+        lambda t, d: sd.Lookahead(window=3, ngram=2, pool=3),
+        lambda: 1,
+        3,
+        buggy_tree_verifier("exact", as_children="iid"),
+        effect=LOOKAHEAD_TREE_EFFECT,
         tree=4,
     ),
 }

@@ -26,6 +26,7 @@ _EXPORTS = {
         "Drafter",
         "DraftModel",
         "EarlyExit",
+        "Lookahead",
         "PromptLookup",
         "SuffixDrafter",
     ),
@@ -109,6 +110,7 @@ if TYPE_CHECKING:
         Drafter,
         DraftModel,
         EarlyExit,
+        Lookahead,
         PromptLookup,
         SuffixDrafter,
     )
@@ -163,6 +165,7 @@ __all__ = [
     "Drafter",
     "EarlyExit",
     "GenerationResult",
+    "Lookahead",
     "PromptLookup",
     "SuffixDrafter",
     "Round",

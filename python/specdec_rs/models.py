@@ -381,25 +381,35 @@ def forward_with_hidden(
 
 
 def _logits_and_hidden(
-    model: PreTrainedModel, hidden: bool, keep: int, cache: Cache, **inputs: Any
+    model: PreTrainedModel,
+    hidden: bool,
+    keep: int,
+    cache: Cache,
+    rows: torch.Tensor | None = None,
+    **inputs: Any,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits (keep, V) float32 of the last `keep` positions and (when
-    `hidden`) the LM head's input at every position: from the base model
-    and the LM head where the model has them (`model.model`, `lm_head`: the
-    same values as `output_hidden_states`, without collecting every layer's),
-    else from the whole model."""
+    """Logits (keep, V) float32 of the last `keep` positions (0: all; or of
+    the positions `rows`, in that order) and (when `hidden`) the LM head's
+    input at every position: from the base model and the LM head where the
+    model has them (`model.model`, `lm_head`: the same values as
+    `output_hidden_states`, without collecting every layer's; the head runs
+    only on the rows asked for), else from the whole model."""
     base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
     if base is not None and head is not None:
         states = base(**inputs, **{cache_keyword(base.__class__): cache}).last_hidden_state
-        logits: torch.Tensor = head(states[:, -keep:] if keep else states)[0].float()
+        chosen = states[:, rows] if rows is not None else states[:, -keep:] if keep else states
+        logits: torch.Tensor = head(chosen)[0].float()
         return logits, (states[0] if hidden else None)
     out = model(
         **inputs,
-        logits_to_keep=keep,
+        logits_to_keep=0 if rows is not None else keep,
         output_hidden_states=hidden,
         **{cache_keyword(model.__class__): cache},
     )
-    return out.logits[0].float(), (out.hidden_states[-1][0] if hidden else None)
+    every = out.logits[0].float()
+    return (every[rows] if rows is not None else every), (
+        out.hidden_states[-1][0] if hidden else None
+    )
 
 
 def device_of(model: Any) -> torch.device:
@@ -469,11 +479,13 @@ def forward_tree(
     cache: Cache,
     *,
     hidden: bool = False,
+    rows: Sequence[int] | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """One forward over the last committed token (1,) and a draft tree
     (tokens (n,), parents (n,)) after what `cache` holds: the tree attention
     mask and position ids past + depth. Returns logits (n + 1, V) float32
-    (row 0 at the last token, row i + 1 at node i) and, when `hidden`, the
+    (row 0 at the last token, row i + 1 at node i; or only the rows `rows`,
+    in that order: the LM head runs on those alone) and, when `hidden`, the
     last hidden states (n + 1, H). The cache grows by n + 1 entries in node
     order; `keep_positions` compacts it to the accepted path."""
     import torch
@@ -486,6 +498,7 @@ def forward_tree(
         model,
         hidden,
         0,
+        rows=None if rows is None else torch.tensor(list(rows), dtype=torch.long, device=device),
         input_ids=ids,
         attention_mask=tree_mask(parents, past, dtype_of(model), device),
         position_ids=(past + depth)[None],

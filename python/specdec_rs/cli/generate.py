@@ -65,7 +65,7 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         type=int,
         default=None,
         help=f"draft trees of at most NODES (1..{MAX_TREE}) nodes per round (prompt-lookup, "
-        "eagle, medusa, hybrid)",
+        "suffix, lookahead, eagle, medusa, hybrid)",
     )
     g.add_argument("--max-new-tokens", type=int, default=128, help=f"at most {MAX_NEW_TOKENS:,}")
     g.add_argument("--greedy-draft", action="store_true", help="drafts are the drafter's argmax")

@@ -10,6 +10,7 @@ from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.eagle import Eagle
 from specdec_rs.drafters.early_exit import EarlyExit
 from specdec_rs.drafters.hybrid import Hybrid
+from specdec_rs.drafters.lookahead import Lookahead, NgramPool
 from specdec_rs.drafters.lookup import PromptLookup, lookup
 from specdec_rs.drafters.medusa import Medusa
 from specdec_rs.drafters.model import DraftModel, Truncated
@@ -24,8 +25,10 @@ __all__ = [
     "Drafter",
     "EarlyExit",
     "Hybrid",
+    "Lookahead",
     "Medusa",
     "ModelDrafter",
+    "NgramPool",
     "PromptLookup",
     "SuffixDrafter",
     "SuffixIndex",

@@ -41,6 +41,11 @@ A drafter is an object with these members (`generate` calls the first five,
 - ``end(seq)`` (optional): called once when a generation ends by its budget
   or an EOS, with the whole sequence (a drafter that learns across sequences,
   e.g. the suffix drafter, reads the last round's tokens there).
+- ``observe_window(logits)`` (needed by a drafter whose proposals carry a
+  `Window`, lookahead's Jacobi window): the target's logits (r, V) at the
+  window nodes it reads, from the round's verification forward, before
+  ``update``. ``window_positions`` (optional int): the positions a window
+  adds to each drafting round's forward, for the cost models (v(n + E)).
 - ``source(seq) -> str`` and ``parts`` (optional; drafters that mix several,
   e.g. the hybrid): the name of the part that drafts the next round after
   `seq`, and each part (a drafter) by that name. A per-source γ policy

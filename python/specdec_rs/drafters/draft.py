@@ -1,5 +1,6 @@
 """A drafter's proposal, as the loop hands it to the verifier: a chain
-(`Draft`) or a tree (`TreeDraft`), and the checks every proposal passes
+(`Draft`) or a tree (`TreeDraft`), optionally with a `Window` of nodes the
+target also runs but nobody verifies, and the checks every proposal passes
 before the target runs. p = target, q = draft, k = γ.
 """
 
@@ -19,14 +20,32 @@ Flag = tuple["torch.Tensor", str]  # a 0-d bool tensor on the device, and what i
 
 
 @dataclass(frozen=True)
+class Window:
+    """Nodes the target runs in a round's forward beside the drafts, never
+    verified and never kept in its cache: lookahead's Jacobi window. tokens
+    (E,) int64; parents (E,): -1 hangs a node under the root (the last
+    committed token), j >= 0 under window node j < its own index. Each node
+    sees the cache, the root and its window ancestors (a tree mask) at
+    position root + depth; the drafter reads the logits at the nodes `read`
+    (ascending; None: every node), and the LM head runs on no other window
+    node (``observe_window``)."""
+
+    tokens: torch.Tensor
+    parents: list[int]
+    read: list[int] | None = None
+
+
+@dataclass(frozen=True)
 class Draft:
     """tokens: (k',) int64 proposals, k' <= k.  q: (k', V) float rows, row i the
     distribution tokens[i] was drawn from. Both on the sampler's device.
-    source: the part that drafted, for a drafter made of parts (the hybrid)."""
+    source: the part that drafted, for a drafter made of parts (the hybrid).
+    window: nodes run in the same forward and not verified (`Window`)."""
 
     tokens: torch.Tensor
     q: torch.Tensor
     source: str | None = None
+    window: Window | None = None
 
 
 @dataclass(frozen=True)
@@ -35,13 +54,14 @@ class TreeDraft:
     and parents (n,) (-1 = the root, else an earlier node); q (n + 1, V) the
     rows the children of the root and of each node were drawn from, or None
     with children="fixed" (deterministic candidates: exact at any
-    temperature, q not needed). source: as for `Draft`."""
+    temperature, q not needed). source, window: as for `Draft`."""
 
     tokens: torch.Tensor
     parents: list[int]
     q: torch.Tensor | None
     children: str = "fixed"
     source: str | None = None
+    window: Window | None = None
 
     @property
     def depth(self) -> int:
@@ -154,4 +174,48 @@ def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
                 f"drafter {name} returned q of shape {tuple(q.shape)}; expected "
                 f"({n + 1}, {vocab}): the rows each node's children were drawn from"
             )
-    return TreeDraft(tokens.long(), parents, q, str(children), getattr(draft, "source", None))
+    window = checked_window(getattr(draft, "window", None), vocab, name)
+    return TreeDraft(
+        tokens.long(), parents, q, str(children), getattr(draft, "source", None), window
+    )
+
+
+MAX_WINDOW = 4096  # the most window nodes one round may run
+
+
+def checked_window(window: Any, vocab: int, name: str) -> Window | None:
+    """A proposal's `Window` (or None), checked before the target runs: a
+    1-D integer tensor of at most `MAX_WINDOW` ids in [0, V) and one parent
+    each, -1 or an earlier window node. ValueError naming the drafter."""
+    import torch
+
+    if window is None:
+        return None
+    tokens, parents = getattr(window, "tokens", None), getattr(window, "parents", None)
+    if not isinstance(tokens, torch.Tensor) or parents is None:
+        raise ValueError(
+            f"drafter {name} returned a window of type {type(window).__name__}; expected "
+            "Window(tokens, parents) with a torch tensor of ids"
+        )
+    parents = _checks.integers(parents, f"drafter {name}'s window parents", minimum=-1)
+    integer = not tokens.dtype.is_floating_point and tokens.dtype != torch.bool
+    n = len(tokens)
+    if tokens.ndim != 1 or not integer or len(parents) != n or n > MAX_WINDOW:
+        raise ValueError(
+            f"drafter {name} returned a window of {n} tokens (shape {tuple(tokens.shape)}, "
+            f"dtype {tokens.dtype}) with {len(parents)} parents; expected at most {MAX_WINDOW} "
+            "integer ids and one parent each"
+        )
+    tree_depths(parents)
+    if n and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab):
+        raise ValueError(
+            f"drafter {name} put ids outside the vocabulary [0, {vocab}) in its window"
+        )
+    read = getattr(window, "read", None)
+    if read is not None:
+        read = _checks.integers(read, f"drafter {name}'s window read", minimum=0)
+        if any(b <= a for a, b in zip(read, read[1:], strict=False)) or (read and read[-1] >= n):
+            raise ValueError(
+                f"drafter {name} reads window nodes {read}; expected ascending indices below {n}"
+            )
+    return Window(tokens.long(), parents, read)

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
-Arg = Literal["layers", "path", "optional-path"] | None
+Arg = Literal["layers", "path", "optional-path", "optional-text"] | None
 
 T = TypeVar("T")
 
@@ -25,7 +25,13 @@ class Entry:
     def usage(self) -> str:
         return (
             self.kind
-            + {"layers": ":L", "path": ":PATH", "optional-path": "[:PATH]", None: ""}[self.arg]
+            + {
+                "layers": ":L",
+                "path": ":PATH",
+                "optional-path": "[:PATH]",
+                "optional-text": "[:OPTIONS]",
+                None: "",
+            }[self.arg]
         )
 
 
@@ -66,7 +72,7 @@ def parse_spec(spec: Any) -> tuple[Entry, Any]:
                 return entry, int(raw)
             if entry.arg == "path" and raw:
                 return entry, raw
-            if entry.arg == "optional-path" and (raw or not sep):
+            if entry.arg in ("optional-path", "optional-text") and (raw or not sep):
                 return entry, raw or None
     raise ValueError(f"drafter {spec!r} is not understood; expected one of: {spec_help()}")
 

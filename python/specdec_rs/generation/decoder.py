@@ -7,7 +7,10 @@ from; one target forward over [last token, drafts] gives p at every
 position (a tree forward masks each node to its own path); the Rust
 verifier keeps an accepted prefix or path plus one token; the target cache
 is cut to the accepted length (a tree's: compacted to the accepted path),
-and the new last token waits for the next round.
+and the new last token waits for the next round. A proposal may carry a
+`Window` (lookahead's Jacobi window): its nodes run in the same forward
+after the drafts, under one tree mask, are never verified or kept in the
+cache, and their logits go back to the drafter (``observe_window``).
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
-from specdec_rs.drafters.draft import Draft, Flag, checked_draft, checked_tree
+from specdec_rs.drafters.draft import Draft, Flag, checked_draft, checked_tree, checked_window
 from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round, Stats
@@ -36,7 +39,8 @@ if TYPE_CHECKING:
 class Pending:
     """A round between its proposal and its target forward (`Decoder.begin`).
     block: the chain's target input (1 + drafts,) on the target's device;
-    None for a tree (its forward is `models.forward_tree`)."""
+    None for a tree or a proposal with a window (their forward is
+    `models.forward_tree`)."""
 
     asked: int
     tree: bool
@@ -135,7 +139,7 @@ class Decoder:
         t0 = time.perf_counter()
         proposal, flags = self._propose(asked, tree)
         block = None
-        if getattr(proposal, "parents", None) is None:
+        if getattr(proposal, "parents", None) is None and proposal.window is None:
             block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
         return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0)
 
@@ -152,13 +156,27 @@ class Decoder:
                 keep=len(pending.block),
                 hidden=self.wants_hidden,
             )
+        import torch
+
+        tokens = proposal.tokens.to(self.device)
+        parents = getattr(proposal, "parents", None)
+        if parents is None:  # a chain with a window: the chain as a tree
+            parents = list(range(-1, len(tokens) - 1))
+        window, rows = proposal.window, None
+        if window is not None:  # after the drafts, hung under the root or each other
+            base = len(tokens)
+            parents = [*parents, *(par if par < 0 else base + par for par in window.parents)]
+            tokens = torch.cat([tokens, window.tokens.to(self.device)])
+            if window.read is not None:  # logits of the drafts' rows and the nodes read only
+                rows = [*range(base + 1), *(base + 1 + i for i in window.read)]
         return models.forward_tree(
             self.target,
             self.seq[-1:],
-            proposal.tokens,
-            proposal.parents,
+            tokens,
+            parents,
             self.cache,
             hidden=self.wants_hidden,
+            rows=rows,
         )
 
     def finish(
@@ -176,6 +194,12 @@ class Decoder:
         proposal, flags, asked, tree = pending.proposal, pending.flags, pending.asked, pending.tree
         tokens, parents = proposal.tokens, getattr(proposal, "parents", None)
         t2 = time.perf_counter()
+        window, window_logits = proposal.window, None
+        if window is not None:  # the window's rows go to the drafter, never to the verifier
+            main = len(tokens) + 1
+            window_logits = logits[main:]
+            logits = logits[:main]
+            hidden = None if hidden is None else hidden[:main]
         p = sampler.probs(logits, name="the target's logits")
         emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
         margins = None
@@ -188,6 +212,14 @@ class Decoder:
         else:
             keep = [*range(n), *(n + i for i in kept)]
             models.keep_positions(self.cache, torch.tensor(keep))
+        if window_logits is not None:
+            observe = getattr(drafter, "observe_window", None)
+            if not callable(observe):
+                raise ValueError(
+                    f"drafter {getattr(drafter, 'name', drafter)!r} proposed a window but has "
+                    "no observe_window(logits) to read its rows; give it one or drop the window"
+                )
+            observe(window_logits)
         if drafter is not None:
             rows = hidden
             if hidden is not None:
@@ -210,7 +242,8 @@ class Decoder:
             draft_s=pending.draft_s,
             target_s=target_s,
             verify_s=t3 - t2,
-            positions=len(tokens) + 1,
+            positions=len(tokens) + 1 + (0 if window is None else len(window.tokens)),
+            window=0 if window is None else len(window.tokens),
             p=p,
             q=proposal.q,
             tokens=tokens,
@@ -237,7 +270,8 @@ class Decoder:
         tokens, q, flags = checked_draft(
             draft, asked, self.vocab, drafter.name, eager=not self.gathered
         )
-        return Draft(tokens, q, getattr(draft, "source", None)), flags
+        window = checked_window(getattr(draft, "window", None), self.vocab, drafter.name)
+        return Draft(tokens, q, getattr(draft, "source", None), window), flags
 
     def _verify(
         self, p: torch.Tensor, proposal: Any, flags: list[Flag], seed: int

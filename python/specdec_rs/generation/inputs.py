@@ -139,7 +139,7 @@ def check_tree_drafter(drafter: Any, tree: Any) -> Any:
         name = getattr(drafter, "name", None)
         raise ValueError(
             f"tree = {tree!r} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
-            f"eagle, medusa or hybrid; got {name or drafter!r}"
+            f"suffix, lookahead, eagle, medusa or hybrid; got {name or drafter!r}"
         )
     check = getattr(drafter, "check_tree", None)
     if callable(check):

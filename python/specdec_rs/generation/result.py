@@ -76,6 +76,7 @@ class GenerationResult(Throughput):
             "new_tokens": self.new_tokens,
             "stop_reason": self.stop_reason,
             "rounds": self.rounds,
+            "drafted": self.drafted,
             "tokens_per_pass": self.tokens_per_pass,
             "alpha": self.alpha,
             "position_alpha": self.position_alpha,

@@ -21,7 +21,8 @@ class Round:
     "eagle"), else None. tree: the drafts formed a tree.
     draft_s, target_s, verify_s: seconds drafting, in the target forward, and
     verifying (with the cache and drafter updates); positions: the target
-    forward's positions (drafted + 1).
+    forward's positions (drafted + 1 + window); window: the nodes of a
+    `Window` that ran beside the drafts (lookahead's), else 0.
     p, q, tokens: what the verifier read: the target's processed rows, the
     drafter's rows (None for a fixed tree) and the drafts (on the models' device).
     margins: with generate(margins=True), the target's logit margin (top-1
@@ -44,6 +45,14 @@ class Round:
     q: Any = field(default=None, repr=False, compare=False)
     tokens: Any = field(default=None, repr=False, compare=False)
     margins: tuple[float, ...] | None = field(default=None, repr=False)
+    window: int = 0
+
+    @property
+    def policy_positions(self) -> int:
+        """The positions a γ policy prices this round at: drafted + 1, or
+        asked + 1 when a window ran (a window comes with asking for drafts,
+        so the measured T(γ + 1) then carries its cost)."""
+        return self.asked + 1 if self.window else self.drafted + 1
 
     @property
     def checked(self) -> int:

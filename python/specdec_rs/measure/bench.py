@@ -262,7 +262,7 @@ def run_once(
             checked=0,
         )
         return run, r.tokens
-    tree = method.tree_policy(job.costs, spec)
+    tree = method.tree_policy(job.costs, spec, drafter)
     out = generate(
         job.target,
         drafter,

@@ -27,7 +27,8 @@ class Costs:
     """Measured at `context_tokens` tokens of context.
 
     target_step_s: one cached single-token target step (seconds).
-    verify_cost: v(n) for n = 1..k_max+1.  cost_ratio: drafter spec -> c.
+    verify_cost: v(n) for n = 1..k_max+1 (+ the widest drafter window,
+    `window_positions`).  cost_ratio: drafter spec -> c.
     part_cost_ratio: spec -> part -> c, for a drafter made of parts (the
     hybrid: each part drafts its own rounds, at its own cost).
     """
@@ -110,6 +111,12 @@ def drafter_step_time(
         return median_seconds(step, repeats)
 
 
+def window_positions(drafter: Any) -> int:
+    """Positions a drafter's window adds to each drafting round's forward
+    (its ``window_positions``; lookahead's W·(N − 1)), else 0."""
+    return int(getattr(drafter, "window_positions", 0) or 0)
+
+
 def measure_costs(
     target: PreTrainedModel,
     context: torch.Tensor,
@@ -124,8 +131,11 @@ def measure_costs(
     k_max = _checks.integer(k_max, "k_max", minimum=1, maximum=1023)
     repeats = _checks.integer(repeats, "repeats", minimum=1)
     step = decode_step_time(target, context, repeats=repeats)
-    v = verify_cost_curve(target, context, max_n=k_max + 1, repeats=max(1, repeats * 3 // 20))
     built = {spec: d for spec, d in drafters.items() if d is not None}
+    window = max((window_positions(d) for d in built.values()), default=0)
+    v = verify_cost_curve(
+        target, context, max_n=k_max + 1 + window, repeats=max(1, repeats * 3 // 20)
+    )
 
     def c(drafter: Any) -> float:
         return drafter_step_time(drafter, target, context, repeats=repeats) / step

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from specdec_rs.measure.costs import Costs
+from specdec_rs.measure.costs import Costs, window_positions
 from specdec_rs.policy import AdaptiveK, AdaptiveTree, BySource, HeuristicK, KPolicy
 from specdec_rs.policy import measured_policy as default_policy
 
@@ -75,16 +75,25 @@ class Method:
             return adaptive_policy(costs, spec, drafter, k_max, pooled=pooled)
         return self.k or 1
 
-    def tree_policy(self, costs: Costs | None, spec: str) -> int | AdaptiveTree | None:
+    def tree_policy(
+        self, costs: Costs | None, spec: str, drafter: Any = None
+    ) -> int | AdaptiveTree | None:
         """The `generate(tree=...)` of this method (None: chains)."""
         if self.policy == Policy.TREE:
             return self.k
         if self.policy != Policy.ADAPTIVE_TREE:
             return None
         assert costs is not None, "adaptive trees need measured costs"
+        v = drafter_verify_cost(costs, drafter)
         sizes = [b for b in TREE_SIZES if b <= (self.k or 8)]
-        usable = [b for b in sizes if b + 1 <= len(costs.verify_cost)] or [1]
-        return AdaptiveTree(costs.cost_ratio[spec], costs.verify_cost, budgets=usable)
+        usable = [b for b in sizes if b + 1 <= len(v)] or [1]
+        return AdaptiveTree(costs.cost_ratio[spec], v, budgets=usable)
+
+
+def drafter_verify_cost(costs: Costs, drafter: Any) -> list[float]:
+    """v(n) as `drafter`'s rounds pay it: v(n + E) for a drafter whose window
+    adds E positions to each drafting round (`costs.window_positions`)."""
+    return costs.verify_cost[window_positions(drafter) :]
 
 
 def adaptive_policy(
@@ -93,11 +102,10 @@ def adaptive_policy(
     """AdaptiveK from the measured c and v(n); for a drafter made of parts one
     per source, each with its part's c (unless `pooled`)."""
     parts = costs.part_cost_ratio.get(spec)
+    v = drafter_verify_cost(costs, drafter)
     if parts and not pooled and getattr(drafter, "parts", None):
-        return BySource(
-            {name: AdaptiveK(c, costs.verify_cost, k_max=k_max) for name, c in parts.items()}
-        )
-    return AdaptiveK(costs.cost_ratio[spec], costs.verify_cost, k_max=k_max)
+        return BySource({name: AdaptiveK(c, v, k_max=k_max) for name, c in parts.items()})
+    return AdaptiveK(costs.cost_ratio[spec], v, k_max=k_max)
 
 
 TARGET_ONLY = Method("specdec", Policy.NONE)

@@ -17,6 +17,7 @@ from specdec_rs.generation import generate
 from specdec_rs.measure.acceptance import Acceptance, acceptance_matrix, replay, summarize
 from specdec_rs.measure.costs import Costs
 from specdec_rs.measure.job import Job, Progress, no_progress
+from specdec_rs.measure.methods import drafter_verify_cost
 from specdec_rs.processors import SamplingConfig
 
 # (workload, temperature, prompt index) -> the target's answer, when already generated
@@ -166,7 +167,7 @@ def predict(
                 ]
                 acc = summarize(mats)
                 c = costs.cost_ratio[spec]
-                fc = forecast(acc, c, costs.verify_cost)
+                fc = forecast(acc, c, drafter_verify_cost(costs, drafter))
                 results.append(
                     DrafterForecast(
                         workload,

@@ -89,7 +89,7 @@ class Foreign:
         self.inner.observe(r.asked, r.drafted, r.accepted)
         timed = getattr(self.inner, "observe_time", None)  # a policy that measures its costs
         if callable(timed):
-            timed(r.draft_s, r.target_s, r.positions)
+            timed(r.draft_s, r.target_s, r.policy_positions)
 
 
 def is_policy(obj: Any, methods: tuple[str, ...], what: str) -> bool:

@@ -105,7 +105,8 @@ class MeasuredK(ChainPolicy):
         return new if old is None else old + self.smoothing * (new - old)
 
     def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
-        """One round: `positions` = the drafts + 1 the target ran over."""
+        """One round: `positions` = the drafts + 1 the target ran over
+        (`Round.policy_positions`: asked + 1 when a window ran beside them)."""
         if 1 <= positions <= self.k_max + 1:
             self.forward_s[positions] = self._ema(self.forward_s[positions], target_s)
         if positions > 1 and not self.catching_up:
@@ -164,7 +165,7 @@ class MeasuredK(ChainPolicy):
     def observe_round(self, r: Round) -> None:
         """The round's counts, then its timings (`observe_time`)."""
         self.observe(r.asked, r.drafted, r.accepted)
-        self.observe_time(r.draft_s, r.target_s, r.positions)
+        self.observe_time(r.draft_s, r.target_s, r.policy_positions)
 
 
 def measured_policy(drafter: Any, k_max: int = 8) -> KPolicy:
