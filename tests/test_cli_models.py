@@ -62,10 +62,26 @@ def test_the_suffix_drafters_greedy_text_is_target_onlys(
     assert len(set(map(tuple, texts.values()))) == 1, texts
 
 
+def test_the_lookahead_drafters_greedy_text_is_target_onlys(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Through the CLI on SmolLM2: chains at the default W,N,G and a trie
+    of another shape, each with its Jacobi window in the verification forward."""
+    args = ["generate", PROMPT, "--max-new-tokens", "24", "--json", "--temperature", "0"]
+    assert main([*args, "--drafter", "none"]) == 0
+    assert main([*args, "--drafter", "lookahead", "--k", "2"]) == 0
+    assert main([*args, "--drafter", "lookahead:3,3,2", "--tree", "4"]) == 0
+    plain, chain, tree = (json.loads(x) for x in capsys.readouterr().out.strip().splitlines())
+    assert chain["text"] == plain["text"] and chain["drafter"] == "lookahead"
+    assert tree["text"] == plain["text"] and tree["drafter"] == "lookahead:3,3,2"
+    assert chain["drafted"] > 0 and tree["drafted"] > 0
+
+
 DRAFTERS = [
     "none",
     "prompt-lookup",
     "suffix",
+    "lookahead",
     "early-exit:4",
     "truncated:2",
     "model:SMOLLM2",

@@ -51,7 +51,11 @@ def test_greedy_speculative_equals_target_greedy(
     model, tokenizer = smollm2
     ids, baseline = plain[workload]
     assert baseline.new_tokens > 8
-    drafters: list[tuple[sd.Drafter, int]] = [(sd.PromptLookup(), 8), (sd.SuffixDrafter(), 8)]
+    drafters: list[tuple[sd.Drafter, int]] = [
+        (sd.PromptLookup(), 8),
+        (sd.SuffixDrafter(), 8),
+        (sd.Lookahead(), 2),  # its window runs in every verification forward
+    ]
     if workload == "code":  # one prompt for the model drafter: its rounds cost the most
         drafters.append((sd.EarlyExit(model, 24), 2))
     else:  # the shipped heads, sampling their drafts (q their distribution)
@@ -72,7 +76,8 @@ def test_tree_drafters_keep_the_greedy_output(
 ) -> None:
     model, tokenizer = smollm2
     ids, baseline = plain["chat"]
-    for spec in ("prompt-lookup", "eagle", "medusa"):  # hybrid's switching: test_heads.py
+    # hybrid's switching: test_heads.py
+    for spec in ("prompt-lookup", "lookahead", "eagle", "medusa"):
         drafter = sd.drafters.from_spec(spec, model, tokenizer, greedy=True)
         out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, tree=8)
         assert out.tokens == baseline.tokens, spec
