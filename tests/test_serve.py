@@ -540,6 +540,34 @@ def test_the_suffix_drafter_learns_across_the_servers_requests(model_folder: Pat
         bg.stop()
 
 
+def test_lookahead_requests_give_target_onlys_greedy_text(model_folder: Path) -> None:
+    """Requests drafting with lookahead (its window in each row's forward,
+    the row run beside the others') stream target-only's greedy text."""
+    bg = serve(model_folder, drafter="lookahead", drafters=("lookahead:2,3,2",))
+    try:
+        c = client(bg)
+        texts: dict[str, list[str]] = {}
+        drafts = 0
+        for drafter in ("none", "lookahead", "lookahead:2,3,2"):
+            texts[drafter] = []
+            for prompt in ("one two one two one", "three four"):
+                r = c.completions.create(
+                    model="tiny",
+                    prompt=prompt,
+                    max_tokens=12,
+                    temperature=0,
+                    extra_body={"speculation": {"drafter": drafter, "k": 2}},
+                )
+                texts[drafter].append(r.choices[0].text)
+                spec = r.usage.speculation  # type: ignore[union-attr]
+                assert spec["drafter"] == drafter
+                drafts += spec["num_draft_tokens"] if drafter != "none" else 0
+        assert texts["lookahead"] == texts["none"] == texts["lookahead:2,3,2"]
+        assert drafts > 0
+    finally:
+        bg.stop()
+
+
 def test_text_assembler_holds_back_what_may_become_a_stop() -> None:
     class Chars:
         def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:

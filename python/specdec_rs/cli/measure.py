@@ -1,6 +1,7 @@
 """specdec predict | bench: what speed to expect, and what was measured.
 
-specdec predict [--drafters prompt-lookup suffix eagle medusa hybrid early-exit:24 truncated:8]
+specdec predict [--drafters prompt-lookup suffix lookahead eagle medusa hybrid early-exit:24
+                             truncated:8]
                 [--workloads code chat]
                 [--temperatures 0 0.7] [--prompts 20] [--max-new-tokens 128] [--k-max 8]
                 [--repeats 100] [--json]

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 DEMO_KS = {
     "prompt-lookup": 8,
     "suffix": 8,
+    "lookahead": 1,  # its default n-grams are bigrams: one draft a round
     "eagle": 3,
     "medusa": 3,
     "hybrid": 4,

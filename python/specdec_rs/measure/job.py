@@ -31,6 +31,7 @@ Progress = Callable[[str, int], Callable[[], None]]
 DEFAULT_DRAFTERS = (
     "prompt-lookup",
     "suffix",
+    "lookahead",
     "eagle",
     "medusa",
     "hybrid",
