@@ -290,7 +290,8 @@ def test_a_bad_window_is_a_value_error(target: Any, window: Any, says: str) -> N
 
 def test_rounds_costs_and_policies_price_its_window(target: Any) -> None:
     """A round reports the window's nodes among its forward's positions; γ
-    policies price it at asked + 1 (the window comes with asking for drafts);
+    policies price it at asked + 1 and count the drafts it did not return
+    as rejected (the window came with asking for drafts);
     the measured v(n) reaches past γ + 1 by the window, and the forecasts
     read v(γ + 1 + W·(N − 1))."""
     from specdec_rs.measure.costs import measure_costs
@@ -310,7 +311,8 @@ def test_rounds_costs_and_policies_price_its_window(target: Any) -> None:
     assert rounds and all(r.window > 0 for r in rounds[:-1])
     for r in rounds:
         assert r.positions == r.drafted + 1 + r.window
-        assert r.policy_positions == (r.asked + 1 if r.window else r.drafted + 1)
+        assert r.policy_drafted == (r.asked if r.window else r.drafted)  # misses count rejected
+        assert r.policy_positions == r.policy_drafted + 1
     drafter = sd.Lookahead(4, 3, 4)
     costs = measure_costs(
         target, torch.tensor(PROMPTS[0]), {"lookahead": drafter}, k_max=3, repeats=2

@@ -48,11 +48,17 @@ class Round:
     window: int = 0
 
     @property
+    def policy_drafted(self) -> int:
+        """The drafts a γ policy counts this round: drafted, or asked when a
+        window ran (the window's cost came with asking for γ drafts, so a
+        draft the drafter did not return counts as one rejected)."""
+        return self.asked if self.window else self.drafted
+
+    @property
     def policy_positions(self) -> int:
-        """The positions a γ policy prices this round at: drafted + 1, or
-        asked + 1 when a window ran (a window comes with asking for drafts,
-        so the measured T(γ + 1) then carries its cost)."""
-        return self.asked + 1 if self.window else self.drafted + 1
+        """The positions a γ policy prices this round at (policy_drafted + 1:
+        with a window, the measured T(γ + 1) carries its cost)."""
+        return self.policy_drafted + 1
 
     @property
     def checked(self) -> int:

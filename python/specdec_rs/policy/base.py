@@ -86,7 +86,7 @@ class Foreign:
         if self.tree:
             self.inner.observe(r.asked, r.depth, len(r.emitted))
             return
-        self.inner.observe(r.asked, r.drafted, r.accepted)
+        self.inner.observe(r.asked, r.policy_drafted, r.accepted)
         timed = getattr(self.inner, "observe_time", None)  # a policy that measures its costs
         if callable(timed):
             timed(r.draft_s, r.target_s, r.policy_positions)

@@ -164,7 +164,7 @@ class MeasuredK(ChainPolicy):
 
     def observe_round(self, r: Round) -> None:
         """The round's counts, then its timings (`observe_time`)."""
-        self.observe(r.asked, r.drafted, r.accepted)
+        self.observe(r.asked, r.policy_drafted, r.accepted)
         self.observe_time(r.draft_s, r.target_s, r.policy_positions)
 
 
