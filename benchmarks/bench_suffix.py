@@ -7,6 +7,9 @@ each drafter's default policy, `MeasuredK` at most 8, as `specdec generate`):
   twice (the second with a small edit) and `--chat` two-turn conversations
   whose second turn quotes the first answer, in order, through one drafter
   object (the suffix drafter's global index learns across the requests);
+- re-asked: the same `--code` code tasks each asked twice word for word
+  (a retried or re-run request: its greedy answer repeats), through one
+  drafter object;
 - single: the evaluation code prompts (`--single` of them), each with a
   fresh drafter (no global index to learn from).
 Per drafter (none, prompt-lookup, suffix) and workload: tokens/s (new
@@ -64,6 +67,21 @@ def repeated_run(target: Any, tokenizer: Any, spec: str, args: argparse.Namespac
     }
 
 
+def reasked_run(target: Any, tokenizer: Any, spec: str, args: argparse.Namespace) -> dict:
+    drafter = drafters.from_spec(spec, target, tokenizer)
+    asked = repeated.run_repeated(
+        generator(target, tokenizer, drafter, args.max_new_tokens),
+        code=args.code,
+        chat=0,
+        edit=False,
+    )
+    return {
+        "all": repeated.totals(asked),
+        "repeats": repeated.totals(asked, lambda a: a.repeat),
+        "tokens": [a.result.tokens for a in asked],
+    }
+
+
 def single_run(target: Any, tokenizer: Any, spec: str, args: argparse.Namespace) -> dict:
     asked = []
     for prompt in workloads.prompts("code")[: args.single]:
@@ -93,17 +111,28 @@ def main() -> None:
     target, tokenizer = models.load_smollm2()
     runs: dict[tuple[str, str], list[dict]] = {}
     for _ in range(args.repeats):
-        for workload, run in (("repeated", repeated_run), ("single", single_run)):
+        for workload, run in (
+            ("repeated", repeated_run),
+            ("re-asked", reasked_run),
+            ("single", single_run),
+        ):
             for spec in DRAFTERS:
                 runs.setdefault((workload, spec), []).append(run(target, tokenizer, spec, args))
                 print(workload, spec, runs[(workload, spec)][-1]["all"], flush=True)
-    for workload in ("repeated", "single"):  # greedy: every drafter's text is target-only's
+    for workload in ("repeated", "re-asked", "single"):  # greedy: each text is target-only's
         plain = runs[(workload, "none")][0]["tokens"]
         for spec in DRAFTERS:
             assert all(r["tokens"] == plain for r in runs[(workload, spec)]), (workload, spec)
     rows = []
     record: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)}, "results": {}}
-    for workload, key in (("repeated", "all"), ("repeated", "repeats"), ("single", "all")):
+    shown = (
+        ("repeated", "all"),
+        ("repeated", "repeats"),
+        ("re-asked", "all"),
+        ("re-asked", "repeats"),
+        ("single", "all"),
+    )
+    for workload, key in shown:
         base = median_of(runs[(workload, "none")], key)["tokens_per_second"]
         lookup = median_of(runs[(workload, "prompt-lookup")], key)["tokens_per_second"]
         for spec in DRAFTERS:

@@ -10,8 +10,9 @@ every sequence drafted by it or its `fresh()` copies (the rows of a batch,
 a server's requests), bounded to `global_tokens` tokens, the oldest
 sequences evicted first.
 
-A round: the longest suffix of the text (m tokens, at most `depth` − 1)
-that occurred before with a continuation, in either index; from that node
+A round: the longest suffix of the text (m tokens, at most `depth` −
+min(k, depth / 2), so the draft has room below it) that occurred before
+with a continuation, in either index; from that node
 the draft follows the most frequent continuation while its empirical
 path probability (the product of count / the node's continuations along
 the way) stays at or above `min_prob`, for at most min(k, ⌊factor·m +
@@ -164,7 +165,8 @@ def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
     path = 1.0
     while node is not None and node.children and len(tokens) < limit:
         total = node.continuations()
-        token, child = max(node.children.items(), key=lambda kv: (kv[1].count, -kv[0]))
+        # the most frequent; among equals the first seen (on code editing: the prompt's text)
+        token, child = max(node.children.items(), key=lambda kv: kv[1].count)
         path *= child.count / total
         if path < min_prob:
             break
@@ -451,12 +453,16 @@ class SuffixDrafter:
                 self.update(seq, 0)
         return self._tokens
 
-    def _candidates(self, seq: list[int]) -> list[tuple[Node, int]]:
+    def _candidates(self, seq: list[int], k: int) -> list[tuple[Node, int]]:
+        """(node, m) of the longest match in each index, leaving room below
+        it for the draft: m <= depth − min(k, depth // 2) (a match as deep
+        as the index could continue by one token only)."""
         out = []
+        deepest = self.depth - max(1, min(k, self.depth // 2))
         for index in (self.local, self.shared.index if self.shared is not None else None):
             if index is None:
                 continue
-            node, m = index.longest_match(seq, self.depth - 1)
+            node, m = index.longest_match(seq, max(self.min_match, deepest))
             if node is not None and m >= self.min_match:
                 out.append((node, m))
         return out
@@ -466,7 +472,7 @@ class SuffixDrafter:
 
     def find(self, seq: list[int], k: int) -> list[int]:
         best = Proposal([], [])
-        for node, m in self._candidates(seq):
+        for node, m in self._candidates(seq, k):
             p = chain_from(node, self._limit(m, k), self.min_prob)
             if p.score > best.score:
                 best = p
@@ -485,7 +491,7 @@ class SuffixDrafter:
         nodes (fixed children)."""
         tokens = self._sync(seq)
         best: tuple[float, list[int], list[int]] = (0.0, [], [])
-        for node, m in self._candidates(tokens):
+        for node, m in self._candidates(tokens, budget):
             limit = self._limit(m, budget)
             score = chain_from(node, limit, self.min_prob).score
             if score > best[0]:

@@ -58,17 +58,20 @@ def run_repeated(
     code: int = 6,
     chat: int = 6,
     seed: int = 0,
+    edit: bool = True,
 ) -> list[Asked]:
-    """`code` code tasks asked twice (the second edited) and `chat`
+    """`code` code tasks asked twice (the second edited; word for word
+    with edit=False, as a retried or re-run request) and `chat`
     conversations of two turns (the second quoting the first answer),
     through `generate(messages) -> (text, result)`, in that order."""
     from specdec_rs.training.prompts import chat_prompts, code_prompts
 
     code = _checks.integer(code, "code", minimum=0)
     chat = _checks.integer(chat, "chat", minimum=0)
+    edit = _checks.boolean(edit, "edit")
     out: list[Asked] = []
     for prompt in code_prompts(code, seed):
-        for repeat, text in ((False, prompt), (True, edited(prompt))):
+        for repeat, text in ((False, prompt), (True, edited(prompt) if edit else prompt)):
             messages = [{"role": "user", "content": text}]
             out.append(Asked("code", repeat, messages, generate(messages)[1]))
     for prompt in chat_prompts(chat, seed):
