@@ -57,16 +57,37 @@ FIX = "save it again with SuffixDrafter.save(path), or start without it (--draft
 
 
 class Node:
-    """A substring: how often it occurred, and what followed it."""
+    """A substring: how often it occurred, what followed it, and (kept as
+    counts change, so a draft step costs O(1), not O(children)) how often
+    anything followed it (`total`) and its most frequent continuation
+    (`best`: the first to reach the largest count)."""
 
-    __slots__ = ("children", "count")
+    __slots__ = ("best", "children", "count", "total")
 
     def __init__(self) -> None:
         self.count = 0
+        self.total = 0
+        self.best: int | None = None
         self.children: dict[int, Node] = {}
 
     def continuations(self) -> int:
-        return sum(c.count for c in self.children.values())
+        return self.total
+
+    def counted(self, token: int, child: Node) -> None:
+        """`child` (under `token`) occurred once more."""
+        child.count += 1
+        self.total += 1
+        if self.best is None or child.count > self.children[self.best].count:
+            self.best = token
+
+    def uncounted(self, token: int, child: Node) -> None:
+        """`child` (under `token`) occurred once less; gone at 0."""
+        child.count -= 1
+        self.total -= 1
+        if child.count <= 0:
+            del self.children[token]
+        if self.best == token:  # rare (evictions): the largest count again, first in order
+            self.best = max(self.children, key=lambda t: self.children[t].count, default=None)
 
 
 class SuffixIndex:
@@ -87,11 +108,15 @@ class SuffixIndex:
             t = int(t)
             grown = [self.root, *suffixes[: depth - 1]]
             suffixes = []
-            for node in grown:
+            for node in grown:  # Node.counted, inlined (the drafter's hot loop)
                 child = node.children.get(t)
                 if child is None:
                     child = node.children[t] = Node()
                 child.count += 1
+                node.total += 1
+                best = node.best
+                if best is None or (best != t and child.count > node.children[best].count):
+                    node.best = t
                 suffixes.append(child)
         return suffixes
 
@@ -107,9 +132,8 @@ class SuffixIndex:
                 child = node.children.get(t)
                 if child is None:
                     break
-                child.count -= 1
+                node.uncounted(t, child)
                 if child.count <= 0:
-                    del node.children[t]
                     break
                 node = child
 
@@ -123,24 +147,19 @@ class SuffixIndex:
 
     def longest_match(self, seq: list[int], max_match: int) -> tuple[Node | None, int]:
         """(node, m) for the longest suffix of `seq` (m <= max_match) that
-        occurred with a continuation; (None, 0) when none did. A substring's
-        suffixes all occur when it does, so m is found by bisection."""
+        occurred with a continuation; (None, 0) when none did. Found by
+        bisection: if the last m tokens occurred followed by x, so did the
+        last m − 1 (at the same place), so "occurred with a continuation"
+        holds for every m up to the longest and for none beyond."""
         lo, hi = 0, min(max_match, len(seq), self.depth - 1)
         best: tuple[Node | None, int] = (None, 0)
         while lo < hi:
             m = (lo + hi + 1) // 2
             node = self.find(seq[len(seq) - m :])
-            if node is None:
-                hi = m - 1
+            if node is not None and node.children:
+                lo, best = m, (node, m)
             else:
-                lo = m
-                if node.children:
-                    best = (node, m)
-        if best[1] != lo and lo > 0:  # the longest occurring suffix may lack a continuation
-            for m in range(lo, best[1], -1):
-                node = self.find(seq[len(seq) - m :])
-                if node is not None and node.children:
-                    return node, m
+                hi = m - 1
         return best
 
 
@@ -164,10 +183,12 @@ def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
     probs: list[float] = []
     path = 1.0
     while node is not None and node.children and len(tokens) < limit:
-        total = node.continuations()
-        # the most frequent; among equals the first seen (on code editing: the prompt's text)
-        token, child = max(node.children.items(), key=lambda kv: kv[1].count)
-        path *= child.count / total
+        # the most frequent; among equals the first to get there (on code editing: the
+        # prompt's text)
+        token = node.best
+        assert token is not None
+        child = node.children[token]
+        path *= child.count / node.total
         if path < min_prob:
             break
         tokens.append(token)
