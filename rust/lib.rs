@@ -14,6 +14,7 @@ pub mod prob;
 pub mod quant;
 pub mod rng;
 pub mod sim;
+pub mod suffix;
 pub mod tree;
 pub mod verify;
 

@@ -45,7 +45,8 @@ def test_growing_one_token_at_a_time_equals_adding_at_once() -> None:
         return out
 
     assert dump(whole.root) == dump(grown.root)
-    assert len(suffixes) == 4 and suffixes[0] is grown.find([2])
+    node = grown.find([2])
+    assert len(suffixes) == 4 and node is not None and suffixes[0] == node.id
 
 
 def test_the_longest_match_with_a_continuation() -> None:
@@ -53,7 +54,7 @@ def test_the_longest_match_with_a_continuation() -> None:
     index.add([7, 1, 2, 3, 9, 4, 1, 2])
     # "4 1 2" occurred, but only at the end (no continuation): the match is "1 2" (then 3)
     node, m = index.longest_match([0, 4, 1, 2], 8)
-    assert m == 2 and node is index.find([1, 2]) and node is not None and 3 in node.children
+    assert m == 2 and node == index.find([1, 2]) and node is not None and 3 in node.children
     node, m = index.longest_match([5, 1, 2], 8)
     assert m == 2 and node is not None and 3 in node.children
     assert index.longest_match([6, 6], 8) == (None, 0)
@@ -240,3 +241,18 @@ def test_a_damaged_saved_index_is_a_value_error(tmp_path: Path, change: Any, say
         sd.drafters.from_spec(f"suffix:{tmp_path / 'nothing.json'}", tiny_llama(num_layers=2))
     with pytest.raises(ValueError, match="no global index"):
         sd.SuffixDrafter(global_tokens=0).save(path)
+
+
+def test_bad_token_ids_and_stale_nodes_are_value_errors() -> None:
+    index = SuffixIndex(depth=3)
+    with pytest.raises(ValueError, match="token id"):
+        index.add([1, -2])
+    with pytest.raises(ValueError, match="token id"):
+        index.add([1, 2**33])
+    index.add([1, 2])
+    node = index.find([1, 2])
+    assert node is not None and node.count == 1 and len(index) == 4  # root, 1, 2, 1 2
+    index.remove([1, 2])
+    with pytest.raises(ValueError, match="stale"):
+        _ = node.count
+    assert index.find([1, 2]) is None and index.find([-1]) is None and len(index) == 1

@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_rs import _checks
+from specdec_rs import _checks, _core
 from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree, one_hot_draft
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
@@ -57,93 +57,77 @@ FIX = "save it again with SuffixDrafter.save(path), or start without it (--draft
 
 
 class Node:
-    """A substring: how often it occurred, what followed it, and (kept as
-    counts change, so a draft step costs O(1), not O(children)) how often
-    anything followed it (`total`) and its most frequent continuation
-    (`best`: the first to reach the largest count)."""
+    """A view of one substring of a `SuffixIndex` (a node of its Rust trie):
+    how often it occurred (`count`), what followed it (`children`), how
+    often anything followed it (`total`) and its most frequent continuation
+    (`best`: the first to reach the largest count). Kept as counts change,
+    so a draft step costs O(1)."""
 
-    __slots__ = ("best", "children", "count", "total")
+    __slots__ = ("id", "trie")
 
-    def __init__(self) -> None:
-        self.count = 0
-        self.total = 0
-        self.best: int | None = None
-        self.children: dict[int, Node] = {}
+    def __init__(self, trie: _core.SuffixTrie, node: int):
+        self.trie, self.id = trie, node
+
+    @property
+    def count(self) -> int:
+        return self.trie.count(self.id)
+
+    @property
+    def total(self) -> int:
+        return self.trie.total(self.id)
+
+    @property
+    def best(self) -> int | None:
+        return self.trie.best(self.id)
+
+    @property
+    def children(self) -> dict[int, Node]:
+        return {t: Node(self.trie, c) for t, c in self.trie.children(self.id)}
 
     def continuations(self) -> int:
         return self.total
 
-    def counted(self, token: int, child: Node) -> None:
-        """`child` (under `token`) occurred once more."""
-        child.count += 1
-        self.total += 1
-        if self.best is None or child.count > self.children[self.best].count:
-            self.best = token
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Node) and other.trie is self.trie and other.id == self.id
 
-    def uncounted(self, token: int, child: Node) -> None:
-        """`child` (under `token`) occurred once less; gone at 0."""
-        child.count -= 1
-        self.total -= 1
-        if child.count <= 0:
-            del self.children[token]
-        if self.best == token:  # rare (evictions): the largest count again, first in order
-            self.best = max(self.children, key=lambda t: self.children[t].count, default=None)
+    def __hash__(self) -> int:
+        return hash((id(self.trie), self.id))
 
 
 class SuffixIndex:
     """Counts of the substrings (at most `depth` tokens) of the sequences
-    added. `grow(state, tokens)` extends one sequence token by token in
-    O(depth) each (`state` holds the nodes of its current suffixes);
-    `remove(tokens)` undoes `add(tokens)` (eviction)."""
+    added, in a Rust trie (`_core.SuffixTrie`). `grow(state, tokens)`
+    extends one sequence token by token in O(depth) each (`state`: the node
+    ids of its current suffixes, lengths 1, 2, ...); `remove(tokens)` undoes
+    `add(tokens)` (eviction)."""
 
     def __init__(self, depth: int = 32):
         self.depth = _checks.integer(depth, "depth", minimum=2, maximum=MAX_DEPTH)
-        self.root = Node()
+        self.trie = _core.SuffixTrie(self.depth)
 
-    def grow(self, suffixes: list[Node], tokens: list[int] | Any) -> list[Node]:
-        """The suffix nodes after appending `tokens` to a sequence whose
-        suffix nodes (lengths 1, 2, ...) are `suffixes`; counts added."""
-        depth = self.depth
-        for t in tokens:
-            t = int(t)
-            grown = [self.root, *suffixes[: depth - 1]]
-            suffixes = []
-            for node in grown:  # Node.counted, inlined (the drafter's hot loop)
-                child = node.children.get(t)
-                if child is None:
-                    child = node.children[t] = Node()
-                child.count += 1
-                node.total += 1
-                best = node.best
-                if best is None or (best != t and child.count > node.children[best].count):
-                    node.best = t
-                suffixes.append(child)
-        return suffixes
+    @property
+    def root(self) -> Node:
+        return Node(self.trie, 0)
+
+    def __len__(self) -> int:
+        """Nodes in use (the root included)."""
+        return len(self.trie)
+
+    def grow(self, suffixes: list[int], tokens: list[int] | Any) -> list[int]:
+        """The suffix node ids after appending `tokens` to a sequence whose
+        suffix node ids (lengths 1, 2, ...) are `suffixes`; counts added."""
+        return self.trie.grow(suffixes, tokens if isinstance(tokens, list) else list(tokens))
 
     def add(self, tokens: list[int] | Any) -> None:
         self.grow([], tokens)
 
     def remove(self, tokens: list[int] | Any) -> None:
         """Take one earlier `add(tokens)` back out (nodes left empty go)."""
-        seq = [int(t) for t in tokens]
-        for start in range(len(seq)):
-            node = self.root
-            for t in seq[start : start + self.depth]:
-                child = node.children.get(t)
-                if child is None:
-                    break
-                node.uncounted(t, child)
-                if child.count <= 0:
-                    break
-                node = child
+        self.trie.remove(tokens if isinstance(tokens, list) else list(tokens))
 
     def find(self, pattern: list[int]) -> Node | None:
-        node: Node | None = self.root
-        for t in pattern:
-            node = node.children.get(t) if node is not None else None
-            if node is None:
-                return None
-        return node
+        node = self.trie.find(list(pattern))
+        return None if node is None else Node(self.trie, node)
 
     def longest_match(self, seq: list[int], max_match: int) -> tuple[Node | None, int]:
         """(node, m) for the longest suffix of `seq` (m <= max_match) that
@@ -151,16 +135,8 @@ class SuffixIndex:
         bisection: if the last m tokens occurred followed by x, so did the
         last m − 1 (at the same place), so "occurred with a continuation"
         holds for every m up to the longest and for none beyond."""
-        lo, hi = 0, min(max_match, len(seq), self.depth - 1)
-        best: tuple[Node | None, int] = (None, 0)
-        while lo < hi:
-            m = (lo + hi + 1) // 2
-            node = self.find(seq[len(seq) - m :])
-            if node is not None and node.children:
-                lo, best = m, (node, m)
-            else:
-                hi = m - 1
-        return best
+        node, m = self.trie.longest_match(seq[max(0, len(seq) - self.depth) :], max_match)
+        return (None if node is None else Node(self.trie, node)), m
 
 
 @dataclass(frozen=True)
@@ -178,55 +154,20 @@ class Proposal:
 def chain_from(node: Node | None, limit: int, min_prob: float) -> Proposal:
     """The most frequent continuation from `node` while its path
     probability (the product of count / the node's continuations along the
-    way) is >= min_prob; at most `limit` tokens."""
-    tokens: list[int] = []
-    probs: list[float] = []
-    path = 1.0
-    while node is not None and node.children and len(tokens) < limit:
-        # the most frequent; among equals the first to get there (on code editing: the
-        # prompt's text)
-        token = node.best
-        assert token is not None
-        child = node.children[token]
-        path *= child.count / node.total
-        if path < min_prob:
-            break
-        tokens.append(token)
-        probs.append(path)
-        node = child
+    way) is >= min_prob; at most `limit` tokens. Among equal counts the
+    continuation that reached that count first (on code editing: the
+    prompt's text)."""
+    if node is None:
+        return Proposal([], [])
+    tokens, probs = node.trie.chain(node.id, limit, min_prob)
     return Proposal(tokens, probs)
 
 
 def tree_from(node: Node, limit: int, budget: int, min_prob: float) -> tuple[list[int], list[int]]:
     """(tokens, parents) of the continuations of `node` expanded by largest
     path probability first (every node's path probability >= min_prob), at
-    most `budget` nodes and `limit` deep."""
-    import heapq
-
-    tokens: list[int] = []
-    parents: list[int] = []
-    heap: list[tuple[float, int, int, int, Node]] = []  # (-path p, tiebreak, parent, depth, node)
-    order = 0
-
-    def push(parent_index: int, at: Node, path: float, depth: int) -> None:
-        nonlocal order
-        if depth >= limit:
-            return
-        total = at.continuations()
-        for token, child in at.children.items():
-            p = path * child.count / total
-            if p >= min_prob:
-                heapq.heappush(heap, (-p, order, parent_index, depth, child))
-                order += 1
-                child_token[id(child)] = token
-
-    child_token: dict[int, int] = {}
-    push(-1, node, 1.0, 0)
-    while heap and len(tokens) < budget:
-        neg, _, parent, depth, child = heapq.heappop(heap)
-        tokens.append(child_token[id(child)])
-        parents.append(parent)
-        push(len(tokens) - 1, child, -neg, depth + 1)
+    most `budget` nodes and `limit` deep; siblings by count, then id."""
+    tokens, parents = node.trie.tree(node.id, limit, budget, min_prob)
     return tokens, parents
 
 
@@ -312,7 +253,7 @@ class SharedSuffixes:
     def largest_token(self) -> int:
         return max((max(s) for s in self.sequences if s), default=-1)
 
-    def extend(self, output: list[int], suffixes: list[Node], tokens: list[int]) -> list[Node]:
+    def extend(self, output: list[int], suffixes: list[int], tokens: list[int]) -> list[int]:
         if id(output) not in self.live:
             return suffixes  # evicted: it no longer counts
         output += tokens
@@ -377,8 +318,8 @@ class SuffixDrafter:
         )
         self.name = "suffix"
         self.local = SuffixIndex(self.depth)
-        self._local_suffixes: list[Node] = []
-        self._global_suffixes: list[Node] = []
+        self._local_suffixes: list[int] = []  # node ids of the text's suffixes
+        self._global_suffixes: list[int] = []
         self._output: list[int] | None = None
         self._seen = 0  # tokens of the sequence indexed so far
         self._tokens: list[int] = []
