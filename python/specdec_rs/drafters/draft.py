@@ -180,6 +180,23 @@ def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
     )
 
 
+def joined(
+    tokens: torch.Tensor, parents: list[int], window: Window
+) -> tuple[torch.Tensor, list[int], list[int] | None]:
+    """The drafts (tokens (n,), parents, -1 = the root) and a window as one
+    tree for `models.forward_tree`: the window's nodes after the drafts (a
+    parent -1 stays the root, j becomes n + j), and the logits rows to
+    compute: the root's, every draft's and the window nodes read (None:
+    every row)."""
+    import torch
+
+    n = len(tokens)
+    all_parents = [*parents, *(par if par < 0 else n + par for par in window.parents)]
+    all_tokens = torch.cat([tokens, window.tokens.to(tokens.device)])
+    rows = None if window.read is None else [*range(n + 1), *(n + 1 + i for i in window.read)]
+    return all_tokens, all_parents, rows
+
+
 MAX_WINDOW = 4096  # the most window nodes one round may run
 
 

@@ -46,7 +46,7 @@ import numpy as np
 
 from specdec_rs import _checks, models
 from specdec_rs.drafters.base import TeacherForced, empty_draft, one_hot_draft
-from specdec_rs.drafters.draft import Draft, TreeDraft, Window
+from specdec_rs.drafters.draft import Draft, TreeDraft, Window, joined
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
 from specdec_rs.trees import trie
@@ -181,6 +181,12 @@ class Lookahead:
         self._index(seq)
         return self.pool.continuations(int(seq[-1]))[::-1]
 
+    def launch_window(self) -> Window:
+        """The window for a forward about to run (`window_nodes`), held
+        until `observe_window` reads its logits back."""
+        self._running = [list(row) for row in self.levels]
+        return self.window_nodes()
+
     def window_nodes(self) -> Window:
         """The window as tree nodes, level by level: level 0's column i under
         column i − 1 (column 0 under the root), level l's under level l − 1's;
@@ -198,8 +204,7 @@ class Lookahead:
         import torch
 
         found = self.candidates(seq)
-        window = self.window_nodes()
-        self._running = [list(row) for row in self.levels]
+        window = self.launch_window()
         if not found or k == 0:
             draft = empty_draft(sampler)
         else:
@@ -212,8 +217,7 @@ class Lookahead:
         import torch
 
         tokens, parents = trie([list(c) for c in self.candidates(seq)], budget)
-        window = self.window_nodes()
-        self._running = [list(row) for row in self.levels]
+        window = self.launch_window()
         ids = torch.tensor(tokens, dtype=torch.long, device=sampler.device)
         return TreeDraft(ids, parents, None, "fixed", window=window)
 
@@ -277,14 +281,12 @@ class Lookahead:
             found = probe.candidates(context)
             draft = list(found[0][:k_max]) if found else []
             score(t, draft)
-            window = probe.window_nodes()
-            probe._running = [list(row) for row in probe.levels]
             d = len(draft)
-            parents = [*range(-1, d - 1), *(par if par < 0 else d + par for par in window.parents)]
-            tokens = torch.cat([torch.tensor(draft, dtype=torch.long), window.tokens])
-            read = [1 + d + i for i in window.read or ()]
-            logits, _ = models.forward_tree(target, context[-1:], tokens, parents, cache, rows=read)
-            probe.observe_window(logits)
+            tokens, parents, rows = joined(
+                torch.tensor(draft, dtype=torch.long), list(range(-1, d - 1)), probe.launch_window()
+            )
+            logits, _ = models.forward_tree(target, context[-1:], tokens, parents, cache, rows=rows)
+            probe.observe_window(logits[1 + d :])
             matched = 0
             while matched < d and t + matched < n and draft[matched] == answer[t + matched]:
                 matched += 1

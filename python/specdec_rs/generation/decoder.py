@@ -21,7 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
-from specdec_rs.drafters.draft import Draft, Flag, checked_draft, checked_tree, checked_window
+from specdec_rs.drafters.draft import (
+    Draft,
+    Flag,
+    checked_draft,
+    checked_tree,
+    checked_window,
+    joined,
+)
 from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round, Stats
@@ -156,19 +163,13 @@ class Decoder:
                 keep=len(pending.block),
                 hidden=self.wants_hidden,
             )
-        import torch
-
         tokens = proposal.tokens.to(self.device)
         parents = getattr(proposal, "parents", None)
         if parents is None:  # a chain with a window: the chain as a tree
             parents = list(range(-1, len(tokens) - 1))
-        window, rows = proposal.window, None
-        if window is not None:  # after the drafts, hung under the root or each other
-            base = len(tokens)
-            parents = [*parents, *(par if par < 0 else base + par for par in window.parents)]
-            tokens = torch.cat([tokens, window.tokens.to(self.device)])
-            if window.read is not None:  # logits of the drafts' rows and the nodes read only
-                rows = [*range(base + 1), *(base + 1 + i for i in window.read)]
+        rows = None
+        if proposal.window is not None:  # after the drafts, under the root or each other
+            tokens, parents, rows = joined(tokens, parents, proposal.window)
         return models.forward_tree(
             self.target,
             self.seq[-1:],
