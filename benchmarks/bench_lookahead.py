@@ -9,7 +9,7 @@ nodes); both run the W·(N − 1) window nodes in the verification forward.
 `window-only` rows keep the committed text out of the pool (only the
 Jacobi window's n-grams draft). Per row: tokens/s (new tokens / generation
 seconds), tokens per pass, the share of rounds that drafted (and so ran
-the window), positions per forward, the measured cost of its
+the window), positions per forward (its window's nodes included), the measured cost of its
 forward against target-only's (target seconds per round over target-only's
 seconds per step), v(n) at that many positions (a chain forward, measured
 alone), and the speedup over target-only, all from the same run; the
@@ -68,17 +68,27 @@ def configs(shapes: list[str]) -> list[tuple[str, Any, dict[str, Any]]]:
     return rows
 
 
-def run_rows(target: Any, prompts: list[Any], make: Any, options: dict[str, Any], max_new: int):
-    outs = []
+def run_rows(
+    target: Any, prompts: list[Any], make: Any, options: dict[str, Any], max_new: int
+) -> tuple[list[Any], list[int]]:
+    """The generations of `prompts`, and the forward positions of all their rounds."""
+    outs, positions = [], []
     for ids in prompts:
         drafter = None if make is None else make()
         shape = {"k": measured_policy(drafter)} if options.get("k") == "measured" else options
         outs.append(
             sd.generate(
-                target, drafter, ids, max_new_tokens=max_new, temperature=0, seed=0, **shape
+                target,
+                drafter,
+                ids,
+                max_new_tokens=max_new,
+                temperature=0,
+                seed=0,
+                on_round=lambda r: positions.append(r.positions),
+                **shape,
             )
         )
-    return outs
+    return outs, positions
 
 
 def summary(outs: list[Any]) -> dict[str, float]:
@@ -121,11 +131,14 @@ def main() -> None:
     for _ in range(args.repeats):
         for workload, prompts in sets.items():
             for label, make, options in rows:
-                outs = run_rows(target, prompts, make, options, args.max_new_tokens)
+                outs, positions = run_rows(target, prompts, make, options, args.max_new_tokens)
                 tokens = [o.tokens for o in outs]
                 assert plain.setdefault(workload, tokens) == tokens, (workload, label)
-                positions = sum(o.drafted for o in outs)
-                s = summary(outs) | {"drafted_per_round": positions / sum(o.rounds for o in outs)}
+                rounds = sum(o.rounds for o in outs)
+                s = summary(outs) | {
+                    "drafted_per_round": sum(o.drafted for o in outs) / rounds,
+                    "positions": sum(positions) / rounds,  # the window's nodes included
+                }
                 runs.setdefault((workload, label), []).append(s)
                 print(workload, label, {k: round(x, 3) for k, x in s.items()}, flush=True)
     record: dict[str, Any] = {"args": vars(args) | {"out": str(args.out)}, "v": v, "results": {}}
@@ -134,14 +147,12 @@ def main() -> None:
         base = runs[(workload, "none")]
         base_tps = statistics.median(r["tokens_per_second"] for r in base)
         base_step = statistics.median(r["target_per_round"] for r in base)
-        for label, make, _ in rows:
+        for label, _make, _ in rows:
             rs = runs[(workload, label)]
             med = {k: statistics.median(r[k] for r in rs) for k in rs[0]}
-            window = 0 if make is None else getattr(make(), "window_positions", 0)
-            positions = 1 + med["drafted_per_round"] + window * med["drafting_share"]
+            positions = med["positions"]
             n = round(positions)
             med |= {
-                "positions": positions,
                 "forward_cost": med["target_per_round"] / base_step,
                 "v": v[n - 1] if 1 <= n <= len(v) else None,
                 "speedup": med["tokens_per_second"] / base_tps,
