@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import specdec_rs as sd
-from specdec_rs import _files, models
+from specdec_rs import models
 from specdec_rs.measure import costs, workloads
+from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
 from specdec_rs.policy import measured_policy
 
@@ -186,11 +187,7 @@ def main() -> None:
     text += "\n\nv(n), n = 1.." + str(len(v)) + ": " + " ".join(f"{x:.2f}" for x in v)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(
-            _files.to_json(_files.json_safe(record), what="the results", indent=1) + "\n"
-        )
-        (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
+        write_results(args.out, record, text)
 
 
 if __name__ == "__main__":

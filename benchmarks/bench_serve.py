@@ -30,8 +30,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
-from specdec_rs import _files
 from specdec_rs.measure import workloads
+from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
 
 
@@ -261,15 +261,11 @@ def main() -> None:
     text = table(settings)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
         record = {
             "args": vars(args) | {"out": str(args.out)},
-            "settings": _files.json_safe([asdict(s) for s in settings]),
+            "settings": [asdict(s) for s in settings],
         }
-        (args.out / "results.json").write_text(
-            _files.to_json(record, what="the results", indent=1) + "\n"
-        )
-        (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
+        write_results(args.out, record, text)
 
 
 if __name__ == "__main__":

@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Any
 
 import specdec_rs as sd
-from specdec_rs import _files, drafters, models
+from specdec_rs import drafters, models
 from specdec_rs.measure import repeated, workloads
+from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
 from specdec_rs.policy import measured_policy
 
@@ -154,11 +155,7 @@ def main() -> None:
     text = markdown_table([*header, "vs none", "vs prompt-lookup"], rows)
     print(text)
     if args.out is not None:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "results.json").write_text(
-            _files.to_json(_files.json_safe(record), what="the results", indent=1) + "\n"
-        )
-        (args.out / "table.md").write_text(text + "\n", encoding="utf-8")
+        write_results(args.out, record, text)
 
 
 if __name__ == "__main__":

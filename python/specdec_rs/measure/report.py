@@ -133,3 +133,15 @@ def write_bench(report: BenchReport, out: Any) -> Path:
     _files.write_text(folder / "report.md", bench_markdown(report))
     plot_bench(report, folder / "speedup.png")
     return folder
+
+
+def write_results(out: Any, record: Any, table: str) -> Path:
+    """A benchmark script's results in folder `out`: results.json (`record`,
+    non-finite numbers as null) and table.md (`table`, Markdown). Returns the folder."""
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(
+        _files.to_json(json_safe(record), what="the results", indent=1) + "\n"
+    )
+    (folder / "table.md").write_text(table + "\n", encoding="utf-8")
+    return folder
