@@ -213,6 +213,26 @@ def draft_autoregressive(
     return Draft(torch.cat(tokens), torch.cat(rows))
 
 
+class ChainScores:
+    """a(t, i) (len(answer), k_max) of deterministic chains under teacher
+    forcing, filled one round start at a time (`score`): the indicator
+    x_i = answer[t + i] at greedy, else p_{t+i}(x_i) (one-hot q); NaN
+    where no draft was scored."""
+
+    def __init__(self, tf: TeacherForced, k_max: int):
+        self.answer = tf.seq[tf.start :].cpu().numpy()
+        self.p = tf.p.double().cpu().numpy()
+        self.greedy = tf.sampler.config.greedy
+        self.n = len(self.answer)
+        self.a = np.full((self.n, k_max), np.nan)
+
+    def score(self, t: int, draft: Any) -> None:
+        """Row t: the chain `draft` drafted at answer position t (cut at the answer's end)."""
+        x = np.asarray(draft, dtype=np.int64)[: self.n - t]
+        rows = t + np.arange(len(x))
+        self.a[t, : len(x)] = (x == self.answer[rows]) if self.greedy else self.p[rows, x]
+
+
 def by_depth(agree: np.ndarray, k_max: int) -> np.ndarray:
     """a[t, i] = agree[t + i]: draft i + 1 of a round at t is scored at
     position t + i under teacher forcing; NaN past the answer's end."""

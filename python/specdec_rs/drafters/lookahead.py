@@ -45,7 +45,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _checks, models
-from specdec_rs.drafters.base import TeacherForced, empty_draft, one_hot_draft
+from specdec_rs.drafters.base import ChainScores, TeacherForced, empty_draft, one_hot_draft
 from specdec_rs.drafters.draft import Draft, TreeDraft, Window, joined
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
@@ -181,6 +181,11 @@ class Lookahead:
         self._index(seq)
         return self.pool.continuations(int(seq[-1]))[::-1]
 
+    def chain(self, seq: torch.Tensor, k: int) -> list[int]:
+        """A chain round's drafts: the most recent continuation, at most k tokens."""
+        found = self.candidates(seq)
+        return list(found[0][:k]) if found else []
+
     def launch_window(self) -> Window:
         """The window for a forward about to run (`window_nodes`), held
         until `observe_window` reads its logits back."""
@@ -203,12 +208,12 @@ class Lookahead:
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         import torch
 
-        found = self.candidates(seq)
+        found = self.chain(seq, k)
         window = self.launch_window()
-        if not found or k == 0:
-            draft = empty_draft(sampler)
+        if found:
+            draft = one_hot_draft(torch.tensor(found, dtype=torch.long), sampler)
         else:
-            draft = one_hot_draft(torch.tensor(found[0][:k], dtype=torch.long), sampler)
+            draft = empty_draft(sampler)
         return Draft(draft.tokens, draft.q, window=window)
 
     def propose_tree(self, seq: torch.Tensor, budget: int, sampler: Sampler) -> TreeDraft:
@@ -260,17 +265,8 @@ class Lookahead:
         target = tf.target
         device = models.device_of(target)
         seq = tf.seq.cpu()
-        answer = seq[tf.start :].numpy()
-        p = tf.p.double().cpu().numpy()
-        n = len(answer)
-        a = np.full((n, k_max), np.nan)
-        greedy = tf.sampler.config.greedy
-
-        def score(t: int, draft: Sequence[int]) -> None:
-            x = np.asarray(draft[: n - t], dtype=np.int64)
-            rows = t + np.arange(len(x))
-            a[t, : len(x)] = (x == answer[rows]) if greedy else p[rows, x]
-
+        scores = ChainScores(tf, k_max)
+        answer, n = scores.answer, scores.n
         cache = models.new_cache(target)
         if tf.start > 1:
             models.forward(target, seq[: tf.start - 1].to(device), cache, keep=1)
@@ -278,9 +274,8 @@ class Lookahead:
         t = 0
         while t < n:
             context = seq[: tf.start + t]
-            found = probe.candidates(context)
-            draft = list(found[0][:k_max]) if found else []
-            score(t, draft)
+            draft = probe.chain(context, k_max)
+            scores.score(t, draft)
             d = len(draft)
             tokens, parents, rows = joined(
                 torch.tensor(draft, dtype=torch.long), list(range(-1, d - 1)), probe.launch_window()
@@ -292,10 +287,9 @@ class Lookahead:
                 matched += 1
             models.crop(cache, tf.start + t + matched)
             for skipped in range(t + 1, min(t + matched + 1, n)):
-                found = probe.candidates(seq[: tf.start + skipped])
-                score(skipped, list(found[0][:k_max]) if found else [])
+                scores.score(skipped, probe.chain(seq[: tf.start + skipped], k_max))
             t += matched + 1
-        return a
+        return scores.a
 
     def hf_kwargs(self) -> dict[str, Any] | None:
         return None  # transformers' generate has no lookahead decoding

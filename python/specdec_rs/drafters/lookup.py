@@ -9,7 +9,13 @@ import numpy as np
 import numpy.typing as npt
 
 from specdec_rs import _checks
-from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree, one_hot_draft
+from specdec_rs.drafters.base import (
+    ChainScores,
+    TeacherForced,
+    empty_draft,
+    fixed_tree,
+    one_hot_draft,
+)
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
@@ -90,15 +96,10 @@ class PromptLookup:
         """a[t, i] for x = lookup(text before answer position t): the indicator
         x_i = answer[t + i] at greedy, else p_{t+i}(x_i) (one-hot q)."""
         seq = tf.seq.cpu().numpy()
-        answer = seq[tf.start :]
-        p = tf.p.double().cpu().numpy()
-        n = len(answer)
-        a = np.full((n, k_max), np.nan)
-        for t in range(n):
-            x = self.find(seq[: tf.start + t], k_max)[: n - t]
-            rows = t + np.arange(len(x))
-            a[t, : len(x)] = (x == answer[rows]) if tf.sampler.config.greedy else p[rows, x]
-        return a
+        scores = ChainScores(tf, k_max)
+        for t in range(scores.n):
+            scores.score(t, self.find(seq[: tf.start + t], k_max))
+        return scores.a
 
     def hf_kwargs(self) -> dict[str, Any] | None:
         return {"prompt_lookup_num_tokens": 10}

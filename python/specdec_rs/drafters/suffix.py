@@ -40,7 +40,13 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _checks, _core
-from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree, one_hot_draft
+from specdec_rs.drafters.base import (
+    ChainScores,
+    TeacherForced,
+    empty_draft,
+    fixed_tree,
+    one_hot_draft,
+)
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.processors import Sampler
@@ -83,9 +89,6 @@ class Node:
     @property
     def children(self) -> dict[int, Node]:
         return {t: Node(self.trie, c) for t, c in self.trie.children(self.id)}
-
-    def continuations(self) -> int:
-        return self.total
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Node) and other.trie is self.trie and other.id == self.id
@@ -465,18 +468,13 @@ class SuffixDrafter:
         t: the indicator x_i = answer[t + i] at greedy, else p_{t+i}(x_i).
         The global index is read, not taught (the answer is not an output)."""
         seq = tf.seq.cpu()
-        answer = seq[tf.start :].numpy()
-        p = tf.p.double().cpu().numpy()
-        n = len(answer)
-        a = np.full((n, k_max), np.nan)
+        scores = ChainScores(tf, k_max)
         view = self.fresh()
         view._begin([int(t) for t in seq[: tf.start].tolist()], learn=False)
-        for t in range(n):
+        for t in range(scores.n):
             view.update(seq[: tf.start + t], 0)
-            x = np.array(view.find(view._tokens, k_max)[: n - t], dtype=np.int64)
-            rows = t + np.arange(len(x))
-            a[t, : len(x)] = (x == answer[rows]) if tf.sampler.config.greedy else p[rows, x]
-        return a
+            scores.score(t, view.find(view._tokens, k_max))
+        return scores.a
 
     def hf_kwargs(self) -> dict[str, Any] | None:
         return None
