@@ -24,12 +24,14 @@ Every row's text is asserted to be target-only's.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from pathlib import Path
 from typing import Any
 
 import specdec_rs as sd
 from specdec_rs import models
+from specdec_rs.drafters.lookahead import parse_shape
 from specdec_rs.measure import costs, workloads
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
@@ -47,25 +49,13 @@ def configs(shapes: list[str]) -> list[tuple[str, Any, dict[str, Any]]]:
         ("lookahead (default) measured γ", sd.Lookahead, {"k": "measured"}),
     ]
     for spec in shapes:
-        w, n, g = (int(x) for x in spec.split(","))
-        rows.append(
-            (f"lookahead {spec} chain", lambda w=w, n=n, g=g: sd.Lookahead(w, n, g), {"k": n - 1})
-        )
-        rows.append(
-            (
-                f"lookahead {spec} tree",
-                lambda w=w, n=n, g=g: sd.Lookahead(w, n, g),
-                {"tree": g * (n - 1)},
-            )
-        )
-    w, n, g = (int(x) for x in shapes[len(shapes) // 2].split(","))
-    rows.append(
-        (
-            f"lookahead {w},{n},{g} window-only",
-            lambda: sd.Lookahead(w, n, g, prompt_pool=False),
-            {"k": n - 1},
-        )
-    )
+        w, n, g = parse_shape(spec)
+        make = functools.partial(sd.Lookahead, w, n, g)
+        rows.append((f"lookahead {spec} chain", make, {"k": n - 1}))
+        rows.append((f"lookahead {spec} tree", make, {"tree": g * (n - 1)}))
+    w, n, g = parse_shape(shapes[len(shapes) // 2])
+    only = functools.partial(sd.Lookahead, w, n, g, prompt_pool=False)
+    rows.append((f"lookahead {w},{n},{g} window-only", only, {"k": n - 1}))
     return rows
 
 
@@ -121,10 +111,8 @@ def main() -> None:
         w: [workloads.encode(tokenizer, p) for p in workloads.prompts(w)[: args.prompts]]
         for w in args.workloads
     }
-    most = max(
-        1 + (int(s.split(",")[2]) + int(s.split(",")[0])) * (int(s.split(",")[1]) - 1)
-        for s in args.shapes
-    )
+    # a trie's drafts and its window: 1 + (G + W)·(N − 1) positions at most
+    most = max(1 + (g + w) * (n - 1) for w, n, g in map(parse_shape, args.shapes))
     v = costs.verify_cost_curve(target, sets[args.workloads[0]][0], max_n=most, repeats=7)
     print("v(n):", " ".join(f"{x:.2f}" for x in v), flush=True)
     runs: dict[tuple[str, str], list[dict]] = {}

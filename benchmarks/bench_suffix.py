@@ -24,6 +24,7 @@ of R.
 from __future__ import annotations
 
 import argparse
+import functools
 import statistics
 from pathlib import Path
 from typing import Any
@@ -56,25 +57,17 @@ def generator(target: Any, tokenizer: Any, drafter: Any, max_new: int) -> Any:
     return run
 
 
-def repeated_run(target: Any, tokenizer: Any, spec: str, args: argparse.Namespace) -> dict:
-    drafter = drafters.from_spec(spec, target, tokenizer)
-    asked = repeated.run_repeated(
-        generator(target, tokenizer, drafter, args.max_new_tokens), code=args.code, chat=args.chat
-    )
-    return {
-        "all": repeated.totals(asked),
-        "repeats": repeated.totals(asked, lambda a: a.repeat),
-        "tokens": [a.result.tokens for a in asked],
-    }
-
-
-def reasked_run(target: Any, tokenizer: Any, spec: str, args: argparse.Namespace) -> dict:
+def repeated_run(
+    target: Any, tokenizer: Any, spec: str, args: argparse.Namespace, *, edit: bool = True
+) -> dict:
+    """The repeated workload through one drafter; edit=False: the re-asked
+    one (the code tasks asked again word for word, no chats)."""
     drafter = drafters.from_spec(spec, target, tokenizer)
     asked = repeated.run_repeated(
         generator(target, tokenizer, drafter, args.max_new_tokens),
         code=args.code,
-        chat=0,
-        edit=False,
+        chat=args.chat if edit else 0,
+        edit=edit,
     )
     return {
         "all": repeated.totals(asked),
@@ -114,7 +107,7 @@ def main() -> None:
     for _ in range(args.repeats):
         for workload, run in (
             ("repeated", repeated_run),
-            ("re-asked", reasked_run),
+            ("re-asked", functools.partial(repeated_run, edit=False)),
             ("single", single_run),
         ):
             for spec in DRAFTERS:

@@ -196,6 +196,7 @@ class Decoder:
         tokens, parents = proposal.tokens, getattr(proposal, "parents", None)
         t2 = time.perf_counter()
         window, window_logits = proposal.window, None
+        window_nodes = 0 if window is None else len(window.tokens)
         if window is not None:  # the window's rows go to the drafter, never to the verifier
             main = len(tokens) + 1
             window_logits = logits[main:]
@@ -243,8 +244,8 @@ class Decoder:
             draft_s=pending.draft_s,
             target_s=target_s,
             verify_s=t3 - t2,
-            positions=len(tokens) + 1 + (0 if window is None else len(window.tokens)),
-            window=0 if window is None else len(window.tokens),
+            positions=len(tokens) + 1 + window_nodes,
+            window=window_nodes,
             p=p,
             q=proposal.q,
             tokens=tokens,
