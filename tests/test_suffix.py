@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 import specdec_rs as sd
+from greedy_fixtures import greedy_runs
 from specdec_rs.drafters.suffix import SharedSuffixes, SuffixIndex, chain_from, tree_from
 from specdec_rs.models import tiny_llama
 
@@ -110,22 +111,9 @@ def test_greedy_output_is_the_targets_own(tree: int | None) -> None:
     over all prompts, so the global index serves the later ones."""
     target = tiny_llama(num_layers=2, vocab_size=16)
     drafter = sd.SuffixDrafter()
-    drafted = 0
-    for prompt in ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [1, 2, 3, 1]):
-        plain = sd.generate(target, None, prompt, max_new_tokens=20, temperature=0, eos_token_id=[])
-        out = sd.generate(
-            target,
-            drafter,
-            prompt,
-            max_new_tokens=20,
-            k=4,
-            tree=tree,
-            temperature=0,
-            eos_token_id=[],
-        )
-        assert out.tokens == plain.tokens
-        drafted += out.drafted
-    assert drafted > 0
+    prompts = ([1, 2, 3, 1, 2, 3, 1, 2], [4, 5, 4, 5, 4], [1, 2, 3, 1])
+    runs = greedy_runs(target, lambda: drafter, prompts, max_new_tokens=20, k=4, tree=tree)
+    assert sum(out.drafted for out in runs) > 0
 
 
 def test_it_drafts_in_a_batch_and_learns_across_its_rows() -> None:
