@@ -393,3 +393,122 @@ def test_damaged_gguf_bytes_are_refused(
             load_gguf(path, tokenizer=False)
         except ValueError as e:
             assert str(path) in str(e)
+
+
+# ---- metadata of the wrong type, and the format's own rules (issue: hardening) -----------
+
+
+def _written(tiny: Any, path: Path, monkeypatch: pytest.MonkeyPatch, **keys: Any) -> Path:
+    """`tiny` written to `path` with metadata keys set to (value, GGUF type) pairs."""
+    original = gguf.GGUFWriter.write_header_to_file
+
+    def with_keys(self: Any, *args: Any, **kwargs: Any) -> None:
+        for key, (value, kind, *sub) in keys.items():
+            self.kv_data[0][key] = gguf.GGUFValue(value, kind, sub[0] if sub else None)
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(gguf.GGUFWriter, "write_header_to_file", with_keys)
+    write_llama(tiny, path)
+    monkeypatch.undo()
+    return path
+
+
+T = gguf.GGUFValueType
+WRONG_TYPES = [
+    ("llama.vocab_size", ([64, 64], T.ARRAY, T.UINT32), "an integer"),
+    ("llama.vocab_size", ("abc", T.STRING), "an integer"),
+    ("llama.vocab_size", (64.0, T.FLOAT32), "an integer"),
+    ("llama.block_count", (True, T.BOOL), "an integer"),
+    ("llama.attention.layer_norm_rms_epsilon", (True, T.BOOL), "a finite number"),
+    ("llama.attention.layer_norm_rms_epsilon", (float("nan"), T.FLOAT32), "a finite number"),
+    ("llama.rope.freq_base", ("10000", T.STRING), "a finite number"),
+    ("general.architecture", (7, T.UINT32), "a string"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "says"), WRONG_TYPES)
+def test_metadata_of_the_wrong_type_is_refused_naming_the_file_and_key(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, key: str, value: Any, says: str
+) -> None:
+    path = _written(tiny, tmp_path / "typed.gguf", monkeypatch, **{key: value})
+    with pytest.raises(ValueError) as e:
+        load_gguf(path, tokenizer=False)
+    assert str(path) in str(e.value) and key in str(e.value) and says in str(e.value), e.value
+
+
+def test_numeric_metadata_arrays_stay_numpy_views(
+    tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A large numeric array key costs no copy (it was a Python list, 8x its bytes)."""
+    from specdec_rs.gguf.reader import read
+
+    big = np.arange(100_000, dtype=np.uint32)
+    path = _written(
+        tiny, tmp_path / "array.gguf", monkeypatch, big=(big.tolist(), T.ARRAY, T.UINT32)
+    )
+    value = read(path).metadata["big"]
+    assert isinstance(value, np.ndarray) and value.dtype == np.uint32 and len(value) == 100_000
+    assert not value.flags.writeable and np.array_equal(value, big)
+    load_gguf(path, tokenizer=False)  # the model still loads
+
+
+def _tensor_offset_at(b: bytearray, name: bytes) -> int:
+    """Where tensor `name`'s offset field sits in the header."""
+    at = b.find(name + struct.pack("<I", 2)) + len(name)  # 2-D: its dims field follows
+    dims = struct.unpack_from("<I", b, at)[0]
+    return at + 4 + 8 * dims + 4
+
+
+def test_misaligned_overlapping_and_bool_alignment_files_are_refused(
+    files: dict[str, tuple[Path, Any]],
+    tiny: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    good = files["Q4_1"][0]
+    name = b"blk.0.ffn_up.weight"
+
+    def shift(by: int) -> Any:
+        def edit(b: bytearray) -> None:
+            at = _tensor_offset_at(b, name)
+            struct.pack_into("<Q", b, at, struct.unpack_from("<Q", b, at)[0] + by)
+
+        return edit
+
+    misaligned = _corrupt(good, tmp_path / "misaligned.gguf", shift(4))
+    with pytest.raises(ValueError, match=r"misaligned.gguf: tensor blk.0.ffn_up.weight's offset"):
+        load_gguf(misaligned, tokenizer=False)
+
+    def overlap(b: bytearray) -> None:  # ffn_up pointed at ffn_gate's bytes
+        gate = struct.unpack_from("<Q", b, _tensor_offset_at(b, b"blk.0.ffn_gate.weight"))[0]
+        struct.pack_into("<Q", b, _tensor_offset_at(b, name), gate)
+
+    overlapping = _corrupt(good, tmp_path / "overlap.gguf", overlap)
+    with pytest.raises(ValueError, match=r"overlap.gguf: tensors .* overlap"):
+        load_gguf(overlapping, tokenizer=False)
+    flagged = _written(
+        tiny, tmp_path / "bool.gguf", monkeypatch, **{"general.alignment": (True, T.BOOL)}
+    )
+    with pytest.raises(ValueError, match=r"bool.gguf: general.alignment = True"):
+        load_gguf(flagged, tokenizer=False)
+
+
+def test_a_file_without_a_tokenizer_says_so(files: dict[str, tuple[Path, Any]]) -> None:
+    path = files["Q4_1"][0]
+    with pytest.raises(ValueError, match=r"holds no tokenizer \(no tokenizer.ggml.tokens\)"):
+        load_gguf(path)
+
+
+@pytest.mark.slow
+def test_a_damaged_tokenizer_cache_is_rebuilt(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from specdec_rs.gguf.model import tokenizer_for
+
+    gguf_path = models.smollm2_gguf()
+    tokenizer_for(gguf_path, tmp_path)  # builds the cache
+    (folder,) = (tmp_path / "gguf-tokenizers").iterdir()
+    (folder / "tokenizer.json").write_text("{damaged")
+    tok = tokenizer_for(gguf_path, tmp_path)
+    assert "cannot be read" in capsys.readouterr().err and len(tok) > 1000
+    assert tok("hello")["input_ids"] == tokenizer_for(gguf_path, tmp_path)("hello")["input_ids"]

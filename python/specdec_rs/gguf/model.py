@@ -27,7 +27,7 @@ import numpy as np
 
 from specdec_rs.gguf.layer import FusedLlamaLayer
 from specdec_rs.gguf.modules import NATIVE_TYPES, QuantEmbedding, QuantLinear
-from specdec_rs.gguf.reader import GGUFFile, Tensor, read
+from specdec_rs.gguf.reader import INTEGER_TYPES, GGUFFile, Tensor, read
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -40,7 +40,7 @@ MAX_SIZE = 1 << 20
 
 def llama_config(f: GGUFFile) -> dict[str, Any]:
     """The `LlamaConfig` keywords of a Llama-architecture file, checked."""
-    arch = f.metadata.get("general.architecture")
+    arch = f.text("general.architecture", fix=FIX)
     if arch != "llama":
         raise f.fail(
             f"general.architecture is {arch!r}; this loader reads Llama-architecture files "
@@ -48,15 +48,10 @@ def llama_config(f: GGUFFile) -> dict[str, Any]:
         )
 
     def get(key: str, default: Any = None, kind: type = int) -> Any:
-        value = f.metadata.get(f"llama.{key}", default)
-        ok = (
-            isinstance(value, kind) and not isinstance(value, bool)
-            if kind is int
-            else isinstance(value, int | float)
-        )
-        if value is None or not ok or not 0 < value < (MAX_SIZE if kind is int else float("inf")):
-            raise f.fail(f"metadata llama.{key} = {value!r} is missing or out of range", FIX)
-        return value
+        """llama.<key>, of its type (ValueError naming the file and the key)."""
+        if kind is int:
+            return f.integer(f"llama.{key}", default, minimum=1, maximum=MAX_SIZE - 1, fix=FIX)
+        return f.real(f"llama.{key}", default, fix=FIX)
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
     kv_heads = get("attention.head_count_kv", heads)
@@ -73,15 +68,19 @@ def llama_config(f: GGUFFile) -> dict[str, Any]:
             f"{rope_dim}: expected whole groups and the rotary over the whole head",
             FIX,
         )
-    scaling = f.metadata.get("llama.rope.scaling.type", "none")
-    if scaling not in ("none", None):
+    scaling = f.text("llama.rope.scaling.type", "none", fix=FIX)
+    if scaling != "none":
         raise f.fail(f"rope scaling {scaling!r} is not supported (plain RoPE only)")
     embed = f.tensors.get("token_embd.weight")
-    vocab = f.metadata.get("llama.vocab_size") or (embed.rows if embed is not None else 0)
+    vocab = get("vocab_size", embed.rows if embed is not None else None)
 
     def token(key: str) -> int | None:
-        value = f.metadata.get(f"tokenizer.ggml.{key}")
-        return int(value) if isinstance(value, int) and 0 <= value < vocab else None
+        """A special token's id; None when absent, of another type or past the vocabulary."""
+        name = f"tokenizer.ggml.{key}"
+        if name not in f.metadata or f.types.get(name) not in INTEGER_TYPES:
+            return None
+        value = int(f.metadata[name])
+        return value if 0 <= value < vocab else None
 
     return {
         "vocab_size": int(vocab),
@@ -274,8 +273,21 @@ def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
     stat = path.stat()
     key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
     folder = cache / "gguf-tokenizers" / f"{path.stem}-{key[:16]}"
-    if (folder / "tokenizer_config.json").is_file():
-        return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if folder.exists():
+        try:
+            return AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - a damaged cache: rebuilt from the file below
+            print(
+                f"specdec_rs: the cached tokenizer {folder} cannot be read ({type(e).__name__}); "
+                "it is built again from the GGUF file",
+                file=sys.stderr,
+            )
+            shutil.rmtree(folder, ignore_errors=True)
+            if folder.exists():
+                raise ValueError(
+                    f"the cached tokenizer {folder} is damaged and cannot be removed; delete "
+                    "it (it is rebuilt from the GGUF file)"
+                ) from None
     try:
         tok = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name, local_files_only=True)
     except Exception as e:  # noqa: BLE001 - transformers' GGUF tokenizer raises many types
@@ -357,6 +369,11 @@ def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, An
     from specdec_rs._files import cache_dir
 
     f = read(path)
+    if tokenizer and "tokenizer.ggml.tokens" not in f.metadata:
+        raise f.fail(
+            "it holds no tokenizer (no tokenizer.ggml.tokens)",
+            "use a GGUF file with its tokenizer, or load_gguf(path, tokenizer=False)",
+        )
     model = build(f)
     threads = choose_threads(model)
     set_threads(model, threads)

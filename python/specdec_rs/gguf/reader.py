@@ -5,14 +5,21 @@ as it is read, so a truncated or corrupt file is a ValueError naming the
 file (and the tensor), never an exception from deep inside, a huge
 allocation or a hang.
 
-Only what a model needs is decoded: scalar and string metadata, numeric
-arrays; string arrays (the tokenizer's vocabulary and merges) are skipped
-over (their sizes checked), which keeps reading a file to milliseconds.
+Only what a model needs is decoded: scalar and string metadata; numeric
+arrays stay read-only NumPy views of the mapped file (no copy: a large
+array costs no memory until read); string arrays (the tokenizer's
+vocabulary and merges) are skipped over (their sizes checked), which keeps
+reading a file to milliseconds. Each key's GGUF value type is kept, so a
+model's keys are read with their type checked (`GGUFFile.integer`,
+`real`, `text`: a bool, a float or an array where an integer belongs is
+refused, never converted). Tensor offsets must be multiples of the
+alignment and tensors may not overlap, as the format requires.
 The format: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 """
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass, field
@@ -131,18 +138,78 @@ class Tensor:
         return int(np.prod(self.shape[1:], dtype=np.int64)) if len(self.shape) > 1 else 1
 
 
+INTEGER_TYPES = frozenset({0, 1, 2, 3, 4, 5, 10, 11})  # u8 i8 u16 i16 u32 i32 u64 i64
+FLOAT_TYPES = frozenset({6, 12})  # f32 f64
+TYPE_NAMES = {
+    0: "u8", 1: "i8", 2: "u16", 3: "i16", 4: "u32", 5: "i32", 6: "f32", 7: "bool",
+    8: "string", 9: "array", 10: "u64", 11: "i64", 12: "f64",
+}  # fmt: skip
+
+
 @dataclass(frozen=True)
 class GGUFFile:
-    """A read GGUF file: its metadata (key -> value; string arrays as their
-    length) and tensors (name -> `Tensor`)."""
+    """A read GGUF file: its metadata (key -> value; numeric arrays as
+    read-only NumPy arrays, string arrays as their length), each key's GGUF
+    value type (`types`), and tensors (name -> `Tensor`)."""
 
     path: Path
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, Tensor] = field(repr=False)
+    types: dict[str, int] = field(default_factory=dict, repr=False)
 
     def fail(self, what: str, fix: str = "") -> ValueError:
         return ValueError(f"GGUF file {self.path}: {what}" + (f"; {fix}" if fix else ""))
+
+    def _wrong(self, key: str, expected: str, fix: str) -> ValueError:
+        kind = TYPE_NAMES.get(self.types.get(key, -1), "?")
+        return self.fail(
+            f"metadata {key} = {self.metadata[key]!r} ({kind}); expected {expected}", fix
+        )
+
+    def integer(
+        self, key: str, default: int | None = None, *, minimum: int = 0, maximum: int, fix: str = ""
+    ) -> int:
+        """Key `key` as an integer of an integer GGUF type in [minimum, maximum]
+        (`default` when absent; absent without one is a ValueError)."""
+        if key not in self.metadata:
+            if default is None:
+                raise self.fail(f"metadata {key} is missing", fix)
+            return default
+        value = self.metadata[key]
+        if self.types.get(key) not in INTEGER_TYPES or not minimum <= value <= maximum:
+            raise self._wrong(key, f"an integer in [{minimum}, {maximum}]", fix)
+        return int(value)
+
+    def real(
+        self,
+        key: str,
+        default: float | None = None,
+        *,
+        above: float = 0.0,
+        maximum: float = float("inf"),
+        fix: str = "",
+    ) -> float:
+        """Key `key` as a finite number of a float (or integer) GGUF type in
+        (above, maximum]; a bool, string or array is refused."""
+        if key not in self.metadata:
+            if default is None:
+                raise self.fail(f"metadata {key} is missing", fix)
+            return default
+        value = self.metadata[key]
+        kind = self.types.get(key)
+        numeric = kind in FLOAT_TYPES or kind in INTEGER_TYPES
+        if not numeric or not math.isfinite(value) or not above < value <= maximum:
+            raise self._wrong(key, f"a finite number in ({above}, {maximum}]", fix)
+        return float(value)
+
+    def text(self, key: str, default: str | None = None, *, fix: str = "") -> str | None:
+        """Key `key` as a string (`default` when absent)."""
+        if key not in self.metadata:
+            return default
+        if self.types.get(key) != 8:
+            raise self._wrong(key, "a string", fix)
+        return str(self.metadata[key])
 
 
 class _Cursor:
@@ -196,8 +263,10 @@ class _Cursor:
             size = np.dtype(_NUMPY[item]).itemsize
             if count * size > len(self.buf) - self.at:
                 raise self.fail(f"{what} ({count:,} items) runs past the end")
-            values = np.frombuffer(self.take(count * size, what), dtype=_NUMPY[item])
-            return values.tolist()
+            at = self.at
+            self.at = at + count * size
+            values = np.frombuffer(self.view[at : self.at], dtype=_NUMPY[item])
+            return values  # a read-only view of the map: no copy
         if item == 8:  # a string array: skipped over, its length kept
             end, at = len(self.buf), self.at
             if count > (end - at) // 8:
@@ -233,9 +302,11 @@ def read(path: Any) -> GGUFFile:
     if n_tensors > MAX_TENSORS or n_keys > MAX_KEYS:
         raise c.fail(f"{n_tensors:,} tensors and {n_keys:,} keys are more than any model has")
     metadata: dict[str, Any] = {}
+    types: dict[str, int] = {}
     for i in range(n_keys):
         key = c.string(f"key {i}")
-        metadata[key] = c.value(c.u32(f"the type of {key}"), key)
+        types[key] = c.u32(f"the type of {key}")
+        metadata[key] = c.value(types[key], key)
     infos = []
     for i in range(n_tensors):
         name = c.string(f"tensor {i}'s name")
@@ -247,13 +318,37 @@ def read(path: Any) -> GGUFFile:
         offset = c.u64(f"{name}'s offset")
         infos.append((name, shape, ggml_type, offset))
     alignment = metadata.get("general.alignment", DEFAULT_ALIGNMENT)
-    if not isinstance(alignment, int) or alignment < 1 or alignment & (alignment - 1):
-        raise c.fail(f"general.alignment = {alignment!r} is not a power of 2")
+    if (
+        "general.alignment" in metadata and types["general.alignment"] not in INTEGER_TYPES
+    ) or not (isinstance(alignment, int) and alignment >= 1 and not alignment & (alignment - 1)):
+        raise ValueError(
+            f"GGUF file {p}: general.alignment = {alignment!r} is not a power of 2 of an "
+            "integer type; replace the file"
+        )
     start = -(-c.at // alignment) * alignment
     tensors = {}
     for name, shape, ggml_type, offset in infos:
+        if offset % alignment:
+            raise ValueError(
+                f"GGUF file {p}: tensor {name}'s offset {offset:,} is not a multiple of the "
+                f"alignment {alignment}; replace the file"
+            )
+        if name in tensors:
+            raise ValueError(f"GGUF file {p}: tensor {name} appears twice; replace the file")
         tensors[name] = _tensor(p, buf, name, shape, ggml_type, start + offset)
-    return GGUFFile(p, version, metadata, tensors)
+    _no_overlaps(p, list(tensors.values()))
+    return GGUFFile(p, version, metadata, tensors, types)
+
+
+def _no_overlaps(p: Path, tensors: list[Tensor]) -> None:
+    """Each tensor's bytes end before the next one's begin."""
+    spans = sorted((t.offset, t.offset + t.rows * t.row_bytes, t.name) for t in tensors)
+    for (_, end, name), (start, _, other) in zip(spans, spans[1:], strict=False):
+        if start < end:
+            raise ValueError(
+                f"GGUF file {p}: tensors {name} and {other} overlap (bytes {start:,} to "
+                f"{end:,}); replace the file"
+            )
 
 
 def _tensor(
