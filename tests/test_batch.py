@@ -239,7 +239,7 @@ def test_cancel_frees_the_row_and_the_queue(gguf: Any) -> None:
         ("hello", ["prompt 1", "is a str"]),
         ([[1, 2], [3, 4]], ["prompt 1", "batch size 2"]),
         ([1, V + 3], ["prompt 1", f"outside [0, {V})"]),
-        ([1] * 1020, ["request 1", "past the model's context of 1024"]),
+        ([1] * 1020, ["prompt 1", "past the model's context of 1024"]),
     ],
 )
 def test_bad_prompts_name_their_row(gguf: Any, prompt: Any, words: list[str]) -> None:
@@ -424,3 +424,63 @@ def test_the_engine_measures_its_forward(gguf: Any) -> None:
     assert (p.context, p.long_context) == (8, 64) and set(p.long) == set(p.table)
     with pytest.raises(ValueError, match="long_context = 8 must exceed context = 8"):
         profile_forward(engine, [1], context=8, long_context=8, cached=False)
+
+
+# ---- bounds (issue: hardening) -----------------------------------------------------------
+def test_the_profile_follows_the_work_not_max_batch(gguf: Any) -> None:
+    """Its rows stop at 64, and at what the cache holds at the longer context."""
+    from specdec_rs.generation.profile import MAX_PROFILE_ROWS
+
+    engine = BatchEngine(gguf, None, max_batch=MAX_ROWS, cache_positions=10 * (64 + 3))
+    p = profile_forward(engine, [1, 3], context=8, long_context=64, repeats=1, cached=False)
+    assert max(p.batch_sizes) == 10 and p.batch_sizes == [1, 2, 4, 8, 10]
+    assert p.seconds(MAX_ROWS, 1) > p.seconds(10, 1)  # extrapolated beyond the grid
+    wide = BatchEngine(gguf, None, max_batch=MAX_ROWS)
+    p = profile_forward(wide, [1], context=8, long_context=0, repeats=1, cached=False)
+    assert max(p.batch_sizes) == MAX_PROFILE_ROWS
+    small = BatchEngine(gguf, None, max_batch=4, cache_positions=40)
+    with pytest.raises(ValueError, match="needs 67 cache positions"):
+        profile_forward(small, [1, 3], context=8, long_context=64, repeats=1, cached=False)
+
+
+def test_generate_batch_holds_no_more_rows_than_requests(gguf: Any) -> None:
+    policy = Goodput(k_max=2)
+    out = sd.generate_batch(
+        gguf, sd.PromptLookup, prompts()[:3], max_new_tokens=4, max_batch=MAX_ROWS,
+        goodput=policy, seed=0,
+    )  # fmt: skip
+    assert policy.profile is not None and max(policy.profile.batch_sizes) == 3
+    assert all(f.result is not None for f in out.rows)
+
+
+def test_an_engine_outside_run_keeps_no_rounds(gguf: Any) -> None:
+    engine = BatchEngine(gguf, sd.PromptLookup, max_batch=2, k=2)
+    for p in prompts():
+        engine.submit(Request(p, 6, 0.0))
+    while engine.active or engine.queued:
+        engine.step()
+    assert engine.steps is None  # a server's engine steps forever: nothing accumulates
+    out = engine.run([Request(p, 4, 0.0) for p in prompts()[:2]])
+    assert len(out.steps) > 0 and engine.steps is None
+
+
+@pytest.mark.parametrize(
+    ("budget", "says"),
+    [("8", "max_new_tokens"), (None, "max_new_tokens"), (2.5, "max_new_tokens"), (0, ">= 1")],
+)
+def test_bad_requests_name_their_row_before_any_work(gguf: Any, budget: Any, says: str) -> None:
+    rows = [Request([3, 4, 5], 4), Request([3, 4], budget)]
+    with pytest.raises(ValueError) as e:
+        sd.generate_batch(gguf, None, [], max_new_tokens=4, requests=rows, goodput=Goodput())
+    assert "prompt 1" in str(e.value) and says in str(e.value), e.value
+    with pytest.raises(ValueError, match="non-empty list"):
+        sd.generate_batch(gguf, None, [], max_new_tokens=4, requests=[])
+
+
+def test_row_i_takes_seed_plus_i_up_to_2_64(gguf: Any) -> None:
+    seed = 2**63 + 5  # past 2^63: rows were reduced mod 2^63
+    out = sd.generate_batch(gguf, None, prompts()[:2], max_new_tokens=6, seed=seed)
+    alone = sd.generate(gguf, None, prompts()[1], max_new_tokens=6, seed=seed + 1)
+    assert out.rows[1].result is not None and out.rows[1].result.tokens == alone.tokens
+    with pytest.raises(ValueError, match="passes 2\\^64 - 1"):
+        sd.generate_batch(gguf, None, prompts()[:2], max_new_tokens=6, seed=2**64 - 1)

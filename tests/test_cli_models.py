@@ -91,9 +91,19 @@ DRAFTERS = [
 ]
 
 
+@pytest.fixture(scope="module")
+def smollm2_float32() -> None:
+    """The float32 SmolLM2 folder `model:SMOLLM2` names, converted here
+    when no earlier test made it (outside the test's captured output)."""
+    models.load_smollm2(weights="float32")
+
+
 @pytest.mark.parametrize("drafter", DRAFTERS)
 def test_generate_human_output_for_every_drafter(
-    drafter: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    drafter: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    smollm2_float32: None,
 ) -> None:
     """The text, then the statistics table; α shown as "-" when undefined."""
     monkeypatch.setenv("COLUMNS", "160")  # rich's width when not on a terminal
@@ -329,6 +339,11 @@ def test_generate_batch_equals_the_prompts_one_by_one(
     assert [r["text"] for r in batched["results"]] == [r["text"] for r in alone["results"]]
     assert batched["batch"]["batch"] == 2 and batched["batch"]["rounds"] >= 1
     assert batched["totals"]["new_tokens"] == alone["totals"]["new_tokens"]
+    # --batch past the prompt count holds one row per prompt (its profile too)
+    assert main(["generate", "--prompts-file", str(prompts), "--batch", "1024", *args]) == 0
+    wide = json.loads(capsys.readouterr().out)
+    assert wide["batch"]["batch"] == 3
+    assert [r["text"] for r in wide["results"]] == [r["text"] for r in alone["results"]]
     assert main(["generate", "hi", "--batch", "2"]) == 2
     one_line_error(capsys.readouterr().err, "--batch decodes the prompts of --prompts-file")
     assert main(["generate", "--prompts-file", str(prompts), "--batch", "2", "--tree", "4"]) == 2

@@ -244,19 +244,21 @@ def encode(args: argparse.Namespace, tokenizer: Any, prompt: Any) -> Any:
 def run_batch(
     args: argparse.Namespace, prompts: list[Any], target: Any, tokenizer: Any, console: Console
 ) -> GeneratedTexts:
-    """--batch B: every prompt through one `BatchEngine` (prompt i with seed
-    --seed + i; γ --k, else the goodput policy), texts in the file's order."""
+    """--batch B: every prompt through one `BatchEngine` of at most B rows
+    (and no more rows than prompts; prompt i with seed --seed + i; γ --k,
+    else the goodput policy, started once every prompt passed its checks),
+    texts in the file's order."""
     from specdec_rs.policy import Goodput
 
     config = sampling(args)
     probe = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
     goodput = Goodput() if args.k is None and probe is not None else None
+    rows = min(args.batch, len(prompts))
     engine = BatchEngine(
         target,
         drafters.copies(probe) if probe is not None else None,
-        max_batch=args.batch,
+        max_batch=rows,
         k=args.k if args.k is not None else 0 if probe is None else 4,
-        goodput=goodput,
         vocab_size=len(tokenizer) if probe is not None else None,
         allow_past_context=args.allow_past_context,
     )
@@ -272,8 +274,11 @@ def run_batch(
         )
         for i, prompt in enumerate(prompts)
     ]
+    for i, request in enumerate(requests):
+        engine.check(request, i, where=f"prompt {i + 1}")
+    engine.use_goodput(goodput)
     if not args.json:
-        console.out(f"--- {len(prompts)} prompts, up to {args.batch} at a time", highlight=False)
+        console.out(f"--- {len(prompts)} prompts, up to {rows} at a time", highlight=False)
     out = engine.run(requests)
     runs = []
     for i, f in enumerate(out.rows):
@@ -284,7 +289,7 @@ def run_batch(
             console.out(f"--- prompt {i + 1} of {len(prompts)}\n{text}", highlight=False)
         runs.append(GeneratedText(text, f.result))
     summary = BatchSummary(
-        args.batch,
+        rows,
         goodput.name if goodput else f"k = {engine.k}",
         len(out.steps),
         out.time_total,

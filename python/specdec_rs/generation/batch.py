@@ -222,14 +222,7 @@ class BatchEngine:
         self.on_commit = None if on_commit is None else _checks.function(on_commit, "on_commit")
         self.max_batch = _checks.integer(max_batch, "max_batch", minimum=1, maximum=MAX_ROWS)
         self.k = _checks.integer(k, "k", minimum=0, maximum=MAX_K)
-        from specdec_rs.policy.goodput import Goodput
-
-        if goodput is not None and not isinstance(goodput, Goodput):
-            raise ValueError(
-                f"goodput is a {type(goodput).__name__}; pass a policy.Goodput or None "
-                "(a fixed γ is k=...)"
-            )
-        self.goodput = goodput
+        self.goodput: Goodput | None = None
         self.vocab_size = vocab_size
         self.transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
         self.allow = _checks.boolean(allow_past_context, "allow_past_context")
@@ -244,19 +237,41 @@ class BatchEngine:
         self.free_caches: list[Any] = []
         self.queue: deque[_Checked] = deque()
         self.finished: list[Finished] = []
-        self.steps: list[BatchStep] = []
+        self.steps: list[BatchStep] | None = None  # the rounds of a `run()`, while one runs
         self.next_id = 0
+        self.use_goodput(goodput)
+
+    def use_goodput(self, goodput: Goodput | None) -> None:
+        """Choose γ by `goodput` from now on (None: the fixed k); it starts
+        here, with its forward profile measured on this engine (or cached)."""
+        from specdec_rs.policy.goodput import Goodput
+
+        if goodput is not None and not isinstance(goodput, Goodput):
+            raise ValueError(
+                f"goodput is a {type(goodput).__name__}; pass a policy.Goodput or None "
+                "(a fixed γ is k=...)"
+            )
+        self.goodput = goodput
         if goodput is not None:
-            goodput.start(self)  # its forward profile, measured on this engine (or cached)
+            goodput.start(self)
+            for row in self.live_rows():
+                goodput.join(row.id)
 
     # ---- requests
     def submit(self, request: Request) -> int:
         """Queue a request (checked now: a bad one is a ValueError naming its
         id, and nothing is queued); returns its id."""
+        item = self.check(request, self.next_id)
+        self.next_id += 1
+        self.queue.append(item)
+        return item.id
+
+    def check(self, request: Request, rid: int, where: str | None = None) -> _Checked:
+        """`request` checked and converted as it would be queued with id
+        `rid` (ValueError naming `where`, default "request <rid>")."""
         import secrets
 
-        rid = self.next_id
-        where = f"request {rid}"
+        where = where or f"request {rid}"
         if not isinstance(request, Request):
             raise ValueError(f"{where} is a {type(request).__name__}; pass a generation.Request")
         try:
@@ -285,9 +300,7 @@ class BatchEngine:
                 f"max_new_tokens {max_new}), more than the engine's cache holds "
                 f"(cache_positions = {self.cache_positions}); shorten it or raise cache_positions"
             )
-        self.next_id += 1
-        self.queue.append(_Checked(rid, prompt, max_new, config, seed, eos, k, factory))
-        return rid
+        return _Checked(rid, prompt, max_new, config, seed, eos, k, factory)
 
     def _factory(self, name: Any) -> Callable[[], Drafter | None] | None:
         """The drafter factory a request names (None: the engine's)."""
@@ -344,13 +357,15 @@ class BatchEngine:
         started = time.perf_counter()
         ids = [self.submit(r) for r in requests]
         done: dict[int, Finished] = {}
-        first = len(self.steps)
-        while self.queue or self.active:
-            for f in self.step():
-                done[f.id] = f
-        return BatchResult(
-            [done[i] for i in ids], self.steps[first:], time.perf_counter() - started
-        )
+        steps: list[BatchStep] = []
+        self.steps = steps  # recorded for this run only (a server's engine keeps none)
+        try:
+            while self.queue or self.active:
+                for f in self.step():
+                    done[f.id] = f
+        finally:
+            self.steps = None
+        return BatchResult([done[i] for i in ids], steps, time.perf_counter() - started)
 
     @property
     def reserved(self) -> int:
@@ -459,7 +474,8 @@ class BatchEngine:
                 tokens=tokens,
                 seconds=seconds,
             )
-        self.steps.append(BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted))
+        if self.steps is not None:
+            self.steps.append(BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted))
 
     def _settle(
         self, row: Row, pending: Pending, logits: Any, hidden: Any, target_s: float
@@ -568,16 +584,8 @@ def generate_batch(
     sampling at its settings; prompt i gets seed `seed` + i (seed None:
     drawn), so it equals `generate` on that prompt alone with that seed.
     `requests` instead of `prompts` (pass prompts=[]) gives every row its
-    own settings. A bad prompt is a ValueError naming its row, before any work."""
-    engine = BatchEngine(
-        target,
-        drafter_factory,
-        max_batch=max_batch,
-        k=k,
-        goodput=goodput,
-        vocab_size=vocab_size,
-        cache_positions=cache_positions,
-    )
+    own settings. A bad prompt is a ValueError naming its row, before any
+    work. The engine holds at most as many rows as there are requests."""
     if requests is None:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError(
@@ -588,31 +596,38 @@ def generate_batch(
         import secrets
 
         base = secrets.randbits(62) if seed is None else _checks.seed(seed)
+        if base + len(prompts) - 1 >= 2**64:
+            raise ValueError(
+                f"seed = {base}: prompt i takes seed + i, and seed + {len(prompts) - 1} passes "
+                f"2^64 - 1; pass a seed of at most {2**64 - len(prompts)}"
+            )
         requests = [
             Request(
-                prompt,
-                max_new_tokens,
-                temperature,
-                top_k,
-                top_p,
-                min_p,
-                (base + i) % 2**63,
-                eos_token_id,
+                prompt, max_new_tokens, temperature, top_k, top_p, min_p, base + i, eos_token_id
             )
             for i, prompt in enumerate(prompts)
         ]
+    elif isinstance(requests, str) or not isinstance(requests, Sequence) or not requests:
+        raise ValueError("requests must be a non-empty list of generation.Request")
+    rows = _checks.integer(max_batch, "max_batch", minimum=1, maximum=MAX_ROWS)
+    engine = BatchEngine(
+        target,
+        drafter_factory,
+        max_batch=min(rows, len(requests)),
+        k=k,
+        vocab_size=vocab_size,
+        cache_positions=cache_positions,
+    )
     needs = []
     for i, request in enumerate(requests):  # every row checked before any work
-        try:
-            needs.append(len(prompt_tensor(getattr(request, "prompt", None), engine.vocab)))
-        except ValueError as e:
-            raise ValueError(f"prompt {i}: {e}") from None
-        needs[-1] += int(getattr(request, "max_new_tokens", 0) or 0)
-    largest = sum(sorted(needs, reverse=True)[:max_batch])
+        item = engine.check(request, i, where=f"prompt {i}")
+        needs.append(len(item.prompt) + item.max_new)
+    largest = sum(sorted(needs, reverse=True)[: engine.max_batch])
     if largest > engine.cache_positions:
         raise ValueError(
             f"max_batch = {max_batch} rows of these prompts need up to {largest} cache positions "
             f"at once, more than the cache holds (cache_positions = {engine.cache_positions}); "
             "lower max_batch or max_new_tokens, or raise cache_positions"
         )
+    engine.use_goodput(goodput)  # the profile (work) only once every row passed
     return engine.run(requests)

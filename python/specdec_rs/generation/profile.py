@@ -6,6 +6,10 @@ model, host and thread count: the table the `Goodput` policy reads.
 Each row is a copy of one prefilled context of L positions; a sample is one
 forward of B blocks of n tokens, after which every row's cache is cut back.
 The median of `repeats` samples, after one warm-up, per grid point.
+The grid's batch sizes stop at `profile_rows` (64 rows, and what the
+engine's cache and 1 GiB of logits hold at the longer context); the policy
+extrapolates T beyond by the last measured slope, so the profile's memory
+and time follow the work, not `max_batch`.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ if TYPE_CHECKING:
     from specdec_rs.generation.batch import BatchEngine
 
 VERSION = 2
+MAX_PROFILE_ROWS = 64  # beyond, T(B, n) is extrapolated by the last measured slope
+LOGITS_BYTES = 1 << 30  # the most the profile's logits (B · n · V float32) may take
 
 
 def batch_grid(max_batch: int) -> list[int]:
@@ -55,8 +61,10 @@ def profile_forward(
         raise ValueError(
             f"long_context = {long_context} must exceed context = {context} (or be 0: none)"
         )
-    bs = sorted(set(batch_grid(engine.max_batch) if batch_sizes is None else batch_sizes))
     ns = sorted(set(ks))
+    cap = profile_rows(engine, max(ns), max(context, long_context))
+    wanted = batch_grid(engine.max_batch) if batch_sizes is None else list(batch_sizes)
+    bs = sorted({min(b, cap) for b in wanted})
     path = _cache_path(engine, bs, ns, (context, long_context)) if cached else None
     if path is not None and path.is_file():
         try:
@@ -77,6 +85,24 @@ def profile_forward(
         except (OSError, ValueError):
             pass  # no cache: measured again next time
     return profile
+
+
+def profile_rows(engine: BatchEngine, n: int, context: int) -> int:
+    """The most rows one profile forward may take: at most
+    `MAX_PROFILE_ROWS`, rows × (context + n) cache positions within the
+    engine's `cache_positions`, and their logits (rows · n · V float32)
+    within `LOGITS_BYTES`; a ValueError naming the bound when not one row fits."""
+    by_cache = engine.cache_positions // (context + n)
+    by_logits = LOGITS_BYTES // (4 * n * max(1, engine.vocab))
+    rows = min(MAX_PROFILE_ROWS, engine.max_batch, by_cache, by_logits)
+    if rows < 1:
+        raise ValueError(
+            f"the forward profile needs {context + n} cache positions (a context of {context} "
+            f"and {n} positions) and {4 * n * engine.vocab:,} bytes of logits a row; the engine "
+            f"holds {engine.cache_positions} positions (cache_positions) and the profile "
+            f"{LOGITS_BYTES:,} bytes: raise cache_positions, or fix k (no goodput profile)"
+        )
+    return rows
 
 
 def _grid(
