@@ -244,3 +244,73 @@ def test_bad_token_ids_and_stale_nodes_are_value_errors() -> None:
     with pytest.raises(ValueError, match="stale"):
         _ = node.count
     assert index.find([1, 2]) is None and index.find([-1]) is None and len(index) == 1
+
+
+def _forged(path: Path, change: Any) -> Path:
+    """A saved index edited and its checksum recomputed (a checksum is no signature)."""
+    from specdec_rs.drafters.suffix import digest
+
+    data = json.loads(path.read_text())
+    change(data["index"])
+    data["sha256"] = digest(data["index"])
+    out = path.with_name("forged.json")
+    out.write_text(json.dumps(data))
+    return out
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        (lambda i: i["sequences"][0].append(2**63), "sequence 0 holds 9223372036854775808"),
+        (lambda i: i["sequences"][0].append(2**40), "not a token id"),
+        (lambda i: i["sequences"][0].append(True), "sequence 0 holds True"),
+        (lambda i: i.update(depth=2), "does not fit"),
+        (lambda i: i.update(depth=True), "malformed"),
+    ],
+)
+def test_a_forged_saved_index_is_refused_naming_the_file(
+    tmp_path: Path, change: Any, says: str
+) -> None:
+    drafter = sd.SuffixDrafter()
+    sd.generate(tiny_llama(num_layers=2), drafter, [1, 2, 1], max_new_tokens=4, temperature=0)
+    path = tmp_path / "suffix.json"
+    drafter.save(path)
+    forged = _forged(path, change)
+    for attempt in (
+        lambda: sd.SuffixDrafter.load(forged),
+        lambda: sd.drafters.parse_spec(f"suffix:{forged}"),  # before any model loads
+    ):
+        with pytest.raises(ValueError) as e:
+            attempt()
+        assert str(forged) in str(e.value) and says in str(e.value), e.value
+
+
+def test_save_checks_its_path(tmp_path: Path) -> None:
+    drafter = sd.SuffixDrafter()
+    sd.generate(tiny_llama(num_layers=2), drafter, [1, 2, 1], max_new_tokens=4, temperature=0)
+    with pytest.raises(ValueError, match="is a folder"):
+        drafter.save(tmp_path)
+    with pytest.raises(ValueError, match="does not exist"):
+        drafter.save(tmp_path / "no" / "such" / "index.json")
+    with pytest.raises(ValueError, match="pass a file name"):
+        drafter.save("")
+    drafter.save(tmp_path / "ok.json")
+    assert sd.SuffixDrafter.load(tmp_path / "ok.json").shared is not None
+
+
+def test_the_global_index_is_bounded_in_nodes() -> None:
+    """Text that never repeats adds up to `depth` nodes a token: the node
+    bound evicts the oldest sequences, the growing one too when it alone
+    passes it (it then stops counting)."""
+    shared = SharedSuffixes(depth=8, max_tokens=10**6, max_nodes=500)
+    first = shared.open()
+    suffixes: list[int] = []
+    for t in range(200):  # 200 distinct tokens: ~8 nodes each
+        suffixes = shared.extend(first, suffixes, [t])
+        assert len(shared.index) <= 500 + 8
+    assert id(first) not in shared.live and len(shared.index) <= 500
+    second = shared.open()
+    shared.extend(second, [], [1000, 1001, 1002])
+    assert list(shared.sequences) == [[1000, 1001, 1002]] and len(shared.index) == 1 + 6
+    with pytest.raises(ValueError, match="global_nodes"):
+        sd.SuffixDrafter(global_nodes=0)

@@ -360,6 +360,8 @@ def writable_dir(path: Any, name: str, *, hint: str = "; choose another folder")
 
 def output_file(path: Any, name: str) -> Path:
     """A file path whose folder exists and is writable (checked before any work)."""
+    if not isinstance(path, str | os.PathLike) or not os.fspath(path):
+        raise ValueError(f"{name} = {path!r}; pass a file name")
     p = Path(os.fspath(path)).expanduser()
     if p.is_dir():
         raise ValueError(f"{name} = {str(p)!r} is a folder; expected a file name")

@@ -14,7 +14,7 @@ from specdec_rs.drafters.lookahead import Lookahead, NgramPool
 from specdec_rs.drafters.lookup import PromptLookup, lookup
 from specdec_rs.drafters.medusa import Medusa
 from specdec_rs.drafters.model import DraftModel, Truncated
-from specdec_rs.drafters.registry import REGISTRY, from_spec, parse_spec, spec_help
+from specdec_rs.drafters.registry import REGISTRY, from_spec, parse_spec, spec_help, split_specs
 from specdec_rs.drafters.suffix import SuffixDrafter, SuffixIndex
 
 __all__ = [
@@ -41,4 +41,5 @@ __all__ = [
     "lookup",
     "parse_spec",
     "spec_help",
+    "split_specs",
 ]

@@ -98,7 +98,7 @@ class NgramPool:
 def parse_shape(arg: str) -> tuple[int, int, int]:
     """(W, N, G) from ``"W,N,G"`` (the command line's ``lookahead:W,N,G``)."""
     parts = arg.split(",")
-    if len(parts) != 3 or not all(p.strip().isdigit() for p in parts):
+    if len(parts) != 3 or not all(p.strip().isascii() and p.strip().isdigit() for p in parts):
         raise ValueError(
             f"lookahead:{arg} is not understood; expected lookahead:W,N,G with three "
             "integers, e.g. lookahead:4,3,4 (window columns, n-gram size, pool per key)"
@@ -148,6 +148,11 @@ class Lookahead:
     @classmethod
     def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> Lookahead:
         return cls() if arg is None else cls(*parse_shape(arg))
+
+    @classmethod
+    def check_spec(cls, arg: str) -> None:
+        """The shape's bounds, before any model loads."""
+        cls(*parse_shape(arg))
 
     def check_target(self, target: PreTrainedModel) -> None:
         pass  # any target that runs a tree mask (`models.forward_tree`)

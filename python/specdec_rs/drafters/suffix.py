@@ -57,6 +57,9 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
 MAX_DEPTH = 256
+MAX_TOKEN_ID = 2**32  # the trie's ids are u32
+NODE_BYTES = 112  # what a trie node costs (its counts, its child map)
+DEFAULT_GLOBAL_NODES = 2_000_000  # the global index's node bound: about 224 MB
 FILE_FORMAT = "specdec-suffix-index"
 FILE_VERSION = 1
 FIX = "save it again with SuffixDrafter.save(path), or start without it (--drafter suffix)"
@@ -176,12 +179,16 @@ def tree_from(node: Node, limit: int, budget: int, min_prob: float) -> tuple[lis
 
 class SharedSuffixes:
     """The global index of a drafter and its fresh copies: the outputs of
-    the sequences they drafted for, at most `max_tokens` tokens (the oldest
-    sequences are evicted whole)."""
+    the sequences they drafted for, at most `max_tokens` tokens and
+    `max_nodes` trie nodes (`NODE_BYTES` each: the default bound holds
+    about 224 MB; text that never repeats adds up to `depth` nodes a
+    token). The oldest sequences are evicted whole, the one growing too
+    when it alone passes the bound (it then stops counting)."""
 
-    def __init__(self, depth: int, max_tokens: int):
+    def __init__(self, depth: int, max_tokens: int, max_nodes: int = DEFAULT_GLOBAL_NODES):
         self.index = SuffixIndex(depth)
         self.max_tokens = max_tokens
+        self.max_nodes = _checks.integer(max_nodes, "global_nodes", minimum=1)
         self.sequences: deque[list[int]] = deque()
         self.live: set[int] = set()  # id() of the sequences not evicted (their views hold them)
         self.tokens = 0
@@ -195,9 +202,11 @@ class SharedSuffixes:
 
     def save(self, path: Any) -> None:
         """The sequences (the index is rebuilt from them) as JSON with a
-        format, a version and the SHA-256 of the canonical payload."""
+        format, a version and the SHA-256 of the canonical payload. The path
+        is checked first (a folder, a missing folder: ValueError)."""
         from specdec_rs import _files
 
+        path = _checks.output_file(path, "path")
         payload = {
             "depth": self.index.depth,
             "max_tokens": self.max_tokens,
@@ -212,43 +221,11 @@ class SharedSuffixes:
         _files.write_json(path, record, what="the suffix index", indent=None)
 
     @classmethod
-    def load(cls, path: Any) -> SharedSuffixes:
-        """A saved index; any damage (not JSON, another format or version,
-        a checksum that differs, a malformed field) is a ValueError."""
-        from specdec_rs import _files
-
-        what = "suffix index"
-        data = _files.read_json(path, what=what, fix=FIX)
-        if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
-            raise _files.problem(path, f"not a {FILE_FORMAT} file", FIX)
-        if data.get("version") != FILE_VERSION:
-            raise _files.problem(
-                path, f"version {data.get('version')!r}; this build reads {FILE_VERSION}", FIX
-            )
-        payload = data.get("index")
-        if not isinstance(payload, dict) or data.get("sha256") != digest(payload):
-            raise _files.problem(path, "the checksum does not match the contents (damaged)", FIX)
-        depth, max_tokens, sequences = (
-            payload.get(k) for k in ("depth", "max_tokens", "sequences")
-        )
-        ok = (
-            isinstance(depth, int)
-            and 2 <= depth <= MAX_DEPTH
-            and isinstance(max_tokens, int)
-            and max_tokens >= 1
-            and isinstance(sequences, list)
-            and all(
-                isinstance(q, list)
-                and all(isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in q)
-                for q in sequences
-            )
-        )
-        if not ok:
-            raise _files.problem(
-                path, "the index's depth, max_tokens or sequences are malformed", FIX
-            )
-        shared = cls(depth, max_tokens)  # type: ignore[arg-type]
-        for seq in sequences:  # type: ignore[union-attr]
+    def load(cls, path: Any, *, max_nodes: int = DEFAULT_GLOBAL_NODES) -> SharedSuffixes:
+        """A saved index (`read_saved`), its trie rebuilt."""
+        depth, max_tokens, sequences = read_saved(path)
+        shared = cls(depth, max_tokens, max_nodes)
+        for seq in sequences:
             shared.extend(shared.open(), [], seq)
         return shared
 
@@ -262,12 +239,59 @@ class SharedSuffixes:
         output += tokens
         self.tokens += len(tokens)
         suffixes = self.index.grow(suffixes, tokens)
-        while self.tokens > self.max_tokens and len(self.sequences) > 1:
+        while self.sequences and (
+            (self.tokens > self.max_tokens and len(self.sequences) > 1)
+            or len(self.index) > self.max_nodes
+        ):
             old = self.sequences.popleft()
             self.live.discard(id(old))
             self.index.remove(old)
             self.tokens -= len(old)
-        return suffixes
+        return suffixes if id(output) in self.live else []
+
+
+def read_saved(path: Any) -> tuple[int, int, list[list[int]]]:
+    """(depth, max_tokens, sequences) of a saved index, checked; any damage
+    (not JSON, another format or version, a checksum that differs, a
+    malformed field, an id that is no token id) is a ValueError naming the file."""
+    from specdec_rs import _files
+
+    what = "suffix index"
+    data = _files.read_json(path, what=what, fix=FIX)
+    if not isinstance(data, dict) or data.get("format") != FILE_FORMAT:
+        raise _files.problem(path, f"not a {FILE_FORMAT} file", FIX)
+    if data.get("version") != FILE_VERSION:
+        raise _files.problem(
+            path, f"version {data.get('version')!r}; this build reads {FILE_VERSION}", FIX
+        )
+    payload = data.get("index")
+    if not isinstance(payload, dict) or data.get("sha256") != digest(payload):
+        raise _files.problem(path, "the checksum does not match the contents (damaged)", FIX)
+    depth, max_tokens, sequences = (payload.get(k) for k in ("depth", "max_tokens", "sequences"))
+    ok = (
+        isinstance(depth, int)
+        and not isinstance(depth, bool)
+        and 2 <= depth <= MAX_DEPTH
+        and isinstance(max_tokens, int)
+        and not isinstance(max_tokens, bool)
+        and max_tokens >= 1
+        and isinstance(sequences, list)
+        and all(isinstance(q, list) for q in sequences)
+    )
+    if not ok:
+        raise _files.problem(
+            path,
+            f"the index's depth (2..{MAX_DEPTH}), max_tokens (>= 1) or "
+            "sequences (lists of token ids) are malformed",
+            FIX,
+        )
+    for i, seq in enumerate(sequences):  # type: ignore[arg-type]
+        for t in seq:
+            if not (isinstance(t, int) and not isinstance(t, bool) and 0 <= t < MAX_TOKEN_ID):
+                raise _files.problem(
+                    path, f"sequence {i} holds {t!r}, not a token id (an int in [0, 2^32))", FIX
+                )
+    return depth, max_tokens, sequences  # type: ignore[return-value]
 
 
 def digest(payload: Any) -> str:
@@ -290,8 +314,9 @@ class SuffixDrafter:
     counted (match + draft); factor, offset: the draft is at most
     ⌊factor·m + offset⌋ tokens after an m-token match; min_prob: the
     least path probability a drafted token may have; min_match: the
-    shortest match that drafts; global_tokens:
-    the global index's bound (0: no global index)."""
+    shortest match that drafts; global_tokens, global_nodes: the global
+    index's bounds in tokens (0: no global index) and in trie nodes
+    (`NODE_BYTES` = 112 bytes each: the default bounds it to about 224 MB)."""
 
     needs_target_hidden = False
 
@@ -304,6 +329,7 @@ class SuffixDrafter:
         min_prob: float = 0.1,
         min_match: int = 2,
         global_tokens: int = 1_000_000,
+        global_nodes: int = DEFAULT_GLOBAL_NODES,
         shared: SharedSuffixes | None = None,
     ):
         self.depth = _checks.integer(depth, "depth", minimum=2, maximum=MAX_DEPTH)
@@ -315,7 +341,7 @@ class SuffixDrafter:
         self.shared = (
             shared
             if shared is not None
-            else SharedSuffixes(self.depth, global_tokens)
+            else SharedSuffixes(self.depth, global_tokens, global_nodes)
             if global_tokens
             else None
         )
@@ -334,11 +360,29 @@ class SuffixDrafter:
         return drafter
 
     @classmethod
+    def check_spec(cls, arg: str) -> None:
+        """``suffix:PATH``: the saved index's contents, and that the default
+        options fit its depth, before any model loads."""
+        from specdec_rs import _files
+
+        depth, _, _ = read_saved(arg)
+        try:
+            cls(depth=depth, global_tokens=0)
+        except ValueError as e:
+            raise _files.problem(arg, f"the saved index does not fit ({e})", FIX) from None
+
+    @classmethod
     def load(cls, path: Any, **options: Any) -> SuffixDrafter:
         """A drafter whose global index is the one saved at `path` (its
-        depth and bound are the file's)."""
-        shared = SharedSuffixes.load(path)
-        return cls(depth=shared.index.depth, shared=shared, **options)
+        depth and token bound are the file's)."""
+        from specdec_rs import _files
+
+        nodes = options.pop("global_nodes", DEFAULT_GLOBAL_NODES)
+        shared = SharedSuffixes.load(path, max_nodes=nodes)
+        try:
+            return cls(depth=shared.index.depth, shared=shared, **options)
+        except ValueError as e:
+            raise _files.problem(path, f"the saved index does not fit ({e})", FIX) from None
 
     def save(self, path: Any) -> None:
         """Save the global index (`SharedSuffixes.save`); ValueError without one."""
