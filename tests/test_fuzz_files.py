@@ -863,6 +863,7 @@ def test_the_cli_refuses_damaged_heads_with_one_line(
         (b'{"prompt": "\\ud800"}\n', "lone surrogate"),
         (b"\xff\n", "not UTF-8"),
         (b"{\n", "not JSON"),
+        (b"[" * 100_000 + b"\n", "not strict JSON"),
     ],
 )
 def test_the_cli_refuses_damaged_prompts_files_with_one_line(

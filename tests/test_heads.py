@@ -425,7 +425,7 @@ def test_own_prompts_file(target: Any, tmp_path: Path) -> None:
     bad = {
         "missing.jsonl": (None, "not a file"),
         "empty.txt": ("\n\n", "holds no prompts"),
-        "broken.jsonl": ('{"prompt": "a"}\n{"prompt": \n', "broken.jsonl:2: not JSON"),
+        "broken.jsonl": ('{"prompt": "a"}\n{"prompt": \n', "broken.jsonl:2: the line is not JSON"),
         "other.jsonl": ('{"text": "a"}\n', "other.jsonl:1: expected"),
         "binary.txt": (b"\xff\xfe\x00", "UTF-8"),
         "role.jsonl": (

@@ -21,6 +21,7 @@ import httpx2 as httpx
 import openai
 import pytest
 import specdec_rs as sd
+from serve_fixtures import CONTEXT, LONG, MESSAGE, client, model_folder, serve
 from specdec_rs import drafters, models
 from specdec_rs.cli import main
 from specdec_rs.serve import ServerOptions, build_served
@@ -28,35 +29,7 @@ from specdec_rs.serve.app import Served
 from specdec_rs.serve.server import Background, start_in_thread
 from specdec_rs.serve.text import TextAssembler
 
-CONTEXT = 16384
-LONG = 12000  # tokens: a request that runs for seconds
-MESSAGE = "Write a short poem about the sea, and then another one."
-
-
-@pytest.fixture(scope="module")
-def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A local model folder: a 2-layer random Llama whose LM head is its
-    embedding (scaled by 4): greedy repeats the last token (prompt lookup's
-    drafts are accepted), sampling at T = 1 still varies."""
-    import torch
-
-    folder = tmp_path_factory.mktemp("served-model")
-    _, tokenizer = models.load_smollm2()
-    model = models.tiny_llama(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, seed=0)
-    with torch.no_grad():
-        model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
-    model.config.max_position_embeddings = CONTEXT  # room for long requests
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
-
-
-def serve(folder: Path, **options: Any) -> Background:
-    """A server on `folder`'s model (a fixed γ = 2 unless told: no forward profile to take)."""
-    target, tokenizer = models.load_local(folder)
-    options = {"k": 2, **options}
-    opts = ServerOptions(port=0, log_level="warning", model_name="tiny", **options)
-    return start_in_thread(build_served(target, tokenizer, opts), opts)
+__all__ = ["model_folder"]  # a fixture: imported to be found, not called
 
 
 @pytest.fixture(scope="module")
@@ -64,10 +37,6 @@ def server(model_folder: Path) -> Iterator[Background]:
     bg = serve(model_folder, max_batch=8, max_queue=40, drafters=("none",), k=None)  # goodput
     yield bg
     bg.stop()
-
-
-def client(bg: Background) -> openai.OpenAI:
-    return openai.OpenAI(base_url=bg.url + "/v1", api_key="unused", max_retries=0)
 
 
 def metrics(bg: Background) -> dict[tuple[str, str], float]:
@@ -297,7 +266,9 @@ def test_32_concurrent_streams_equal_each_request_alone(server: Background) -> N
 
 # ---- refusals
 BAD = [
-    (b"{not json", "not valid JSON", None),
+    (b"{not json", "request body is not JSON", None),
+    (b"[" * 100_000, "request body is not strict JSON", None),
+    (b'{"prompt": NaN}', "NaN is not a JSON number", None),
     (b"[1, 2]", "JSON list", None),
     (json.dumps({"prompt": "x", "max_tokens": -3}).encode(), "max_tokens", "max_tokens"),
     (json.dumps({"prompt": "x", "max_tokens": "8"}).encode(), "valid integer", "max_tokens"),

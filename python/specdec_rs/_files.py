@@ -64,8 +64,9 @@ def cache_dir() -> Path:
 
 
 def problem(path: Any, what: str, fix: str) -> ValueError:
-    """The one error of this module: `path: what; fix`."""
-    return ValueError(f"{path}: {what}; {fix}")
+    """The one error of this module: `path: what; fix` (`what; fix` when
+    path is None: text that came from no file)."""
+    return ValueError(f"{what}; {fix}" if path is None else f"{path}: {what}; {fix}")
 
 
 # ---- reading -----------------------------------------------------------------------------
@@ -106,8 +107,9 @@ def _no_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
-def parse_json(text: str, *, where: Any, what: str, fix: str) -> Any:
-    """Strict JSON (NaN and Infinity refused), with the position of a fault."""
+def parse_json(text: str | bytes, *, where: Any, what: str, fix: str) -> Any:
+    """Strict JSON (NaN and Infinity refused, nesting deeper than the
+    parser's recursion a ValueError too), with the position of a fault."""
     try:
         return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as e:

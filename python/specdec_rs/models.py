@@ -196,9 +196,14 @@ def _convert_smollm2(target: Path) -> None:
             del model.config.quantization_config
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        if target.is_dir():
-            target.rmdir()  # an empty folder (a non-empty one was refused above)
-        tmp.replace(target)
+        try:
+            if target.is_dir():
+                target.rmdir()  # an empty folder (a non-empty one was refused above)
+            tmp.replace(target)
+        except OSError:
+            if not all((target / f).is_file() for f in CONVERTED_FILES):
+                raise
+            # another process converted it meanwhile (its copy is the same model)
     except OSError as e:
         raise ValueError(
             f"converting {SMOLLM2_NAME} into {target} failed: {e}; free disk space or set "

@@ -3,7 +3,7 @@
 specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
               [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
               [--k K] [--served-model-name NAME] [--drain-timeout S] [--api-key KEY]
-              [--log-level info]
+              [--max-body-mb 8] [--log-level info]
 """
 
 from __future__ import annotations
@@ -62,6 +62,13 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         default=None,
         help="require Authorization: Bearer KEY on /v1/ (default: $SPECDEC_API_KEY, else none)",
     )
+    s.add_argument(
+        "--max-body-mb",
+        type=float,
+        default=8.0,
+        metavar="MB",
+        help="the largest request body; a larger one gets a 413 (default: 8)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(run=run_serve, show=show_serve)
 
@@ -69,10 +76,14 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
 def options(args: argparse.Namespace) -> ServerOptions:
     from specdec_rs.serve import ServerOptions
 
-    extra = tuple(s.strip() for s in args.drafters.split(",") if s.strip())
-    name = args.served_model_name or (
-        Path(args.model).name.removesuffix(".gguf") if args.model else "SmolLM2-135M-Instruct"
-    )
+    extra = tuple(drafters.split_specs(args.drafters))
+    name = args.served_model_name
+    if name is None:
+        name = (
+            Path(args.model).name.removesuffix(".gguf") if args.model else "SmolLM2-135M-Instruct"
+        )
+    # an empty key (flag or variable) is refused by check(), never taken as "no key"
+    api_key = args.api_key if args.api_key is not None else os.environ.get("SPECDEC_API_KEY")
     return ServerOptions(
         host=args.host,
         port=args.port,
@@ -84,7 +95,8 @@ def options(args: argparse.Namespace) -> ServerOptions:
         model_name=name,
         drain_timeout=args.drain_timeout,
         log_level=args.log_level,
-        api_key=args.api_key or os.environ.get("SPECDEC_API_KEY") or None,
+        api_key=api_key,
+        max_body_mb=args.max_body_mb,
     ).check()
 
 
@@ -96,25 +108,34 @@ def run_serve(args: argparse.Namespace, console: Console) -> ServeSummary:
             f"specdec serve needs the server's packages ({e.name} is missing); "
             "pip install 'specdec_rs[serve]'"
         ) from None
+    from specdec_rs.serve.server import listening_socket
+
     check_model_flags(args)
-    opts = options(args)
-    target, tokenizer = load_target(args)
-    served = build_served(target, tokenizer, opts)
+    opts = options(args)  # every flag, the drafters' options and files: before the model loads
+    sock = listening_socket(opts.host, opts.port)  # a port in use: before the model loads
+    try:
+        target, tokenizer = load_target(args)
+        served = build_served(target, tokenizer, opts)
+    except BaseException:
+        sock.close()
+        raise
 
     def ready(url: str) -> None:
         names = ", ".join(served.drafters)
+        auth = "API key required" if opts.api_key is not None else "no authentication"
         console.out(
             f"specdec serve: {opts.model_name} on {url}/v1 (drafters: {names}; default "
-            f"{opts.drafter}; up to {opts.max_batch} rows, {opts.max_queue} waiting)",
+            f"{opts.drafter}; up to {opts.max_batch} rows, {opts.max_queue} waiting; {auth})",
             highlight=False,
         )
         console.file.flush()
 
-    return run_server(served, opts, ready=ready)
+    return run_server(served, opts, ready=ready, sock=sock)
 
 
 def show_serve(s: ServeSummary, console: Console) -> None:
+    cut = f"; {s.cut} cut unfinished" if s.cut else ""
     console.out(
-        f"specdec serve: stopped; {s.requests} requests answered in {s.rounds} batch rounds",
+        f"specdec serve: stopped; {s.requests} requests answered in {s.rounds} batch rounds{cut}",
         highlight=False,
     )

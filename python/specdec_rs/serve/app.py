@@ -5,16 +5,26 @@ Routes: POST /v1/completions and /v1/chat/completions (SSE streaming or
 one JSON body), GET /v1/models, /health, /metrics. Every refusal is an
 OpenAI error body ({"error": {"message", "type", "param", "code"}}): 400
 for a malformed or invalid request (a prompt past the context has code
-"context_length_exceeded"), 404 for another model's name or an unknown
-route, 429 when the queue is full, 503 while draining. A client that
-disconnects (mid-stream or while waiting) frees its row before the next
-round. The response's `usage` carries the request's speculation figures
-(`usage.speculation`).
+"context_length_exceeded"), 401 without the API key when one is set, 404
+for another model's name or an unknown route, 413 for a body over
+`max_body` bytes, 429 when the queue is full, 503 while draining. A client
+that disconnects (mid-body, mid-stream or while waiting) frees its row
+before the next round. The response's `usage` carries the request's
+speculation figures (`usage.speculation`).
+
+No request stalls the others: the body is read with its size bounded, and
+parsing and tokenizing run on a worker thread (one: a tokenizer is not
+safe to share between threads), after a prompt longer than the context
+could hold in characters (`prompt_char_limit`) is refused uncounted;
+stop strings are bounded (`text.MAX_STOPS`, `text.MAX_STOP_CHARS`) and
+scanned in time linear in the text, and a handler yields to the event loop
+after each round's text.
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import time
 import uuid
@@ -26,6 +36,7 @@ from typing import Any
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -53,7 +64,10 @@ class Served:
     plus max_queue waiting requests, the next one is a 429. api_key: when
     set, /v1/ routes want ``Authorization: Bearer <api_key>`` (else 401).
     built: the drafter object of each spec, whose `fresh()` copies the rows
-    get (a suffix drafter's global index is `built["suffix"].shared`)."""
+    get (a suffix drafter's global index is `built["suffix"].shared`).
+    max_body: the largest request body in bytes (a larger one is a 413);
+    max_prompt_chars: the longest prompt text the context could hold
+    (`prompt_char_limit`; None: no bound before tokenizing)."""
 
     worker: EngineWorker
     tokenizer: Any
@@ -65,7 +79,10 @@ class Served:
     max_queue: int
     api_key: str | None = None
     built: dict[str, Any] = field(default_factory=dict)
+    max_body: int = 8 << 20
+    max_prompt_chars: int | None = None
     metrics: ServerMetrics = field(init=False)
+    tokenizing: concurrent.futures.ThreadPoolExecutor = field(init=False)
     draining: bool = False
     outstanding: int = 0
     created: int = field(default_factory=lambda: int(time.time()))
@@ -74,6 +91,33 @@ class Served:
         self.metrics = ServerMetrics(
             self.model_name, lambda: self.worker.running, lambda: self.worker.waiting
         )
+        self.tokenizing = concurrent.futures.ThreadPoolExecutor(
+            1, thread_name_prefix="specdec-tokenize"
+        )
+
+    async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """fn(*args) on the tokenizing thread, the event loop free meanwhile."""
+        return await asyncio.get_running_loop().run_in_executor(self.tokenizing, fn, *args)
+
+
+def prompt_char_limit(tokenizer: Any, context: int | None) -> int | None:
+    """The most characters a prompt the context can hold may have:
+    context × the longest token's text (a vocabulary entry's length bounds
+    its decoded characters for byte-level and SentencePiece vocabularies),
+    × 4 where the tokenizer normalizes its input first (a normalizer may
+    shorten the text, e.g. by dropping accents). None without a context or
+    a vocabulary to read."""
+    if context is None:
+        return None
+    try:
+        longest = max((len(t) for t in tokenizer.get_vocab()), default=0)
+    except Exception:  # noqa: BLE001 - a tokenizer without a readable vocabulary: no bound
+        return None
+    if longest < 1:
+        return None
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    slack = 1 if backend is not None and backend.normalizer is None else 4
+    return int(context) * longest * slack
 
 
 class Refusal(Exception):
@@ -97,6 +141,7 @@ class Refusal(Exception):
             400: "invalid_request_error",
             401: "authentication_error",
             404: "not_found_error",
+            413: "invalid_request_error",
             429: "rate_limit_error",
         }
         body = error_body(
@@ -190,9 +235,11 @@ class Answer:
                     self.served.worker.cancel(self.rid)
                 if delta:
                     yield delta
+                await asyncio.sleep(0)  # queued rounds of one request never hold the loop
             elif isinstance(event, Done):
-                self.finish_reason = "stop" if event.result.stop_reason == "eos" else "length"
                 rest = self.text.finish()
+                eos = event.result.stop_reason == "eos"
+                self.finish_reason = "stop" if eos or self.text.stopped else "length"
                 if rest:
                     yield rest
             elif isinstance(event, Failed):
@@ -238,6 +285,7 @@ def prompt_ids(served: Served, body: Sampling) -> list[int]:
     tokenizer = served.tokenizer
     if isinstance(body, ChatRequest):
         turns = [m.turn() for m in body.messages]
+        _within_chars(served, sum(len(t["content"]) for t in turns), "messages")
         try:
             return [int(t) for t in workloads.encode(tokenizer, turns)]
         except ValueError as e:
@@ -248,8 +296,23 @@ def prompt_ids(served: Served, body: Sampling) -> list[int]:
             ) from None
     prompt = _completion(body).prompt
     if isinstance(prompt, str):
+        _within_chars(served, len(prompt), "prompt")
         return [int(t) for t in tokenizer(prompt)["input_ids"]]
     return list(prompt or [])
+
+
+def _within_chars(served: Served, chars: int, param: str) -> None:
+    """Refuse, before tokenizing, text longer than any prompt the context holds."""
+    limit = served.max_prompt_chars
+    if limit is not None and chars > limit:
+        raise Refusal(
+            400,
+            f"the {param} holds {chars:,} characters, more than this model's context of "
+            f"{served.context} tokens can hold (at most {limit:,} characters); shorten it",
+            "bad_request",
+            param=param,
+            code="context_length_exceeded",
+        )
 
 
 def _completion(body: Sampling) -> CompletionRequest:
@@ -272,7 +335,13 @@ def engine_request(served: Served, body: Sampling, ids: list[int]) -> tuple[Requ
             f"max_tokens asks for {budget} more ({len(ids) + budget}); shorten the prompt "
             "or lower max_tokens",
             "bad_request",
-            param="max_tokens" if len(ids) < context else "messages",
+            param=(
+                "max_tokens"
+                if len(ids) < context
+                else "messages"
+                if isinstance(body, ChatRequest)
+                else "prompt"
+            ),
             code="context_length_exceeded",
         )
     spec = body.speculation
@@ -388,12 +457,38 @@ class EventStream:
         pumping = asyncio.ensure_future(pump())
         try:
             await first_of(pumping, until_disconnect(receive))
+        except asyncio.CancelledError:
+            if not self.answer.served.draining:
+                raise
+            cut_by_drain(self.answer)  # the stream ends here, saying so; the answer is an abort
+            ending = sse(
+                error_body(
+                    "the server shut down before this request finished",
+                    kind="server_error",
+                    code="shutdown",
+                )
+            )
+            try:
+                await send({"type": "http.response.body", "body": ending, "more_body": True})
+                await send({"type": "http.response.body", "body": b"data: [DONE]\n\n"})
+            except (OSError, RuntimeError):  # the client or the transport is gone already
+                pass
+            return
         finally:
             self.answer.close()
         if pumping.done() and not pumping.cancelled() and pumping.exception() is not None:
             exc = pumping.exception()
             if not isinstance(exc, OSError):  # OSError: the client left while we wrote
                 raise exc  # type: ignore[misc]
+
+
+def cut_by_drain(answer: Answer) -> None:
+    """One log line for a request the drain timeout cut (not a traceback)."""
+    log.warning(
+        "request %d cut unfinished by the drain timeout after %d tokens",
+        answer.rid,
+        answer.completion_tokens,
+    )
 
 
 async def until_disconnect(receive: Receive) -> None:
@@ -426,6 +521,11 @@ async def whole_answer(
     collecting = asyncio.ensure_future(collect())
     try:
         await first_of(collecting, until_disconnect(http.receive))
+    except asyncio.CancelledError:
+        if not served.draining:
+            raise
+        cut_by_drain(answer)
+        return Response(status_code=503)
     finally:
         answer.close()
     if not collecting.done() or collecting.cancelled():
@@ -440,9 +540,10 @@ async def whole_answer(
 async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Response:
     served: Served = http.app.state.served
     started = time.perf_counter()
+    counted = False  # this request holds a place in `outstanding`
     try:
         authorize(http, served)
-        body = parse(await http.body(), schema)
+        body = await served.off_loop(parse, await read_body(http, served.max_body), schema)
         if body.model is not None and body.model != served.model_name:
             raise Refusal(
                 404,
@@ -461,42 +562,87 @@ async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Respon
                 "retry shortly",
                 "queue_full",
             )
-        ids = prompt_ids(served, body)
+        served.outstanding += 1  # before any await: concurrent requests see it
+        counted = True
+        ids = await served.off_loop(prompt_ids, served, body)
         request, drafter = engine_request(served, body, ids)
-        served.outstanding += 1  # before the await: concurrent requests see it
         try:
             rid, events = await served.worker.submit(request)
         except ValueError as e:
-            served.outstanding -= 1
             raise Refusal(400, str(e), "bad_request") from None
+        answer = Answer(
+            served,
+            rid,
+            events,
+            TextAssembler(served.tokenizer, body.stops),
+            len(ids),
+            drafter,
+            started,
+        )
+        counted = False  # the answer's close() gives the place back
     except Refusal as r:
         served.metrics.reject(r.reason)
         return r.response()
-    answer = Answer(
-        served, rid, events, TextAssembler(served.tokenizer, body.stops), len(ids), drafter, started
-    )
+    except ClientDisconnect:  # the client left before its body arrived: nobody reads this
+        return Response(status_code=499)
+    finally:
+        if counted:
+            served.outstanding -= 1
     name = ("cmpl-" if kind == "text" else "chatcmpl-") + uuid.uuid4().hex
     if body.stream:
         return EventStream(answer, stream_body(served, answer, kind, name, body.include_usage))  # type: ignore[return-value]
     return await whole_answer(http, served, answer, kind, name)
 
 
+async def read_body(http: HttpRequest, limit: int) -> bytes:
+    """The request's body, refused with a 413 once it passes `limit` bytes
+    (by its Content-Length before any byte is read, else as it streams in)."""
+
+    def too_large(size: str) -> Refusal:
+        return Refusal(
+            413,
+            f"the request body is {size}; this server takes at most {limit:,} bytes "
+            "(--max-body-mb)",
+            "too_large",
+            code="request_too_large",
+        )
+
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared):,} bytes")
+    chunks, size = [], 0
+    async for chunk in http.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(f"over {limit:,} bytes")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def authorize(http: HttpRequest, served: Served) -> None:
-    """With an API key set, the request must carry it as a bearer token."""
+    """With an API key set, the request must carry it as a bearer token
+    (the scheme's name in any case, RFC 7235)."""
     import hmac
 
     if served.api_key is None:
         return
-    given = http.headers.get("authorization", "")
-    if not hmac.compare_digest(given.encode(), f"Bearer {served.api_key}".encode()):
+    scheme, _, token = http.headers.get("authorization", "").strip().partition(" ")
+    ok = scheme.lower() == "bearer" and hmac.compare_digest(
+        token.strip().encode(), served.api_key.encode()
+    )
+    if not ok:
         raise Refusal(401, "a valid API key is needed (Authorization: Bearer ...)", "unauthorized")
 
 
 def parse(raw: bytes, schema: type[Sampling]) -> Any:
+    """The body as `schema` (strict JSON: no NaN, and nesting too deep for
+    the parser is refused too)."""
+    from specdec_rs import _files
+
     try:
-        data = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise Refusal(400, f"the body is not valid JSON: {e}", "bad_request") from None
+        data = _files.parse_json(raw, where=None, what="request body", fix="send a JSON object")
+    except ValueError as e:
+        raise Refusal(400, str(e), "bad_request") from None
     if not isinstance(data, dict):
         raise Refusal(
             400, f"the body is a JSON {type(data).__name__}; send a JSON object", "bad_request"
@@ -506,6 +652,8 @@ def parse(raw: bytes, schema: type[Sampling]) -> Any:
     except ValidationError as e:
         message, param = validation_message(e)
         raise Refusal(400, message, "bad_request", param=param) from None
+    except RecursionError:
+        raise Refusal(400, "the body is nested too deeply", "bad_request") from None
 
 
 async def completions(http: HttpRequest) -> Response:
@@ -576,6 +724,7 @@ def build_app(served: Served) -> Starlette:
         yield
         served.draining = True
         await asyncio.to_thread(served.worker.stop)
+        served.tokenizing.shutdown(wait=False)
 
     routes = [
         Route("/v1/completions", completions, methods=["POST"]),

@@ -41,6 +41,7 @@ class ServerMetrics:
         self.model_name = model_name
         self.n_drafts = self.n_accepted = 0  # for the mean acceptance length
         self.n_finished = 0
+        self.by_reason: dict[str, int] = {}  # finished requests by finish reason
         r = self.registry
 
         def gauge(name: str, doc: str, read: Callable[[], float]) -> None:
@@ -116,6 +117,7 @@ class ServerMetrics:
         """A request's end: its finish reason, token counts and latencies."""
         self.success.labels(self.model_name, reason).inc()
         self.n_finished += 1
+        self.by_reason[reason] = self.by_reason.get(reason, 0) + 1
         self.prompt_tokens.inc(prompt)
         self.generation_tokens.inc(generated)
         self.e2e.observe(total)
@@ -123,6 +125,11 @@ class ServerMetrics:
             self.ttft.observe(ttft)
             if generated > 1:
                 self.tpot.observe((total - ttft) / (generated - 1))
+
+    @property
+    def n_answered(self) -> int:
+        """Requests that ended whole (a stop, EOS or their budget)."""
+        return self.by_reason.get("stop", 0) + self.by_reason.get("length", 0)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

@@ -13,13 +13,34 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from specdec_rs.limits import MAX_NEW_TOKENS, MAX_TOP_K
 from specdec_rs.policy.base import MAX_K
+from specdec_rs.serve.text import MAX_STOP_CHARS, MAX_STOPS
 
-MAX_STOPS = 16  # stop strings per request
 MAX_SEED = 2**63 - 1
+
+
+def _utf8(text: str) -> str:
+    """Text that encodes as UTF-8 (a JSON "\\ud800" is a lone surrogate,
+    which no tokenizer takes)."""
+    from specdec_rs._checks import utf8_text
+
+    return utf8_text(text, "the text")
+
+
+Text = Annotated[str, AfterValidator(_utf8)]
+StopText = Annotated[str, Field(max_length=MAX_STOP_CHARS), AfterValidator(_utf8)]
 
 
 class Speculation(BaseModel):
@@ -49,7 +70,7 @@ class Sampling(BaseModel):
     top_p: Annotated[float, Field(gt=0.0, le=1.0)] | None = None
     top_k: Annotated[int, Field(ge=-1, le=MAX_TOP_K)] | None = None  # -1, 0: off
     min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
-    stop: str | Annotated[list[str], Field(max_length=MAX_STOPS)] | None = None
+    stop: StopText | Annotated[list[StopText], Field(max_length=MAX_STOPS)] | None = None
     seed: Annotated[int, Field(ge=0, le=MAX_SEED)] | None = None
     stream: bool = False
     stream_options: StreamOptions | None = None
@@ -60,6 +81,16 @@ class Sampling(BaseModel):
     logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = None
     ignore_eos: bool = False
     speculation: Speculation | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def stream_options_need_stream(
+        cls, value: StreamOptions | None, info: ValidationInfo
+    ) -> StreamOptions | None:
+        """As OpenAI: stream_options only with stream: true (never ignored)."""
+        if value is not None and not info.data.get("stream", False):
+            raise ValueError("stream_options is only allowed with stream: true")
+        return value
 
     @model_validator(mode="after")
     def no_penalties(self) -> Sampling:
@@ -99,7 +130,7 @@ class CompletionRequest(Sampling):
     """POST /v1/completions: `prompt` is a string or a list of token ids
     (one prompt per request)."""
 
-    prompt: str | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
+    prompt: Text | Annotated[list[Annotated[int, Field(ge=0)]], Field(min_length=1)] | None = None
     max_tokens: Budget | None = 16
     echo: Literal[False] | None = None
     best_of: Literal[1] | None = None
@@ -129,14 +160,14 @@ class TextPart(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class Message(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart]
+    content: Text | list[TextPart]
     name: str | None = None
 
     def turn(self) -> dict[str, str]:

@@ -31,7 +31,7 @@ from specdec_rs import _checks, drafters
 from specdec_rs.generation import BatchEngine
 from specdec_rs.generation.batch import MAX_ROWS
 from specdec_rs.policy.base import MAX_K
-from specdec_rs.serve.app import Served, build_app
+from specdec_rs.serve.app import Served, build_app, prompt_char_limit
 from specdec_rs.serve.worker import EngineWorker
 
 if TYPE_CHECKING:
@@ -40,6 +40,8 @@ if TYPE_CHECKING:
     import uvicorn
 
 MAX_QUEUE = 100_000
+DEFAULT_BODY_MB = 8.0  # a full context of text, JSON-escaped, with room to spare
+MAX_BODY_MB = 1024.0
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,9 @@ class ServerOptions:
     requests that set none (None: the load-aware goodput policy);
     model_name: the name /v1/models gives and requests may send;
     drain_timeout: seconds SIGTERM waits for running requests (None: until
-    they finish); api_key: the bearer token the /v1/ routes want (None: none)."""
+    they finish); api_key: the bearer token the /v1/ routes want (None: none;
+    an empty key is refused, never taken as none); max_body_mb: the largest
+    request body (a larger one is a 413)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -63,6 +67,7 @@ class ServerOptions:
     drain_timeout: float | None = None
     log_level: str = "info"
     api_key: str | None = None
+    max_body_mb: float = DEFAULT_BODY_MB
 
     def check(self) -> ServerOptions:
         """Every option, before a model loads (ValueError naming the flag)."""
@@ -80,9 +85,20 @@ class ServerOptions:
         if self.drain_timeout is not None:
             _checks.real(self.drain_timeout, "--drain-timeout", above=0.0)
         _checks.choice(self.log_level, "--log-level", ("debug", "info", "warning", "error"))
-        if self.api_key is not None and (not isinstance(self.api_key, str) or not self.api_key):
-            raise ValueError("--api-key must be a non-empty string (or leave it out)")
+        if self.api_key is not None and (
+            not isinstance(self.api_key, str) or not self.api_key.strip()
+        ):
+            raise ValueError(
+                "--api-key (or $SPECDEC_API_KEY) is empty; give a key, or unset it to serve "
+                "without authentication"
+            )
+        _checks.real(self.max_body_mb, "--max-body-mb", above=0.0, maximum=MAX_BODY_MB)
         return self
+
+    @property
+    def max_body(self) -> int:
+        """The body limit in bytes."""
+        return int(self.max_body_mb * (1 << 20))
 
 
 def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
@@ -108,17 +124,20 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         drafters=factories,
     )
     context = getattr(target.config, "max_position_embeddings", None)
+    context = int(context) if context else None
     return Served(
         worker=EngineWorker(engine),
         tokenizer=tokenizer,
         model_name=options.model_name,
-        context=int(context) if context else None,
+        context=context,
         default_drafter=options.drafter,
         drafters=list(engine.drafters),
         max_batch=options.max_batch,
         max_queue=options.max_queue,
         api_key=options.api_key,
         built=built,
+        max_body=options.max_body,
+        max_prompt_chars=prompt_char_limit(tokenizer, context),
     )
 
 
@@ -130,6 +149,7 @@ class ServeSummary:
     url: str
     requests: int
     rounds: int
+    cut: int = 0  # requests that ended unfinished (the client left, or the drain timed out)
 
 
 def listening_socket(host: str, port: int) -> socket.socket:
@@ -188,17 +208,24 @@ def _uvicorn_server(served: Served, options: ServerOptions) -> uvicorn.Server:
 
 
 def run_server(
-    served: Served, options: ServerOptions, *, ready: Callable[[str], None] | None = None
+    served: Served,
+    options: ServerOptions,
+    *,
+    ready: Callable[[str], None] | None = None,
+    sock: socket.socket | None = None,
 ) -> ServeSummary:
-    """Serve until SIGTERM or Ctrl-C (see the module docs); `ready(url)`
-    is called once the socket is bound."""
-    sock = listening_socket(options.host, options.port)
+    """Serve until SIGTERM or Ctrl-C (see the module docs) on `sock` (None:
+    a socket bound now to the options' host and port); `ready(url)` is
+    called once the socket is bound."""
+    if sock is None:
+        sock = listening_socket(options.host, options.port)
     url = url_of(sock)
     if ready is not None:
         ready(url)
     server = _uvicorn_server(served, options)
     server.run(sockets=[sock])
-    return ServeSummary(url, served.metrics.n_finished, served.worker.rounds)
+    m = served.metrics
+    return ServeSummary(url, m.n_answered, served.worker.rounds, m.n_finished - m.n_answered)
 
 
 class Background:

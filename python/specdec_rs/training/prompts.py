@@ -11,7 +11,6 @@ import ast
 import hashlib
 import importlib
 import inspect
-import json
 import os
 import random
 from pathlib import Path
@@ -317,10 +316,9 @@ def read_prompts_file(path: Any) -> list[Prompt]:
         if not jsonl:
             out.append(_checks.utf8_text(line.strip(), f"{p}:{n}"))
             continue
-        try:
-            item = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{p}:{n}: not JSON ({e.msg}); expected {EXPECTED_LINE}") from None
+        item = _files.parse_json(
+            line, where=f"{p}:{n}", what="line", fix=f"expected {EXPECTED_LINE}"
+        )
         out.append(_prompt_of(item, f"{p}:{n}"))
     if not out:
         raise ValueError(f"prompts_file = {str(p)!r} holds no prompts")
