@@ -4,15 +4,20 @@
 //! Only `py.rs` (feature `python`) touches pyo3/numpy; everything else is
 //! plain Rust on ndarray views, tested with `cargo test`.
 
+pub mod attention;
 pub mod block;
 pub mod error;
+pub mod kernels;
 pub mod linear;
 pub mod llama;
 pub mod names;
 pub mod pool;
 pub mod prob;
+pub mod probe;
+pub mod q8;
 pub mod quant;
 pub mod rng;
+pub mod rowwise;
 pub mod sim;
 pub mod suffix;
 pub mod tree;

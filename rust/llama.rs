@@ -17,7 +17,7 @@
 //! fixed order, read top to bottom.
 
 use crate::error::SpecError;
-use crate::quant::{qlinear, Path, QType};
+use crate::quant::{qlinear, Act, Path, QType};
 
 /// The sizes of one layer.
 #[derive(Clone, Copy, Debug)]
@@ -57,9 +57,10 @@ impl Proj<'_> {
         rows: usize,
         threads: usize,
         path: Path,
+        act: Act,
     ) -> crate::Result<()> {
         match self {
-            Proj::One(w) => qlinear(x, w.packed, w.q, out, n, k, rows, threads, path),
+            Proj::One(w) => qlinear(x, w.packed, w.q, out, n, k, rows, threads, path, act),
             Proj::Parts(parts) => {
                 if parts.iter().map(|(_, m)| m).sum::<usize>() != rows {
                     return Err(bad(format!("stacked parts do not add up to {rows} rows")));
@@ -67,7 +68,7 @@ impl Proj<'_> {
                 let mut at = 0;
                 for (w, m) in parts {
                     let mut part = vec![0.0f32; n * m];
-                    qlinear(x, w.packed, w.q, &mut part, n, k, *m, threads, path)?;
+                    qlinear(x, w.packed, w.q, &mut part, n, k, *m, threads, path, act)?;
                     for i in 0..n {
                         out[i * rows + at..i * rows + at + m].copy_from_slice(&part[i * m..(i + 1) * m]);
                     }
@@ -133,6 +134,7 @@ pub fn layer(
     s: Shape,
     threads: usize,
     path: Path,
+    act: Act,
 ) -> crate::Result<()> {
     let (h, d) = (s.hidden, s.head_dim);
     if s.heads == 0 || s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || !d.is_multiple_of(2) {
@@ -175,11 +177,14 @@ pub fn layer(
         }
     }
     // attention
+    let mut laps = crate::probe::Laps::start();
     let mut xn = vec![0.0f32; n * h];
-    rms_norm(x, w.attn_norm, s.eps, &mut xn, h);
+    crate::rowwise::rms_norm(path, x, w.attn_norm, s.eps, &mut xn, h);
+    laps.lap(0);
     let row = qd + 2 * kvd;
     let mut qkv = vec![0.0f32; n * row];
-    w.qkv.apply(&xn, &mut qkv, n, h, row, threads, path)?;
+    w.qkv.apply(&xn, &mut qkv, n, h, row, threads, path, act)?;
+    laps.lap(1);
     let mut at = 0;
     for g in segments.iter_mut() {
         for i in 0..g.n {
@@ -198,44 +203,115 @@ pub fn layer(
         }
         at += g.n;
     }
+    laps.lap(2);
     let mut att = vec![0.0f32; n * qd];
-    attention(&qkv, &mut att, segments, s, threads, path != Path::Portable);
+    crate::attention::attention(&qkv, &mut att, segments, s, threads, path.vector());
+    laps.lap(3);
     let mut o = vec![0.0f32; n * h];
-    qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path)?;
+    qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path, act)?;
     for (a, b) in x.iter_mut().zip(&o) {
         *a += b;
     }
+    laps.lap(4);
     // MLP
-    rms_norm(x, w.ffn_norm, s.eps, &mut xn, h);
+    crate::rowwise::rms_norm(path, x, w.ffn_norm, s.eps, &mut xn, h);
+    laps.lap(0);
     let mut gu = vec![0.0f32; n * 2 * s.inter];
-    w.gate_up.apply(&xn, &mut gu, n, h, 2 * s.inter, threads, path)?;
-    let mut act = vec![0.0f32; n * s.inter];
-    for i in 0..n {
-        let (gate, up) = gu[i * 2 * s.inter..(i + 1) * 2 * s.inter].split_at(s.inter);
-        for j in 0..s.inter {
-            let g = gate[j];
-            act[i * s.inter + j] = g / (1.0 + (-g).exp()) * up[j];
-        }
-    }
-    qlinear(&act, w.down.packed, w.down.q, &mut o, n, s.inter, h, threads, path)?;
+    w.gate_up.apply(&xn, &mut gu, n, h, 2 * s.inter, threads, path, act)?;
+    laps.lap(5);
+    let mut gated = vec![0.0f32; n * s.inter];
+    crate::rowwise::silu_mul(path, &gu, &mut gated, s.inter);
+    laps.lap(6);
+    qlinear(
+        &gated,
+        w.down.packed,
+        w.down.q,
+        &mut o,
+        n,
+        s.inter,
+        h,
+        threads,
+        path,
+        act,
+    )?;
     for (a, b) in x.iter_mut().zip(&o) {
         *a += b;
     }
+    laps.lap(7);
     Ok(())
 }
 
-/// out = x / sqrt(mean(x²) + eps) · w, row by row (sums in index order, f32).
-fn rms_norm(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize) {
-    for (row, dst) in x.chunks(h).zip(out.chunks_mut(h)) {
-        let mut ss = 0.0f32;
-        for v in row {
-            ss += v * v;
-        }
-        let inv = 1.0 / (ss / h as f32 + eps).sqrt();
-        for j in 0..h {
-            dst[j] = w[j] * (row[j] * inv);
-        }
+/// A whole decoder: its layers, the final norm and the LM head.
+pub struct Stack<'a> {
+    pub layers: Vec<(Weights<'a>, Shape)>,
+    pub norm: &'a [f32],
+    pub eps: f32,
+    pub head: Weight<'a>,
+    pub vocab: usize,
+}
+
+/// The whole stack over `x` (N, hidden) in place: every layer (`caches[l]`
+/// the segments' caches of layer l), the final norm of every row into
+/// `states` (N, hidden), then the LM head on the rows `rows` into `logits`
+/// (len(rows), vocab). One call for a forward: a step's Python is the
+/// embedding lookup and the rotary tables.
+#[allow(clippy::too_many_arguments)]
+pub fn forward(
+    x: &mut [f32],
+    cos: &[f32],
+    sin: &[f32],
+    caches: &mut [Vec<Segment<'_>>],
+    stack: &Stack<'_>,
+    rows: &[usize],
+    logits: &mut [f32],
+    states: &mut [f32],
+    threads: usize,
+    path: Path,
+    act: Act,
+) -> crate::Result<()> {
+    if caches.len() != stack.layers.len() || stack.layers.is_empty() {
+        return Err(bad(format!(
+            "{} layers of caches for a stack of {} layers",
+            caches.len(),
+            stack.layers.len()
+        )));
     }
+    let h = stack.layers[0].1.hidden;
+    let n = x.len() / h.max(1);
+    if x.len() != n * h || states.len() != n * h || stack.norm.len() != h {
+        return Err(bad(format!(
+            "x and states hold {} and {} values; expected N · {h}",
+            x.len(),
+            states.len()
+        )));
+    }
+    if logits.len() != rows.len() * stack.vocab || rows.iter().any(|&r| r >= n) {
+        return Err(bad(format!(
+            "logits of {} values for rows {rows:?} of {n}; expected len(rows) · {} and rows below {n}",
+            logits.len(),
+            stack.vocab
+        )));
+    }
+    for ((w, s), segments) in stack.layers.iter().zip(caches.iter_mut()) {
+        layer(x, cos, sin, segments, w.clone(), *s, threads, path, act)?;
+    }
+    crate::rowwise::rms_norm(path, x, stack.norm, stack.eps, states, h);
+    let mut picked = vec![0.0f32; rows.len() * h];
+    for (i, &r) in rows.iter().enumerate() {
+        picked[i * h..(i + 1) * h].copy_from_slice(&states[r * h..(r + 1) * h]);
+    }
+    qlinear(
+        &picked,
+        stack.head.packed,
+        stack.head.q,
+        logits,
+        rows.len(),
+        h,
+        stack.vocab,
+        threads,
+        path,
+        act,
+    )
 }
 
 /// RoPE in the half-split convention: x·cos + rotate_half(x)·sin.
@@ -246,191 +322,6 @@ fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
         x[j] = a * cos[j] - b * sin[j];
         x[j + half] = b * cos[j + half] + a * sin[j + half];
     }
-}
-
-/// softmax(q·kᵀ / sqrt(d)) · v for each query row and head over the keys it
-/// may attend to in its own sequence's cache (grouped heads: head h reads
-/// key-value head h / group). `qkv` and `out` hold every segment's rows.
-/// The (row, head) tasks of all segments are spread over `threads` (each
-/// writes its own output slice); each task is the same computation whatever
-/// the split.
-fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shape, threads: usize, vector: bool) {
-    let d = s.head_dim;
-    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-    let width = qd + 2 * kvd;
-    // each row: its segment, its index in it, the segment's first row
-    let mut rows = Vec::new();
-    let (mut work, mut longest, mut at) = (0, 0, 0);
-    for (g, seg) in segments.iter().enumerate() {
-        let total = seg.cache.past + seg.n;
-        rows.extend((0..seg.n).map(|i| (g, i, at)));
-        work += seg.n * s.heads * total;
-        longest = longest.max(total);
-        at += seg.n;
-    }
-    let tasks = rows.len() * s.heads;
-    // a thread pays for itself past some thousands of key rows
-    let parts = if work >= 4096 { threads.min(tasks).max(1) } else { 1 };
-    let dst = crate::pool::SharedOut(out.as_mut_ptr());
-    let job = |part: usize| {
-        let mut scores = vec![0.0f32; longest];
-        for t in (part..tasks).step_by(parts) {
-            let (r, head) = (t / s.heads, t % s.heads);
-            let (g, i, first) = rows[r];
-            let seg = &segments[g];
-            let (n, cache) = (seg.n, &seg.cache);
-            // SAFETY: task t writes only out[r·qd + head·d .. + d], disjoint per task.
-            let o = unsafe { std::slice::from_raw_parts_mut(dst.at(r * qd + head * d), d) };
-            attend(
-                &qkv[first * width..(first + n) * width],
-                o,
-                i,
-                head,
-                n,
-                cache.keys,
-                cache.values,
-                cache.capacity,
-                cache.past,
-                seg.mask,
-                s,
-                &mut scores[..cache.past + n],
-                vector,
-            );
-        }
-    };
-    if parts == 1 {
-        job(0);
-    } else {
-        crate::pool::global(threads - 1).run(parts, &job);
-    }
-}
-
-/// One query row's one head.
-#[allow(clippy::too_many_arguments)]
-fn attend(
-    qkv: &[f32],
-    dst: &mut [f32],
-    i: usize,
-    head: usize,
-    n: usize,
-    keys: &[f32],
-    values: &[f32],
-    capacity: usize,
-    past: usize,
-    mask: Mask<'_>,
-    s: Shape,
-    scores: &mut [f32],
-    vector: bool,
-) {
-    let d = s.head_dim;
-    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-    let row = qd + 2 * kvd;
-    let total = past + n;
-    let scale = 1.0 / (d as f32).sqrt();
-    let q = &qkv[i * row + head * d..i * row + (head + 1) * d];
-    let g = head / (s.heads / s.kv_heads);
-    let keys = &keys[g * capacity * d..];
-    let values = &values[g * capacity * d..];
-    let mut best = f32::NEG_INFINITY;
-    for (j, sc) in scores.iter_mut().enumerate() {
-        let allowed = match mask {
-            None => j <= past + i,
-            Some(m) => m[i * total + j] != 0,
-        };
-        *sc = if allowed {
-            dot(q, &keys[j * d..(j + 1) * d], vector) * scale
-        } else {
-            f32::NEG_INFINITY
-        };
-        best = best.max(*sc);
-    }
-    dst.fill(0.0);
-    if best == f32::NEG_INFINITY {
-        return; // attends to nothing (a padded row): zeros
-    }
-    let mut sum = 0.0f32;
-    for sc in scores.iter_mut() {
-        *sc = (*sc - best).exp();
-        sum += *sc;
-    }
-    for (j, &p) in scores.iter().enumerate() {
-        if p != 0.0 {
-            axpy(p, &values[j * d..(j + 1) * d], dst, vector);
-        }
-    }
-    let inv = 1.0 / sum;
-    for a in dst.iter_mut() {
-        *a *= inv;
-    }
-}
-
-/// dst += p · v.
-#[inline(always)]
-fn axpy(p: f32, v: &[f32], dst: &mut [f32], vector: bool) {
-    #[cfg(target_arch = "x86_64")]
-    if vector && v.len().is_multiple_of(8) {
-        // SAFETY: AVX2 and FMA are present (`vector` comes from best_path).
-        unsafe { axpy_avx2(p, v, dst) };
-        return;
-    }
-    let _ = vector;
-    for (a, &b) in dst.iter_mut().zip(v) {
-        *a += p * b;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn axpy_avx2(p: f32, v: &[f32], dst: &mut [f32]) {
-    use std::arch::x86_64 as x;
-    let pv = x::_mm256_set1_ps(p);
-    for j in (0..v.len()).step_by(8) {
-        let a = x::_mm256_loadu_ps(dst.as_ptr().add(j));
-        let b = x::_mm256_loadu_ps(v.as_ptr().add(j));
-        x::_mm256_storeu_ps(dst.as_mut_ptr().add(j), x::_mm256_fmadd_ps(pv, b, a));
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64 as x;
-    let mut acc = x::_mm256_setzero_ps();
-    for j in (0..a.len()).step_by(8) {
-        acc = x::_mm256_fmadd_ps(
-            x::_mm256_loadu_ps(a.as_ptr().add(j)),
-            x::_mm256_loadu_ps(b.as_ptr().add(j)),
-            acc,
-        );
-    }
-    let mut l = [0.0f32; 8];
-    x::_mm256_storeu_ps(l.as_mut_ptr(), acc);
-    ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]))
-}
-
-/// A dot product in 8 lanes (then pairwise): fused multiply-adds on the
-/// vector path, products and sums rounded separately on the portable one
-/// (a process keeps one path, so a row's result never depends on n).
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32], vector: bool) -> f32 {
-    #[cfg(target_arch = "x86_64")]
-    if vector && a.len().is_multiple_of(8) {
-        // SAFETY: AVX2 and FMA are present (`vector` comes from best_path).
-        return unsafe { dot_avx2(a, b) };
-    }
-    let _ = vector;
-    let mut l = [0.0f32; 8];
-    let full = a.len() - a.len() % 8;
-    for j in (0..full).step_by(8) {
-        for k in 0..8 {
-            l[k] += a[j + k] * b[j + k];
-        }
-    }
-    let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-    for j in full..a.len() {
-        s += a[j] * b[j];
-    }
-    s
 }
 
 #[cfg(test)]
@@ -525,6 +416,7 @@ mod tests {
                 s,
                 2,
                 path,
+                Act::F32,
             )
             .unwrap();
             alone.push((xs, k, v));
@@ -549,7 +441,7 @@ mod tests {
                 mask: None,
             })
             .collect();
-        layer(&mut xs, &cos, &sin, &mut segs, w(), s, 2, path).unwrap();
+        layer(&mut xs, &cos, &sin, &mut segs, w(), s, 2, path, Act::F32).unwrap();
         let mut at = 0;
         for i in 0..3 {
             let n = lengths[i];
@@ -585,6 +477,7 @@ mod tests {
             s,
             1,
             path,
+            Act::F32,
         )
         .unwrap_err();
         assert!(e.to_string().contains("sequence 0"), "{e}");

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use ndarray::Array2;
 use numpy::{
-    IntoPyArray, PyArray1, PyArray2, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2, PyReadonlyArray3,
-    PyReadwriteArray2, PyUntypedArrayMethods,
+    IntoPyArray, PyArray1, PyArray2, PyArrayMethods, PyReadonlyArray, PyReadonlyArray1, PyReadonlyArray2,
+    PyReadonlyArray3, PyReadwriteArray2, PyUntypedArrayMethods,
 };
 use pyo3::exceptions::{PyRuntimeError, PyValueError};
 use pyo3::prelude::*;
@@ -608,13 +608,23 @@ fn c_slice<'a, T: numpy::Element, D: numpy::ndarray::Dimension>(
 fn path_of(path: Option<&str>) -> PyResult<crate::quant::Path> {
     match path {
         None => Ok(crate::quant::best_path()),
-        Some(name) => crate::quant::Path::from_name(name)
-            .ok_or_else(|| PyValueError::new_err(format!("path = {name:?}; expected 'portable', 'avx2' or 'avx512'"))),
+        Some(name) => crate::quant::Path::from_name(name).ok_or_else(|| {
+            let names: Vec<&str> = crate::quant::Path::all().iter().map(|p| p.name()).collect();
+            PyValueError::new_err(format!("path = {name:?}; expected one of {}", names.join(", ")))
+        }),
     }
 }
 
+fn act_of(activations: &str) -> PyResult<crate::quant::Act> {
+    crate::quant::Act::from_name(activations).ok_or_else(|| {
+        PyValueError::new_err(format!(
+            "activations = {activations:?}; expected 'f32' (float32, the reference) or 'q8' (ggml's 8-bit blocks)"
+        ))
+    })
+}
+
 /// A row-major weight `w` (m, row bytes) of ggml type `qtype` and row
-/// length k in the kernel's packed layout (`quant.rs`: panels of 8 rows),
+/// length k in the kernel's packed layout (`quant.rs`: panels of 16 rows in stripes of 4),
 /// as a 1-D uint8 array.
 #[pyfunction]
 fn pack_weight<'py>(
@@ -641,10 +651,11 @@ fn pack_weight<'py>(
 /// `out = x · dequant(W)ᵀ` for float32 `x` (n, k), a packed weight
 /// (`pack_weight`) of m rows of ggml type `qtype`, and a writable float32
 /// `out` (n, m), on `threads` threads with the GIL released, on the
-/// instruction `path` ("portable", "avx2", "avx512"; None: the best this CPU
-/// runs). See `quant.rs`: bitwise `linear_f32(x, dequantize(W))` on every path.
+/// instruction `path` (`quant.rs`'s names; None: the best this CPU runs),
+/// with `activations` "f32" or "q8" (`quant.rs`: one fixed order per output
+/// in each, the same bits on every path).
 #[pyfunction]
-#[pyo3(signature = (x, packed, qtype, m, out, threads, path=None))]
+#[pyo3(signature = (x, packed, qtype, m, out, threads, path=None, activations="f32"))]
 #[allow(clippy::too_many_arguments)]
 fn qlinear(
     py: Python<'_>,
@@ -655,9 +666,11 @@ fn qlinear(
     mut out: PyReadwriteArray2<'_, f32>,
     threads: usize,
     path: Option<&str>,
+    activations: &str,
 ) -> PyResult<()> {
     let q = qtype_of(qtype)?;
     let path = path_of(path)?;
+    let act = act_of(activations)?;
     let (n, k) = (x.shape()[0], x.shape()[1]);
     if out.shape() != [n, m] {
         return Err(PyValueError::new_err(format!(
@@ -673,7 +686,7 @@ fn qlinear(
     let os = out
         .as_slice_mut()
         .map_err(|_| PyValueError::new_err("qlinear: out must be C-contiguous"))?;
-    py.detach(|| crate::quant::qlinear(xs, ps, q, os, n, k, m, threads, path))?;
+    py.detach(|| crate::quant::qlinear(xs, ps, q, os, n, k, m, threads, path, act))?;
     Ok(())
 }
 
@@ -715,6 +728,115 @@ fn dequantize_rows(
     Ok(())
 }
 
+/// The whole packed weight (m rows of k values), dequantized and
+/// transposed into float32 `out` (k, m), exactly as gguf-py's values.
+#[pyfunction]
+#[pyo3(signature = (packed, qtype, k, m, out, threads=1))]
+fn dequantize_transposed(
+    py: Python<'_>,
+    packed: PyReadonlyArray1<'_, u8>,
+    qtype: u32,
+    k: usize,
+    m: usize,
+    mut out: PyReadwriteArray2<'_, f32>,
+    threads: usize,
+) -> PyResult<()> {
+    let q = qtype_of(qtype)?;
+    if out.shape() != [k, m] {
+        return Err(PyValueError::new_err(format!(
+            "dequantize_transposed: out is {:?}; expected ({k}, {m})",
+            out.shape()
+        )));
+    }
+    let ps = c_slice(&packed, "dequantize_transposed: packed")?;
+    let os = out
+        .as_slice_mut()
+        .map_err(|_| PyValueError::new_err("dequantize_transposed: out must be C-contiguous"))?;
+    py.detach(|| crate::quant::dequantize_transposed(ps, q, k, m, os, threads))?;
+    Ok(())
+}
+
+/// float32 rows `x` (n, k), k a multiple of 32, quantized per 32-block as
+/// ggml does (`q8.rs`): (codes int8 (n, k), d (n, k/32), s (n, k/32; zeros
+/// unless `with_s`), sums int32 (n, k/32)). For the tests' twin of `activations="q8"`.
+#[pyfunction]
+#[allow(clippy::type_complexity)]
+fn quantize_q8<'py>(
+    py: Python<'py>,
+    x: PyReadonlyArray2<'py, f32>,
+    with_s: bool,
+) -> PyResult<(
+    Bound<'py, PyArray2<i8>>,
+    Bound<'py, PyArray2<f32>>,
+    Bound<'py, PyArray2<f32>>,
+    Bound<'py, PyArray2<i32>>,
+)> {
+    let (n, k) = (x.shape()[0], x.shape()[1]);
+    if k == 0 || !k.is_multiple_of(32) {
+        return Err(PyValueError::new_err(format!(
+            "quantize_q8: rows of {k} values; expected a positive multiple of 32"
+        )));
+    }
+    let xs = c_slice(&x, "quantize_q8: x")?;
+    let r = py.detach(|| crate::q8::Q8Rows::of(xs, n, k, with_s, true));
+    let nb = k / 32;
+    let s = if with_s { r.s } else { vec![0.0; n * nb] };
+    let shape =
+        |what: &str, e: numpy::ndarray::ShapeError| PyRuntimeError::new_err(format!("quantize_q8: {what}: {e}"));
+    Ok((
+        Array2::from_shape_vec((n, k), r.q)
+            .map_err(|e| shape("q", e))?
+            .into_pyarray(py),
+        Array2::from_shape_vec((n, nb), r.d)
+            .map_err(|e| shape("d", e))?
+            .into_pyarray(py),
+        Array2::from_shape_vec((n, nb), s)
+            .map_err(|e| shape("s", e))?
+            .into_pyarray(py),
+        Array2::from_shape_vec((n, nb), r.sum)
+            .map_err(|e| shape("sum", e))?
+            .into_pyarray(py),
+    ))
+}
+
+/// Start (True) or stop adding the Llama layer's phase times (`probe.rs`), from zero.
+#[pyfunction]
+fn layer_profile(on: bool) {
+    crate::probe::profile(on);
+}
+
+/// Seconds in each phase of the Llama layer since `layer_profile(True)`.
+#[pyfunction]
+fn layer_profile_totals() -> Vec<(&'static str, f64)> {
+    crate::probe::totals()
+}
+
+/// Bytes per second `threads` threads read summing `bytes` of memory.
+#[pyfunction]
+#[pyo3(signature = (bytes, threads, repeats=5))]
+fn read_bandwidth(py: Python<'_>, bytes: usize, threads: usize, repeats: usize) -> PyResult<f64> {
+    if bytes == 0 || threads == 0 || threads > 64 {
+        return Err(PyValueError::new_err("read_bandwidth: bytes >= 1 and threads in 1..64"));
+    }
+    Ok(py.detach(|| crate::probe::read_bandwidth(bytes, threads, repeats)))
+}
+
+/// Float32 fused multiply-adds per second on `threads` threads, widest vectors.
+#[pyfunction]
+fn fma_peak(py: Python<'_>, threads: usize) -> PyResult<f64> {
+    if threads == 0 || threads > 64 {
+        return Err(PyValueError::new_err("fma_peak: threads in 1..64"));
+    }
+    Ok(py.detach(|| crate::probe::fma_peak(threads)))
+}
+
+/// Rows a packed weight is padded to a multiple of (stacked weights keep
+/// their parts' packed bytes apart only at this boundary).
+#[pyfunction]
+fn pack_rows() -> usize {
+    crate::quant::PANEL * crate::quant::STRIPE
+}
+
 /// Rows `rows` (int64) of a packed weight, in the file's row-major layout:
 /// (len(rows), row bytes) uint8.
 #[pyfunction]
@@ -738,6 +860,286 @@ fn unpack_rows<'py>(
     Ok(array.into_pyarray(py))
 }
 
+/// An array a `LlamaStack` reads on every call: kept alive by its reference,
+/// and read without a borrow check (nothing writes a model's weights).
+struct Held<T: numpy::Element> {
+    _array: Py<PyArray1<T>>,
+    ptr: usize,
+    len: usize,
+}
+
+impl<T: numpy::Element> Held<T> {
+    fn of(array: Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Self> {
+        let view = array.readonly();
+        let slice = c_slice(&view, what)?;
+        let (ptr, len) = (slice.as_ptr() as usize, slice.len());
+        drop(view);
+        Ok(Held {
+            _array: array.unbind(),
+            ptr,
+            len,
+        })
+    }
+
+    fn slice(&self) -> &[T] {
+        // SAFETY: the array is alive (held) and contiguous (checked when
+        // held); a model's weights are never written after loading.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) }
+    }
+}
+
+struct HeldLayer {
+    weights: Vec<(Held<u8>, crate::quant::QType)>,
+    attn_norm: Held<f32>,
+    ffn_norm: Held<f32>,
+    shape: crate::llama::Shape,
+}
+
+/// A GGUF model's whole decoder for one call per forward (`llama::forward`):
+/// each layer's packed weights (qkv, o, gate_up, down; or q, k, v, o, gate,
+/// up, down), norms and shape, the final norm, and the LM head.
+#[pyclass(frozen, module = "specdec_rs._core")]
+struct LlamaStack {
+    layers: Vec<HeldLayer>,
+    norm: Held<f32>,
+    eps: f32,
+    head: (Held<u8>, crate::quant::QType),
+    vocab: usize,
+    hidden: usize,
+}
+
+/// Two float32 matrices handed back to Python.
+type Arrays2<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>);
+
+type LayerSpec<'py> = (
+    Vec<(Bound<'py, PyArray1<u8>>, u32)>,
+    Bound<'py, PyArray1<f32>>,
+    Bound<'py, PyArray1<f32>>,
+    (usize, usize, usize, usize, f32),
+);
+
+#[pymethods]
+impl LlamaStack {
+    #[new]
+    fn new(
+        layers: Vec<LayerSpec<'_>>,
+        norm: Bound<'_, PyArray1<f32>>,
+        eps: f32,
+        head: (Bound<'_, PyArray1<u8>>, u32),
+        vocab: usize,
+    ) -> PyResult<Self> {
+        let mut held = Vec::with_capacity(layers.len());
+        for (i, (weights, attn_norm, ffn_norm, (heads, kv_heads, head_dim, inter, eps))) in
+            layers.into_iter().enumerate()
+        {
+            if weights.len() != 4 && weights.len() != 7 {
+                return Err(PyValueError::new_err(format!(
+                    "LlamaStack: layer {i} has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
+                    weights.len()
+                )));
+            }
+            let mut ws = Vec::with_capacity(weights.len());
+            for (j, (w, id)) in weights.into_iter().enumerate() {
+                ws.push((
+                    Held::of(w, &format!("LlamaStack: layer {i} weight {j}"))?,
+                    qtype_of(id)?,
+                ));
+            }
+            let attn_norm = Held::of(attn_norm, "LlamaStack: attn_norm")?;
+            let ffn_norm = Held::of(ffn_norm, "LlamaStack: ffn_norm")?;
+            let hidden = attn_norm.len;
+            let shape = crate::llama::Shape {
+                hidden,
+                heads,
+                kv_heads,
+                head_dim,
+                inter,
+                eps,
+            };
+            held.push(HeldLayer {
+                weights: ws,
+                attn_norm,
+                ffn_norm,
+                shape,
+            });
+        }
+        let norm = Held::of(norm, "LlamaStack: norm")?;
+        let hidden = norm.len;
+        if held.is_empty() || held.iter().any(|l| l.shape.hidden != hidden) {
+            return Err(PyValueError::new_err(
+                "LlamaStack: at least one layer, every norm of the hidden size",
+            ));
+        }
+        let q = qtype_of(head.1)?;
+        Ok(LlamaStack {
+            layers: held,
+            norm,
+            eps,
+            head: (Held::of(head.0, "LlamaStack: head")?, q),
+            vocab,
+            hidden,
+        })
+    }
+
+    /// The stack over x (N, hidden) in place (see `llama::forward`):
+    /// keys[s · L + l], values[s · L + l] sequence s's cache of layer l
+    /// (kv_heads, capacity, head_dim), pasts[s] its filled positions,
+    /// lengths[s] its rows of x; mask None (causal) or, for one sequence,
+    /// (n, past + n) uint8; the logits of rows `rows`. Returns (logits
+    /// (len(rows), vocab), the final-normed states (N, hidden)).
+    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32"))]
+    #[allow(clippy::too_many_arguments)]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        mut x: PyReadwriteArray2<'py, f32>,
+        cos: PyReadonlyArray2<'py, f32>,
+        sin: PyReadonlyArray2<'py, f32>,
+        mut keys: Vec<numpy::PyReadwriteArray3<'py, f32>>,
+        mut values: Vec<numpy::PyReadwriteArray3<'py, f32>>,
+        pasts: Vec<usize>,
+        lengths: Vec<usize>,
+        mask: Option<PyReadonlyArray2<'py, u8>>,
+        rows: Vec<usize>,
+        threads: usize,
+        path: Option<&str>,
+        activations: &str,
+    ) -> PyResult<Arrays2<'py>> {
+        let (path, act) = (path_of(path)?, act_of(activations)?);
+        let (sequences, depth) = (lengths.len(), self.layers.len());
+        if sequences == 0 || pasts.len() != sequences || keys.len() != sequences * depth || values.len() != keys.len() {
+            return Err(PyValueError::new_err(format!(
+                "LlamaStack.forward: {} keys, {} values, {} pasts for {sequences} sequences of {depth} layers; \
+                 pass one key and value array per sequence and layer (sequence-major)",
+                keys.len(),
+                values.len(),
+                pasts.len()
+            )));
+        }
+        if mask.is_some() && sequences != 1 {
+            return Err(PyValueError::new_err(
+                "LlamaStack.forward: a mask is for one sequence (a tree)",
+            ));
+        }
+        let n: usize = lengths.iter().sum();
+        if x.shape() != [n, self.hidden] {
+            return Err(PyValueError::new_err(format!(
+                "LlamaStack.forward: x is {:?}; expected ({n}, {}) for the lengths given",
+                x.shape(),
+                self.hidden
+            )));
+        }
+        for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+            let l = &self.layers[i % depth].shape;
+            let capacity = k.shape()[1];
+            if k.shape() != [l.kv_heads, capacity, l.head_dim] || v.shape() != k.shape() {
+                return Err(PyValueError::new_err(format!(
+                    "LlamaStack.forward: sequence {} layer {}: keys {:?}, values {:?}; expected ({}, capacity, {})",
+                    i / depth,
+                    i % depth,
+                    k.shape(),
+                    v.shape(),
+                    l.kv_heads,
+                    l.head_dim
+                )));
+            }
+        }
+        let stack = crate::llama::Stack {
+            layers: self.layers.iter().map(|l| (layer_weights(l), l.shape)).collect(),
+            norm: self.norm.slice(),
+            eps: self.eps,
+            head: crate::llama::Weight {
+                packed: self.head.0.slice(),
+                q: self.head.1,
+            },
+            vocab: self.vocab,
+        };
+        let (cs, ss) = (
+            c_slice(&cos, "LlamaStack.forward: cos")?,
+            c_slice(&sin, "LlamaStack.forward: sin")?,
+        );
+        let ms = match &mask {
+            Some(m) => Some(c_slice(m, "LlamaStack.forward: mask")?),
+            None => None,
+        };
+        let contiguous =
+            |what: String| PyValueError::new_err(format!("LlamaStack.forward: {what} must be C-contiguous"));
+        let mut caches: Vec<Vec<crate::llama::Segment>> = (0..depth).map(|_| Vec::with_capacity(sequences)).collect();
+        for (i, (k, v)) in keys.iter_mut().zip(values.iter_mut()).enumerate() {
+            let (seq, layer) = (i / depth, i % depth);
+            let capacity = k.shape()[1];
+            caches[layer].push(crate::llama::Segment {
+                n: lengths[seq],
+                cache: crate::llama::Cache {
+                    keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+                    values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                    capacity,
+                    past: pasts[seq],
+                },
+                mask: ms,
+            });
+        }
+        let xs = x.as_slice_mut().map_err(|_| contiguous("x".into()))?;
+        let mut logits = vec![0.0f32; rows.len() * self.vocab];
+        let mut states = vec![0.0f32; n * self.hidden];
+        py.detach(|| {
+            crate::llama::forward(
+                xs,
+                cs,
+                ss,
+                &mut caches,
+                &stack,
+                &rows,
+                &mut logits,
+                &mut states,
+                threads,
+                path,
+                act,
+            )
+        })?;
+        let shape = |e: numpy::ndarray::ShapeError| PyRuntimeError::new_err(format!("LlamaStack.forward: {e}"));
+        Ok((
+            Array2::from_shape_vec((rows.len(), self.vocab), logits)
+                .map_err(shape)?
+                .into_pyarray(py),
+            Array2::from_shape_vec((n, self.hidden), states)
+                .map_err(shape)?
+                .into_pyarray(py),
+        ))
+    }
+}
+
+fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
+    use crate::llama::{Proj, Weight};
+    let w: Vec<Weight> = l
+        .weights
+        .iter()
+        .map(|(h, q)| Weight {
+            packed: h.slice(),
+            q: *q,
+        })
+        .collect();
+    let (qd, kvd) = (l.shape.heads * l.shape.head_dim, l.shape.kv_heads * l.shape.head_dim);
+    let (qkv, o, gate_up, down) = if w.len() == 4 {
+        (Proj::One(w[0]), w[1], Proj::One(w[2]), w[3])
+    } else {
+        (
+            Proj::Parts(vec![(w[0], qd), (w[1], kvd), (w[2], kvd)]),
+            w[3],
+            Proj::Parts(vec![(w[4], l.shape.inter), (w[5], l.shape.inter)]),
+            w[6],
+        )
+    };
+    crate::llama::Weights {
+        qkv,
+        o,
+        gate_up,
+        down,
+        attn_norm: l.attn_norm.slice(),
+        ffn_norm: l.ffn_norm.slice(),
+    }
+}
+
 /// One Llama decoder layer in place on `x` (N, hidden): see `llama.rs`.
 /// The N rows are the `lengths` (n_s) rows of each sequence s, one after
 /// another. `cos`, `sin` (N, head_dim); `keys[s]`, `values[s]` (kv_heads,
@@ -746,7 +1148,7 @@ fn unpack_rows<'py>(
 /// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
 /// types; `shape` (heads, kv_heads, head_dim, intermediate, eps).
 #[pyfunction]
-#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None))]
+#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32"))]
 #[allow(clippy::too_many_arguments)]
 fn llama_layer(
     py: Python<'_>,
@@ -764,8 +1166,10 @@ fn llama_layer(
     shape: (usize, usize, usize, usize, f32),
     threads: usize,
     path: Option<&str>,
+    activations: &str,
 ) -> PyResult<()> {
     let path = path_of(path)?;
+    let act = act_of(activations)?;
     if weights.len() != 4 && weights.len() != 7 {
         return Err(PyValueError::new_err(
             "llama_layer: weights are (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
@@ -853,11 +1257,12 @@ fn llama_layer(
             mask: ms,
         });
     }
-    py.detach(|| crate::llama::layer(xs, cs, ss, &mut segments, w, s, threads, path))?;
+    py.detach(|| crate::llama::layer(xs, cs, ss, &mut segments, w, s, threads, path, act))?;
     Ok(())
 }
 
-/// The widest instruction path `qlinear` runs on this CPU: "avx512", "avx2" or "portable".
+/// The widest instruction path `qlinear` runs on this CPU: "avx512-vnni",
+/// "avx512", "avx2-vnni", "avx2" or "portable".
 #[pyfunction]
 fn qlinear_path() -> &'static str {
     crate::quant::best_path().name()
@@ -881,6 +1286,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(verify_batch, m)?)?;
     m.add_class::<Simulation>()?;
     m.add_class::<SuffixTrie>()?;
+    m.add_class::<LlamaStack>()?;
     m.add_function(wrap_pyfunction!(verify_tree, m)?)?;
     m.add_function(wrap_pyfunction!(row_seed, m)?)?;
     m.add_function(wrap_pyfunction!(accept_gathered, m)?)?;
@@ -892,6 +1298,13 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(pack_weight, m)?)?;
     m.add_function(wrap_pyfunction!(dequantize_rows, m)?)?;
     m.add_function(wrap_pyfunction!(unpack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(dequantize_transposed, m)?)?;
+    m.add_function(wrap_pyfunction!(quantize_q8, m)?)?;
+    m.add_function(wrap_pyfunction!(pack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(layer_profile, m)?)?;
+    m.add_function(wrap_pyfunction!(layer_profile_totals, m)?)?;
+    m.add_function(wrap_pyfunction!(read_bandwidth, m)?)?;
+    m.add_function(wrap_pyfunction!(fma_peak, m)?)?;
     m.add_function(wrap_pyfunction!(qlinear_path, m)?)?;
     m.add("VARIANTS", Variant::names().collect::<Vec<_>>())?;
     m.add("TREE_VARIANTS", TreeRule::names().collect::<Vec<_>>())?;

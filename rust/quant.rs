@@ -10,50 +10,56 @@
 //! - Q4_1: blocks of 32: d, m, then 16 bytes as in Q4_0; w = d · q + m.
 //!
 //! Each weight dequantizes to exactly the float32 value gguf-py's
-//! `dequantize` gives: the same float32 operations in the same order (a
-//! product, then for Q4_1 a separate sum; never a fused multiply-add).
+//! `dequantize` gives: the same float32 operations (a product, then for
+//! Q4_1 a separate sum; never a fused multiply-add).
 //!
-//! **Panels.** `pack` rearranges a block format's bytes (nothing is
-//! converted) so that the kernel reads memory in one sequential stream:
-//! rows in panels of 8 (the last padded with zero rows), and within a panel
-//! block by block: the 8 rows' d (then m), then their quant bytes in 16-byte
-//! runs, each the same 8 bytes of two neighbouring rows (the run one AVX-512
-//! register takes). A row of a small matrix is a few hundred bytes, too
-//! short for the hardware prefetcher to follow 8 of them at once; a panel
-//! is one stream. The float formats stay row-major.
+//! **Panels** (`pack`). The file's bytes are rearranged, none converted,
+//! into panels of 16 rows (the last padded with zero rows) read as one
+//! sequential stream (4 panels make a stripe, their blocks interleaved),
+//! laid out so that one vector lane holds one row: a
+//! float format stores element j of the panel's 16 rows side by side; a
+//! block format stores, per block, the 16 rows' d (then m), then the quant
+//! bytes in groups of 64: group g holds bytes 4g..4g + 4 of each of the 16
+//! rows. A 512-bit load is then 16 rows' next values, and 4 bytes of a
+//! lane are what an integer dot-product instruction multiplies.
 //!
-//! The weights are dequantized in registers, block by block, and the
-//! activations stay float32; nothing is quantized on the way. Every output
-//! entry is summed in the order of `linear.rs`: 8 lanes of fused
-//! multiply-adds over k in steps of 8, the lanes added pairwise, then the
-//! last `k mod 8` terms (float formats only; the block formats have k a
-//! multiple of 32). So `qlinear(x, pack(W))` is bitwise `linear(x,
-//! dequant(W))`, and a row's result is the same alone or among any number
-//! of rows, on any thread count and on every instruction path.
+//! **Two functions of the weights** (`Act`), each with one fixed order per
+//! output, whatever n, the thread count and the instruction path:
+//! - `Act::F32` (the reference): float32 activations;
+//!   `out[r, o] = fma(w[o, k−1], x[r, k−1], … fma(w[o, 0], x[r, 0], 0))`,
+//!   the fused multiply-adds in index order.
+//! - `Act::Q8` (block formats; float formats stay `F32`): each 32-block of
+//!   a row of x is quantized as ggml's `quantize_row_q8_0`/`q8_1` do (`q8.rs`),
+//!   the block's dot product is an exact integer `s_b`, and
+//!   `acc ← fma(d_w·d_x, s_b, acc)` per block in order (Q4_1 then also
+//!   `acc ← fma(m_w, s_x, acc)`): llama.cpp's `vec_dot_q4_0_q8_0`,
+//!   `q4_1_q8_1` and `q8_0_q8_0` arithmetic, in one fixed order.
 //!
-//! Over 400 lines: six weight formats on three paths (AVX-512, AVX2, portable) with one
-//! summation order, which must agree bit for bit; kept in one file to be read together.
+//! So a row's result is the same bits alone or among any number of rows,
+//! on any thread count and every path: greedy speculative output equals
+//! target-only greedy output by construction in either mode.
 
 use crate::error::SpecError;
-use crate::linear::Tile;
 use crate::pool::SharedOut;
+use crate::q8::{f16_to_f32, Q8Rows};
 
-/// Lanes per accumulator (one 256-bit vector of f32), as in `linear.rs`.
-const LANES: usize = 8;
-/// Rows of a panel; also accumulators of a tile (weight rows × x rows, in 8-lane units).
-const TILE: usize = 8;
+/// Rows of a panel: one 512-bit vector of float32 lanes.
+pub const PANEL: usize = 16;
+/// Panels of a stripe: their blocks interleaved (block b of the 4 panels
+/// side by side), so a tile of up to 4 panels reads one sequential stream.
+pub const STRIPE: usize = 4;
 /// Elements of a quantized block.
-const QK: usize = 32;
-/// The most x rows one tile multiplies (one pass over the weight for up to
-/// 16 positions: a verification forward reads each weight once).
-const XMAX: usize = 16;
+pub const QK: usize = 32;
+/// Bytes of one quant group of a panel block (4 bytes of each of 16 rows).
+pub(crate) const GROUP: usize = 64;
+/// The most x rows a tile multiplies at once (more rows: several passes
+/// over the tile's panels while they sit in cache).
+pub(crate) const XMAX: usize = 16;
+/// The most panels a tile takes.
+pub(crate) const WMAX: usize = 4;
 
-/// Panel blocks ahead that a panel's first tile prefetches (`prefetch_ahead`).
-const PREFETCH: usize = 8;
-
-/// A tile's accumulators, `[weight row][x row][lane]`, and its sums.
-type Lanes = [[[f32; LANES]; XMAX]; TILE];
-type Sums = [[f32; XMAX]; TILE];
+/// A tile's sums: `[panel][x row][lane]`.
+pub(crate) type Sums = [[[f32; PANEL]; XMAX]; WMAX];
 
 /// A weight format of a GGUF file that the kernels read natively.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -102,9 +108,18 @@ impl QType {
         }
     }
 
-    /// Whether the format is a block format (packed into panels).
+    /// Whether the format is a block format.
     pub fn blocked(self) -> bool {
         self.block().0 == QK
+    }
+
+    /// Float16 scales before a block's quant bytes (d, and m for Q4_1).
+    pub(crate) fn scales(self) -> usize {
+        match self {
+            QType::Q4_1 => 2,
+            QType::Q8_0 | QType::Q4_0 => 1,
+            _ => 0,
+        }
     }
 
     /// Bytes of a row of `k` values (row-major, as in the file); an error
@@ -121,63 +136,47 @@ impl QType {
         Ok(k / elems * bytes)
     }
 
-    /// Bytes of a packed weight of m rows of k values.
+    /// Bytes of a packed weight of m rows of k values (whole stripes of 64 rows).
     pub fn packed_len(self, m: usize, k: usize) -> crate::Result<usize> {
-        let rb = self.row_bytes(k)?;
-        Ok(if self.blocked() {
-            m.div_ceil(TILE) * TILE * rb
-        } else {
-            m * rb
-        })
+        Ok(m.div_ceil(PANEL * STRIPE) * PANEL * STRIPE * self.row_bytes(k)?)
     }
 }
 
-/// Where a block format's pieces sit in the packed layout (see the module docs).
+/// Where a packed weight's pieces sit (see the module docs).
 #[derive(Clone, Copy)]
-struct Panels {
-    /// Blocks per row.
-    nb: usize,
-    /// Bytes of one block of a panel (8 rows).
-    unit: usize,
-    /// Offset of the quant bytes within a panel block (after d, and m).
-    qs: usize,
-    /// 16-byte runs per row pair and block: 4 (Q8_0), 2 (Q4).
-    runs: usize,
+pub(crate) struct Layout {
+    pub(crate) q: QType,
+    pub(crate) k: usize,
+    /// Blocks per row (block formats), else k.
+    pub(crate) nb: usize,
+    /// Bytes of one panel block (block formats) or one panel element (float formats).
+    pub(crate) unit: usize,
+    /// Offset of the quant groups within a panel block (after d, and m).
+    pub(crate) qs: usize,
 }
 
-impl Panels {
-    fn of(q: QType, k: usize) -> Panels {
-        let bytes = q.block().1;
-        let (qs, runs) = match q {
-            QType::Q8_0 => (16, 4),
-            QType::Q4_1 => (32, 2),
-            _ => (16, 2),
-        };
-        Panels {
-            nb: k / QK,
-            unit: TILE * bytes,
-            qs,
-            runs,
+impl Layout {
+    pub(crate) fn of(q: QType, k: usize) -> Layout {
+        let (elems, bytes) = q.block();
+        Layout {
+            q,
+            k,
+            nb: k / elems,
+            unit: PANEL * bytes,
+            qs: 32 * q.scales(),
         }
     }
 
-    /// Start of block `b` of the panel holding rows 8·panel ..
+    /// Start of block `b` (element `b` of a float format) of panel `panel`.
     #[inline(always)]
-    fn base(self, panel: usize, b: usize) -> usize {
-        (panel * self.nb + b) * self.unit
+    pub(crate) fn base(self, panel: usize, b: usize) -> usize {
+        ((panel / STRIPE * self.nb + b) * STRIPE + panel % STRIPE) * self.unit
     }
 
-    /// Start of run `r` of row pair `p` (rows 2p, 2p + 1 of the panel).
-    #[inline(always)]
-    fn run(self, p: usize, r: usize) -> usize {
-        self.qs + (p * self.runs + r) * 16
-    }
-
-    /// Byte `j` of the quant bytes of panel row `row` in a panel block
-    /// starting at `base` (the row-major block's byte offset j after its scales).
+    /// Byte `j` of the quant bytes of panel row `row` in the panel block at `base`.
     #[inline(always)]
     fn q_byte(self, base: usize, row: usize, j: usize) -> usize {
-        base + self.run(row / 2, j / 8) + 8 * (row % 2) + j % 8
+        base + self.qs + (j / 4) * GROUP + row * 4 + j % 4
     }
 }
 
@@ -185,22 +184,24 @@ impl Panels {
 pub fn pack(w: &[u8], q: QType, m: usize, k: usize) -> crate::Result<Vec<u8>> {
     let rb = q.row_bytes(k)?;
     check_len("pack", w.len(), m * rb, "w", "m · row bytes")?;
-    if !q.blocked() {
-        return Ok(w.to_vec());
-    }
-    let lay = Panels::of(q, k);
+    let lay = Layout::of(q, k);
     let bytes = q.block().1;
-    let scales = if q == QType::Q4_1 { 2 } else { 1 };
     let mut out = vec![0u8; q.packed_len(m, k)?];
     for r in 0..m {
-        let (panel, row) = (r / TILE, r % TILE);
+        let (panel, row) = (r / PANEL, r % PANEL);
         for b in 0..lay.nb {
             let src = &w[r * rb + b * bytes..r * rb + (b + 1) * bytes];
             let base = lay.base(panel, b);
-            for s in 0..scales {
-                out[base + 16 * s + 2 * row..base + 16 * s + 2 * row + 2].copy_from_slice(&src[2 * s..2 * s + 2]);
+            if !q.blocked() {
+                out[base + row * bytes..base + (row + 1) * bytes].copy_from_slice(src);
+                continue;
             }
-            for (j, &byte) in src[2 * scales..].iter().enumerate() {
+            let s = q.scales();
+            for i in 0..s {
+                let at = base + 32 * i + 2 * row;
+                out[at..at + 2].copy_from_slice(&src[2 * i..2 * i + 2]);
+            }
+            for (j, &byte) in src[2 * s..].iter().enumerate() {
                 out[lay.q_byte(base, row, j)] = byte;
             }
         }
@@ -208,18 +209,22 @@ pub fn pack(w: &[u8], q: QType, m: usize, k: usize) -> crate::Result<Vec<u8>> {
     Ok(out)
 }
 
-/// Block `b` of row `r` of a packed weight, back in the file's row-major
-/// block layout (`out` has the block's bytes).
-fn row_block(p: &[u8], q: QType, lay: Panels, r: usize, b: usize, out: &mut [u8]) {
-    let (panel, row) = (r / TILE, r % TILE);
+/// Block `b` of row `r` of a packed weight, in the file's row-major block
+/// layout (`out` has the block's bytes).
+fn row_block(p: &[u8], lay: Layout, r: usize, b: usize, out: &mut [u8]) {
+    let (panel, row) = (r / PANEL, r % PANEL);
     let base = lay.base(panel, b);
-    let scales = if q == QType::Q4_1 { 2 } else { 1 };
-    for s in 0..scales {
-        out[2 * s..2 * s + 2].copy_from_slice(&p[base + 16 * s + 2 * row..base + 16 * s + 2 * row + 2]);
+    let (q, bytes) = (lay.q, lay.q.block().1);
+    if !q.blocked() {
+        out[..bytes].copy_from_slice(&p[base + row * bytes..base + (row + 1) * bytes]);
+        return;
     }
-    let quant = q.block().1 - 2 * scales;
-    for j in 0..quant {
-        out[2 * scales + j] = p[lay.q_byte(base, row, j)];
+    let s = q.scales();
+    for i in 0..s {
+        out[2 * i..2 * i + 2].copy_from_slice(&p[base + 32 * i + 2 * row..base + 32 * i + 2 * row + 2]);
+    }
+    for j in 0..bytes - 2 * s {
+        out[2 * s + j] = p[lay.q_byte(base, row, j)];
     }
 }
 
@@ -235,18 +240,12 @@ pub fn unpack_rows(p: &[u8], q: QType, k: usize, m: usize, rows: &[i64]) -> crat
         "the packed length",
     )?;
     check_rows("unpack_rows", rows, m)?;
+    let (lay, bytes) = (Layout::of(q, k), q.block().1);
     let mut out = vec![0u8; rows.len() * rb];
-    if !q.blocked() {
-        for (i, &r) in rows.iter().enumerate() {
-            out[i * rb..(i + 1) * rb].copy_from_slice(&p[r as usize * rb..(r as usize + 1) * rb]);
-        }
-        return Ok(out);
-    }
-    let (lay, bytes) = (Panels::of(q, k), q.block().1);
     for (i, &r) in rows.iter().enumerate() {
         for b in 0..lay.nb {
             let at = i * rb + b * bytes;
-            row_block(p, q, lay, r as usize, b, &mut out[at..at + bytes]);
+            row_block(p, lay, r as usize, b, &mut out[at..at + bytes]);
         }
     }
     Ok(out)
@@ -263,32 +262,14 @@ fn check_rows(what: &str, rows: &[i64], m: usize) -> crate::Result<()> {
     Ok(())
 }
 
-/// float16 bits as float32, exactly (subnormals, infinities and NaN
-/// payloads included, as NumPy's conversion gives them).
-#[inline(always)]
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h as u32) >> 15) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    if exp == 0 {
-        let v = man as f32 * f32::from_bits(0x3380_0000); // man · 2^-24, exact
-        return f32::from_bits(v.to_bits() | sign);
-    }
-    if exp == 31 {
-        return f32::from_bits(sign | 0x7f80_0000 | (man << 13));
-    }
-    f32::from_bits(sign | ((exp + 112) << 23) | (man << 13))
-}
-
 #[inline(always)]
 fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
 /// One row-major block (`bytes` starting at the block) dequantized into
-/// `out` (its elements), as gguf-py computes it.
-#[inline(always)]
-fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
+/// `out` (its elements), as gguf-py computes it: the reference.
+pub(crate) fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
     match q {
         QType::F32 => out[0] = f32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]),
         QType::F16 => out[0] = half(bytes, 0),
@@ -318,11 +299,48 @@ fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
     }
 }
 
+/// The integer code of element `e` (0..32) of a block format's row in the
+/// panel block at `base`: Q8_0 q, Q4_0 q − 8, Q4_1 q (what `Act::Q8` multiplies).
+#[inline(always)]
+pub(crate) fn code(p: &[u8], lay: Layout, base: usize, row: usize, e: usize) -> i32 {
+    match lay.q {
+        QType::Q8_0 => p[lay.q_byte(base, row, e)] as i8 as i32,
+        QType::Q4_0 | QType::Q4_1 => {
+            let byte = p[lay.q_byte(base, row, e % 16)];
+            let nib = if e < 16 { byte & 0x0f } else { byte >> 4 } as i32;
+            if lay.q == QType::Q4_0 {
+                nib - 8
+            } else {
+                nib
+            }
+        }
+        _ => unreachable!("integer codes are of block formats"),
+    }
+}
+
+/// Element `j` of row `r` of a packed weight as float32 (gguf-py's value).
+#[inline(always)]
+pub(crate) fn value(p: &[u8], lay: Layout, r: usize, j: usize) -> f32 {
+    let (panel, row) = (r / PANEL, r % PANEL);
+    let q = lay.q;
+    if !q.blocked() {
+        let at = lay.base(panel, j) + row * q.block().1;
+        let mut out = [0.0f32];
+        dequant_block(q, &p[at..], &mut out);
+        return out[0];
+    }
+    let base = lay.base(panel, j / QK);
+    let (d, e) = (half(p, base + 2 * row), j % QK);
+    match q {
+        QType::Q8_0 => code(p, lay, base, row, e) as f32 * d,
+        QType::Q4_0 => d * code(p, lay, base, row, e) as f32,
+        _ => d * code(p, lay, base, row, e) as f32 + half(p, base + 32 + 2 * row),
+    }
+}
+
 /// Rows `rows` of a packed weight (m rows of `k` values in format `q`) as
-/// float32 into `out` (rows.len(), k), read straight from the panels, on
-/// `threads` threads (each a range of the rows). Ids out of range are an
-/// error. The whole weight (rows 0..m) is what a prefill's dense products
-/// multiply (`QuantLinear.dense`).
+/// float32 into `out` (rows.len(), k), on `threads` threads (each a range
+/// of the rows). Ids out of range are an error. Few rows: an embedding's lookup.
 #[allow(clippy::too_many_arguments)]
 pub fn dequantize_rows(
     p: &[u8],
@@ -343,8 +361,7 @@ pub fn dequantize_rows(
     )?;
     check_rows("dequantize", rows, m)?;
     check_threads("dequantize", threads)?;
-    let rb = q.row_bytes(k)?;
-    let lay = Panels::of(q, k.max(QK));
+    let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
     let parts = threads.min(rows.len() / 64).max(1); // a thread pays past some rows
     let job = |part: usize| {
@@ -352,83 +369,62 @@ pub fn dequantize_rows(
         for (i, &r) in rows.iter().enumerate().take(hi).skip(lo) {
             // SAFETY: each part writes only its rows lo..hi of `out` (len(rows) · k, checked).
             let o = unsafe { std::slice::from_raw_parts_mut(ptr.at(i * k), k) };
-            dequant_row(p, q, lay, rb, r as usize, o);
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = value(p, lay, r as usize, j);
+            }
         }
     };
-    if parts == 1 {
-        job(0);
-    } else {
-        crate::pool::global(threads - 1).run(parts, &job);
-    }
+    run_parts(threads, parts, &job);
     Ok(())
 }
 
-/// Row `r` of a packed weight as float32 into `out` (k), block by block as
-/// `dequant_block` computes it (the same operations: gguf-py's values).
-fn dequant_row(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if path_available(Path::Avx2) {
-        // SAFETY: the CPU has AVX2 (checked); the body is the portable one,
-        // compiled with the wider vectors.
-        return unsafe { dequant_row_avx2(p, q, lay, rb, r, out) };
-    }
-    dequant_row_body(p, q, lay, rb, r, out)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn dequant_row_avx2(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
-    dequant_row_body(p, q, lay, rb, r, out)
-}
-
-#[inline(always)]
-fn dequant_row_body(p: &[u8], q: QType, lay: Panels, rb: usize, r: usize, out: &mut [f32]) {
-    if !q.blocked() {
-        let (row, size) = (&p[r * rb..(r + 1) * rb], q.block().1);
-        for (j, o) in out.iter_mut().enumerate() {
-            dequant_block(q, &row[j * size..], std::slice::from_mut(o));
-        }
-        return;
-    }
-    let (panel, row) = (r / TILE, r % TILE);
-    let (pair, half8) = (row / 2, 8 * (row % 2));
-    for (b, o) in out.chunks_exact_mut(QK).enumerate() {
-        let o: &mut [f32; QK] = o.try_into().expect("k is whole blocks");
-        let base = lay.base(panel, b);
-        let d = half(p, base + 2 * row);
-        let run = |c: usize| -> &[u8; 8] {
-            let at = base + lay.run(pair, c) + half8;
-            p[at..at + 8].try_into().expect("a run holds 8 bytes of a row")
-        };
-        match q {
-            QType::Q8_0 => {
-                for c in 0..4 {
-                    let src = run(c);
-                    for j in 0..8 {
-                        o[8 * c + j] = (src[j] as i8) as f32 * d;
-                    }
-                }
-            }
-            QType::Q4_0 => {
-                for h in 0..2 {
-                    let src = run(h);
-                    for j in 0..8 {
-                        o[8 * h + j] = d * ((src[j] & 0x0f) as i32 - 8) as f32;
-                        o[16 + 8 * h + j] = d * ((src[j] >> 4) as i32 - 8) as f32;
-                    }
-                }
-            }
-            _ => {
-                let m = half(p, base + 16 + 2 * row);
-                for h in 0..2 {
-                    let src = run(h);
-                    for j in 0..8 {
-                        o[8 * h + j] = d * (src[j] & 0x0f) as f32 + m;
-                        o[16 + 8 * h + j] = d * (src[j] >> 4) as f32 + m;
-                    }
-                }
+/// The whole weight (m rows of `k` values) as float32, transposed: `out`
+/// (k, m), `out[j, o] = dequant(W)[o, j]` exactly: the matrix a prefill's
+/// dense products multiply (`QuantLinear.dense`). Panel by panel, each
+/// element's 16 rows as one vector (the kernels' own dequantization).
+pub fn dequantize_transposed(
+    p: &[u8],
+    q: QType,
+    k: usize,
+    m: usize,
+    out: &mut [f32],
+    threads: usize,
+) -> crate::Result<()> {
+    check_len("dequantize_transposed", out.len(), k * m, "out", "k · m")?;
+    check_len(
+        "dequantize_transposed",
+        p.len(),
+        q.packed_len(m, k)?,
+        "packed",
+        "the packed length",
+    )?;
+    check_threads("dequantize_transposed", threads)?;
+    let lay = Layout::of(q, k);
+    let panels = m.div_ceil(PANEL);
+    let ptr = SharedOut(out.as_mut_ptr());
+    let parts = threads.min(panels).max(1);
+    let path = best_path();
+    let job = |part: usize| {
+        let mut col = [0.0f32; PANEL];
+        for panel in part * panels / parts..(part + 1) * panels / parts {
+            let rows = PANEL.min(m - panel * PANEL);
+            for j in 0..k {
+                crate::kernels::panel_values(p, lay, panel, j, path, &mut col);
+                // SAFETY: each part writes only its panels' columns of row j of `out` (k · m).
+                let o = unsafe { std::slice::from_raw_parts_mut(ptr.at(j * m + panel * PANEL), rows) };
+                o.copy_from_slice(&col[..rows]);
             }
         }
+    };
+    run_parts(threads, parts, &job);
+    Ok(())
+}
+
+fn run_parts(threads: usize, parts: usize, job: &(dyn Fn(usize) + Sync)) {
+    if parts == 1 {
+        job(0);
+    } else {
+        crate::pool::global(threads - 1).run(parts, job);
     }
 }
 
@@ -452,71 +448,147 @@ fn check_len(what: &str, got: usize, want: usize, name: &str, expected: &str) ->
     Ok(())
 }
 
-/// The instruction paths, chosen at run time. All three sum every output
-/// in the same order, so they give the same bits; only the speed differs.
+/// The activations a product takes (see the module docs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Act {
+    F32,
+    Q8,
+}
+
+impl Act {
+    pub fn name(self) -> &'static str {
+        match self {
+            Act::F32 => "f32",
+            Act::Q8 => "q8",
+        }
+    }
+
+    pub fn from_name(name: &str) -> Option<Act> {
+        [Act::F32, Act::Q8].into_iter().find(|a| a.name() == name)
+    }
+}
+
+/// The instruction paths, chosen at run time. All sum every output in the
+/// same order (integers, where they are summed, exactly), so they give the
+/// same bits; only the speed differs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Path {
     Portable,
-    /// AVX2 + FMA + F16C: one weight row per 8-lane vector.
+    /// AVX2 + FMA + F16C: 8 rows per vector; q8 by `vpmaddubsw`.
     Avx2,
-    /// AVX-512 (F, BW, VL, DQ) on top: two weight rows per 16-lane vector,
-    /// each half an 8-lane accumulator of its own row (so the order stays
-    /// that of 8 lanes), and Q4 values looked up in a 16-entry table per
-    /// block.
+    /// AVX2 with AVX-VNNI: q8 by `vpdpbusd` on 256 bits.
+    Avx2Vnni,
+    /// AVX-512 (F, BW, VL, DQ): 16 rows per vector; q8 by `vpmaddubsw`.
     Avx512,
+    /// AVX-512 with VNNI: q8 by `vpdpbusd` on 512 bits.
+    Avx512Vnni,
 }
+
+const PATHS: [Path; 5] = [
+    Path::Portable,
+    Path::Avx2,
+    Path::Avx2Vnni,
+    Path::Avx512,
+    Path::Avx512Vnni,
+];
 
 impl Path {
     pub fn name(self) -> &'static str {
         match self {
             Path::Portable => "portable",
             Path::Avx2 => "avx2",
+            Path::Avx2Vnni => "avx2-vnni",
             Path::Avx512 => "avx512",
+            Path::Avx512Vnni => "avx512-vnni",
         }
     }
 
     pub fn from_name(name: &str) -> Option<Path> {
-        [Path::Portable, Path::Avx2, Path::Avx512]
-            .into_iter()
-            .find(|p| p.name() == name)
+        PATHS.into_iter().find(|p| p.name() == name)
+    }
+
+    pub fn all() -> [Path; 5] {
+        PATHS
+    }
+
+    pub(crate) fn avx512(self) -> bool {
+        matches!(self, Path::Avx512 | Path::Avx512Vnni)
+    }
+
+    pub(crate) fn vector(self) -> bool {
+        self != Path::Portable
     }
 }
 
-/// The widest path this CPU runs (checked once by std, then cached).
-pub fn best_path() -> Path {
+/// What this CPU has, checked once by std (then cached).
+struct Features {
+    avx2: bool,
+    avx_vnni: bool,
+    avx512: bool,
+    avx512_vnni: bool,
+}
+
+fn features() -> Features {
     #[cfg(target_arch = "x86_64")]
     {
         let avx2 = std::is_x86_feature_detected!("avx2")
             && std::is_x86_feature_detected!("fma")
             && std::is_x86_feature_detected!("f16c");
-        let avx512 = std::is_x86_feature_detected!("avx512f")
+        let avx512 = avx2
+            && std::is_x86_feature_detected!("avx512f")
             && std::is_x86_feature_detected!("avx512bw")
             && std::is_x86_feature_detected!("avx512vl")
             && std::is_x86_feature_detected!("avx512dq");
-        if avx2 && avx512 {
-            return Path::Avx512;
-        }
-        if avx2 {
-            return Path::Avx2;
+        Features {
+            avx2,
+            avx_vnni: avx2 && std::is_x86_feature_detected!("avxvnni"),
+            avx512,
+            avx512_vnni: avx512 && std::is_x86_feature_detected!("avx512vnni"),
         }
     }
-    Path::Portable
+    #[cfg(not(target_arch = "x86_64"))]
+    Features {
+        avx2: false,
+        avx_vnni: false,
+        avx512: false,
+        avx512_vnni: false,
+    }
+}
+
+/// The widest path this CPU runs.
+pub fn best_path() -> Path {
+    let f = features();
+    if f.avx512_vnni {
+        Path::Avx512Vnni
+    } else if f.avx512 {
+        Path::Avx512
+    } else if f.avx_vnni {
+        Path::Avx2Vnni
+    } else if f.avx2 {
+        Path::Avx2
+    } else {
+        Path::Portable
+    }
 }
 
 /// Whether `path` runs on this CPU.
 pub fn path_available(path: Path) -> bool {
-    match (path, best_path()) {
-        (Path::Portable, _) | (_, Path::Avx512) => true,
-        (Path::Avx2, b) => b == Path::Avx2,
-        (Path::Avx512, _) => false,
+    let f = features();
+    match path {
+        Path::Portable => true,
+        Path::Avx2 => f.avx2,
+        Path::Avx2Vnni => f.avx_vnni,
+        Path::Avx512 => f.avx512,
+        Path::Avx512Vnni => f.avx512_vnni,
     }
 }
 
-/// `out[r, o] = Σ_j x[r, j] · dequant(w)[o, j]` for row-major `x` (n, k), a
-/// packed weight `p` (`pack`: m rows of k values in format `q`) and `out`
-/// (n, m), on `threads` threads (1: the calling thread; the others from
-/// `pool::global`) each taking a range of panels, on the instruction `path`
-/// (a path this CPU lacks is an error).
+/// `out[r, o] = Σ_j x[r, j] · dequant(w)[o, j]` in the order of `act` (see
+/// the module docs) for row-major `x` (n, k), a packed weight `p` (`pack`:
+/// m rows of k values in format `q`) and `out` (n, m), on `threads`
+/// threads (1: the calling thread; the others from `pool::global`) each
+/// taking a range of panels, on the instruction `path` (a path this CPU
+/// lacks is an error).
 #[allow(clippy::too_many_arguments)]
 pub fn qlinear(
     x: &[f32],
@@ -528,6 +600,7 @@ pub fn qlinear(
     m: usize,
     threads: usize,
     path: Path,
+    act: Act,
 ) -> crate::Result<()> {
     if !path_available(path) {
         return Err(SpecError::Invalid(format!(
@@ -536,7 +609,7 @@ pub fn qlinear(
             best_path().name()
         )));
     }
-    let rb = q.row_bytes(k)?;
+    q.row_bytes(k)?;
     check_len("qlinear", x.len(), n * k, "x", "n · k")?;
     check_len(
         "qlinear",
@@ -547,434 +620,71 @@ pub fn qlinear(
     )?;
     check_len("qlinear", out.len(), n * m, "out", "n · m")?;
     check_threads("qlinear", threads)?;
+    let act = if q.blocked() { act } else { Act::F32 };
+    let quantized = (act == Act::Q8).then(|| Q8Rows::of(x, n, k, q == QType::Q4_1, path.vector()));
+    let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
-    let panels = m.div_ceil(TILE);
-    let parts = threads.min(panels).max(1);
+    let stripes = m.div_ceil(PANEL * STRIPE);
+    let parts = threads.min(stripes).max(1);
     let job = |part: usize| {
-        let (lo, hi) = (
-            part * panels / parts * TILE,
-            ((part + 1) * panels / parts * TILE).min(m),
-        );
-        if lo < hi {
-            // SAFETY: each part writes only the columns lo..hi of `out`, which
-            // holds n · m entries (checked above); the parts are disjoint.
-            unsafe { rows_range(x, p, q, ptr, n, k, m, lo, hi, rb, path) };
-        }
+        let (lo, hi) = (part * stripes / parts, (part + 1) * stripes / parts);
+        // SAFETY: each part writes only the columns of its stripes lo..hi
+        // (rows below m) of `out`, which holds n · m entries (checked above).
+        unsafe { stripes_range(x, quantized.as_ref(), p, lay, ptr, n, m, lo, hi, path) };
     };
-    if parts == 1 {
-        job(0);
-    } else {
-        crate::pool::global(threads - 1).run(parts, &job);
-    }
+    run_parts(threads, parts, &job);
     Ok(())
 }
 
-/// Weight rows lo..hi (lo a multiple of TILE) against every x row, into `out` (n, m).
+/// Stripes lo..hi against every x row into `out` (n, m): tiles of W
+/// panels of one stripe (fewer x rows, more panels), each tile's panels
+/// passed over by the x rows XR at a time while they sit in cache; the
+/// first tile of a stripe asks the memory for the stripe's next blocks.
 #[allow(clippy::too_many_arguments)]
-unsafe fn rows_range(
+unsafe fn stripes_range(
     x: &[f32],
+    xq: Option<&Q8Rows>,
     p: &[u8],
-    q: QType,
+    lay: Layout,
     out: SharedOut,
     n: usize,
-    k: usize,
     m: usize,
     lo: usize,
     hi: usize,
-    rb: usize,
     path: Path,
 ) {
-    let paired = path == Path::Avx512 && q.blocked();
-    let mut sums = [[0.0f32; XMAX]; TILE];
-    let mut r0 = 0;
-    while r0 < n {
-        // x rows per tile: AVX-512 up to 16 (every row in one pass), else 8, 4, 2 or 1
-        let left = n - r0;
-        let xr = if paired {
-            left.min(XMAX)
-        } else if left >= 8 {
-            8
-        } else if left >= 4 {
-            4
-        } else if left >= 2 {
-            2
-        } else {
-            1
-        };
-        // weight rows per tile: 8 accumulators of 8 lanes (AVX2), or up to
-        // 16 of 16 lanes holding two rows each (AVX-512: the registers that
-        // `avx512_width` leaves); a tile stays in one panel
-        let ow = if paired { avx512_width(xr) } else { TILE / xr };
-        let mut o = lo;
-        while o < hi {
-            // block formats: the padded panel rows are computed and dropped
-            let rows = if q.blocked() { ow } else { ow.min(hi - o) };
-            let t = Tile { k, r0, xr, o, ow: rows };
-            tile(x, p, q, t, rb, path, &mut sums);
-            for (i, row) in sums.iter().enumerate().take(rows.min(hi - o)) {
-                for (r, &v) in row.iter().enumerate().take(xr) {
-                    *out.at((r0 + r) * m + o + i) = v;
-                }
-            }
-            o += rows;
-        }
-        r0 += xr;
-    }
-}
-
-/// The tile's dot products, into `sums[weight row][x row]`.
-fn tile(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, path: Path, sums: &mut Sums) {
-    let mut lanes = [[[0.0f32; LANES]; XMAX]; TILE];
-    match path {
-        // SAFETY (both): the path's instructions are present (`qlinear`
-        // checked `path_available`); the tile lies inside x and p by construction.
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx512 if q.blocked() => unsafe { lanes_avx512(x, p, q, t, &mut lanes) },
-        #[cfg(target_arch = "x86_64")]
-        Path::Avx2 | Path::Avx512 => unsafe { lanes_avx2(x, p, q, t, rb, &mut lanes) },
-        _ => lanes_portable(x, p, q, t, rb, &mut lanes),
-    }
-    let full = t.k - t.k % LANES;
-    let mut tail = [0.0f32; LANES];
-    for i in 0..t.ow {
-        if full < t.k {
-            // float formats only: the last k mod 8 values, one by one
-            let row = &p[(t.o + i) * rb..(t.o + i + 1) * rb];
-            let size = q.block().1;
-            for j in full..t.k {
-                dequant_block(q, &row[j * size..], &mut tail[j - full..]);
-            }
-        }
-        for r in 0..t.xr {
-            let xrow = &x[(t.r0 + r) * t.k..(t.r0 + r + 1) * t.k];
-            let l = &lanes[i][r];
-            let mut s = ((l[0] + l[4]) + (l[2] + l[6])) + ((l[1] + l[5]) + (l[3] + l[7]));
-            for j in full..t.k {
-                s = tail[j - full].mul_add(xrow[j], s);
-            }
-            sums[i][r] = s;
-        }
-    }
-}
-
-/// The lanes of a tile's accumulators, in portable code: each weight row's
-/// next 32 (or 8) values dequantized into a buffer, then multiplied in.
-fn lanes_portable(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut Lanes) {
-    let (elems, bytes) = q.block();
-    let full = t.k - t.k % LANES;
-    let lay = Panels::of(q, t.k.max(QK));
-    let mut buf = [[0.0f32; QK]; TILE];
-    let mut raw = [0u8; 34];
-    let step = elems.max(LANES);
-    let mut j = 0;
-    while j < full {
-        let span = step.min(full - j);
-        for i in 0..t.ow {
-            if q.blocked() {
-                row_block(p, q, lay, t.o + i, j / QK, &mut raw[..bytes]);
-                dequant_block(q, &raw, &mut buf[i]);
-            } else {
-                let row = &p[(t.o + i) * rb..];
-                for e in 0..span {
-                    dequant_block(q, &row[(j + e) * bytes..], &mut buf[i][e..]);
-                }
-            }
-        }
-        for c in (0..span).step_by(LANES) {
-            for r in 0..t.xr {
-                let xv = &x[(t.r0 + r) * t.k + j + c..(t.r0 + r) * t.k + j + c + LANES];
-                for i in 0..t.ow {
-                    for l in 0..LANES {
-                        lanes[i][r][l] = buf[i][c + l].mul_add(xv[l], lanes[i][r][l]);
-                    }
-                }
-            }
-        }
-        j += span;
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn lanes_avx2(x: &[f32], p: &[u8], q: QType, t: Tile, rb: usize, lanes: &mut Lanes) {
-    match (t.ow, t.xr) {
-        (8, 1) => avx2_tile::<8, 1>(x, p, q, t, rb, lanes),
-        (4, 2) => avx2_tile::<4, 2>(x, p, q, t, rb, lanes),
-        (2, 4) => avx2_tile::<2, 4>(x, p, q, t, rb, lanes),
-        (1, 8) => avx2_tile::<1, 8>(x, p, q, t, rb, lanes),
-        (_, xr) => {
-            // other shapes (the last rows of a float weight; tests), one row at a time
-            for (i, slot) in lanes.iter_mut().enumerate().take(t.ow) {
-                let one = Tile { o: t.o + i, ow: 1, ..t };
-                let mut part = [[[0.0f32; LANES]; XMAX]; TILE];
-                match xr {
-                    1 => avx2_tile::<1, 1>(x, p, q, one, rb, &mut part),
-                    2 => avx2_tile::<1, 2>(x, p, q, one, rb, &mut part),
-                    4 => avx2_tile::<1, 4>(x, p, q, one, rb, &mut part),
-                    _ => avx2_tile::<1, 8>(x, p, q, one, rb, &mut part),
-                }
-                *slot = part[0];
-            }
-        }
-    }
-}
-
-/// `OW` weight rows times `XR` x rows with the accumulators in registers:
-/// per 8 values, each weight row's vector is dequantized (the gguf-py
-/// operations, lane-wise), then multiplied into every x row.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)]
-unsafe fn avx2_tile<const OW: usize, const XR: usize>(
-    x: &[f32],
-    p: &[u8],
-    q: QType,
-    t: Tile,
-    rb: usize,
-    lanes: &mut Lanes,
-) {
-    use std::arch::x86_64 as v;
-    let (k, full) = (t.k, t.k - t.k % LANES);
-    let mut acc = [[v::_mm256_setzero_ps(); XR]; OW];
-    let xp = x.as_ptr().add(t.r0 * k);
-    if !q.blocked() {
-        let size = q.block().1;
-        let wp = p.as_ptr().add(t.o * rb);
-        let mut j = 0;
-        while j < full {
-            let mut wv = [v::_mm256_setzero_ps(); OW];
-            for i in 0..OW {
-                let at = wp.add(i * rb + j * size);
-                wv[i] = match q {
-                    QType::F32 => v::_mm256_loadu_ps(at as *const f32),
-                    QType::F16 => v::_mm256_cvtph_ps(v::_mm_loadu_si128(at as *const v::__m128i)),
-                    _ => {
-                        let h = v::_mm256_cvtepu16_epi32(v::_mm_loadu_si128(at as *const v::__m128i));
-                        v::_mm256_castsi256_ps(v::_mm256_slli_epi32::<16>(h))
-                    }
+    let xr_max = crate::kernels::x_rows(path, xq.is_some());
+    let mut sums: Sums = [[[0.0; PANEL]; XMAX]; WMAX];
+    let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.is_some());
+    let panels = m.div_ceil(PANEL);
+    for stripe in lo..hi {
+        let end = ((stripe + 1) * STRIPE).min(panels);
+        let mut panel = stripe * STRIPE;
+        while panel < end {
+            let wt = w.min(end - panel);
+            let mut r0 = 0;
+            while r0 < n {
+                let xr = xr_max.min(n - r0);
+                let lead = panel == stripe * STRIPE && r0 == 0;
+                let t = crate::kernels::Tile {
+                    r0,
+                    xr,
+                    panel,
+                    w: wt,
+                    lead,
                 };
-            }
-            for r in 0..XR {
-                let xv = v::_mm256_loadu_ps(xp.add(r * k + j));
-                for i in 0..OW {
-                    acc[i][r] = v::_mm256_fmadd_ps(wv[i], xv, acc[i][r]);
-                }
-            }
-            j += LANES;
-        }
-    } else {
-        let lay = Panels::of(q, k);
-        let (panel, first) = (t.o / TILE, t.o % TILE);
-        let low = v::_mm256_set1_epi32(0x0f);
-        let eight = v::_mm256_set1_epi32(8);
-        for b in 0..lay.nb {
-            let base = p.as_ptr().add(lay.base(panel, b));
-            if first == 0 {
-                prefetch_ahead(base, lay);
-            }
-            let (d, m) = panel_scales(base, q);
-            for c in 0..4 {
-                let mut xv = [v::_mm256_setzero_ps(); XR];
-                for r in 0..XR {
-                    xv[r] = v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c));
-                }
-                for i in 0..OW {
-                    let row = first + i;
-                    let (pair, half) = (row / 2, 8 * (row % 2));
-                    let dv = v::_mm256_broadcast_ss(&d[row]);
-                    let wv = if q == QType::Q8_0 {
-                        let raw = v::_mm_loadl_epi64(base.add(lay.run(pair, c) + half) as *const v::__m128i);
-                        v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(v::_mm256_cvtepi8_epi32(raw)), dv)
-                    } else {
-                        // bytes 0-7 (c = 0, 2) or 8-15 (c = 1, 3): low nibbles, then high ones
-                        let raw = v::_mm_loadl_epi64(base.add(lay.run(pair, c % 2) + half) as *const v::__m128i);
-                        let wide = v::_mm256_cvtepu8_epi32(raw);
-                        let nib = if c < 2 {
-                            v::_mm256_and_si256(wide, low)
-                        } else {
-                            v::_mm256_srli_epi32::<4>(wide)
-                        };
-                        if q == QType::Q4_1 {
-                            let prod = v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(nib));
-                            v::_mm256_add_ps(prod, v::_mm256_broadcast_ss(&m[row]))
-                        } else {
-                            v::_mm256_mul_ps(dv, v::_mm256_cvtepi32_ps(v::_mm256_sub_epi32(nib, eight)))
-                        }
-                    };
-                    for r in 0..XR {
-                        acc[i][r] = v::_mm256_fmadd_ps(wv, xv[r], acc[i][r]);
+                crate::kernels::tile(x, xq, p, lay, t, path, &mut sums);
+                for (i, s) in sums.iter().enumerate().take(wt) {
+                    let first = (panel + i) * PANEL;
+                    let rows = PANEL.min(m - first);
+                    for (r, lanes) in s.iter().enumerate().take(xr) {
+                        let o = std::slice::from_raw_parts_mut(out.at((r0 + r) * m + first), rows);
+                        o.copy_from_slice(&lanes[..rows]);
                     }
                 }
+                r0 += xr;
             }
-        }
-    }
-    for i in 0..OW {
-        for r in 0..XR {
-            v::_mm256_storeu_ps(lanes[i][r].as_mut_ptr(), acc[i][r]);
-        }
-    }
-}
-
-/// Weight rows of an AVX-512 tile of `xr` x rows: 4 pairs (xr ≤ 3), 2
-/// pairs (xr ≤ 11) or 1 (up to 16), so accumulators, weight vectors and
-/// the x vector fit in the 32 registers.
-fn avx512_width(xr: usize) -> usize {
-    if xr <= 3 {
-        8
-    } else if xr <= 11 {
-        4
-    } else {
-        2
-    }
-}
-
-/// Asks for the panel block `PREFETCH` blocks after the one at `base` (the
-/// next panel's first blocks near a panel's end): one tile per panel asks,
-/// the first, so the stream is in cache when the tiles reach it (the
-/// hardware prefetcher stops at 4 KiB pages). Measured on the 2-core Intel
-/// host, SmolLM2's 30 gate/up weights and its LM head on 2 threads: one row
-/// 7.6 → 5.3 ms on AVX-512 and 10.9 → 9.7 ms on AVX2; five rows 12.6 → 10.2
-/// and 28.6 → 25.0 ms (medians of 3 interleaved runs, distance 8 against 0).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn prefetch_ahead(base: *const u8, lay: Panels) {
-    use std::arch::x86_64 as v;
-    // wrapping: past the weight's end the address is only a hint, never read
-    let ahead = base.wrapping_add(PREFETCH * lay.unit);
-    for line in (0..lay.unit).step_by(64) {
-        v::_mm_prefetch::<{ v::_MM_HINT_T0 }>(ahead.wrapping_add(line) as *const i8);
-    }
-}
-
-/// The 8 rows' d (and, for Q4_1, m) of a panel block starting at `base`,
-/// converted from float16 together (F16C).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-unsafe fn panel_scales(base: *const u8, q: QType) -> ([f32; 8], [f32; 8]) {
-    use std::arch::x86_64 as v;
-    let (mut d, mut m) = ([0.0f32; 8], [0.0f32; 8]);
-    v::_mm256_storeu_ps(
-        d.as_mut_ptr(),
-        v::_mm256_cvtph_ps(v::_mm_loadu_si128(base as *const v::__m128i)),
-    );
-    if q == QType::Q4_1 {
-        let at = base.add(16) as *const v::__m128i;
-        v::_mm256_storeu_ps(m.as_mut_ptr(), v::_mm256_cvtph_ps(v::_mm_loadu_si128(at)));
-    }
-    (d, m)
-}
-
-/// AVX-512 tiles of the block formats: row pairs of one panel.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn lanes_avx512(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut Lanes) {
-    macro_rules! run {
-        ($pairs:literal, $tile:expr, $out:expr, [$($n:literal)*]) => {
-            match $tile.xr {
-                $($n => avx512_tile::<$pairs, $n>(x, p, q, $tile, $out),)*
-                _ => unreachable!("x rows per tile are 1..=16"),
-            }
-        };
-    }
-    match (t.ow, t.xr) {
-        (8, 1..=3) => run!(4, t, lanes, [1 2 3]),
-        (4, 4..=11) => run!(2, t, lanes, [4 5 6 7 8 9 10 11]),
-        (2, _) => run!(1, t, lanes, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]),
-        (ow, _) => {
-            // other shapes (tests), a pair at a time
-            debug_assert!(ow.is_multiple_of(2) && t.o.is_multiple_of(2));
-            for pr in 0..ow / 2 {
-                let two = Tile {
-                    o: t.o + 2 * pr,
-                    ow: 2,
-                    ..t
-                };
-                let mut part = [[[0.0f32; LANES]; XMAX]; TILE];
-                run!(1, two, &mut part, [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16]);
-                lanes[2 * pr] = part[0];
-                lanes[2 * pr + 1] = part[1];
-            }
-        }
-    }
-}
-
-/// `P` row pairs of one panel times `XR` x rows. Accumulator p holds row
-/// o + 2p in lanes 0-7 and row o + 2p + 1 in lanes 8-15; the x vector is
-/// the same 8 values in both halves. Per block, a Q4 row's 16 possible
-/// values (d·q + m, or d·(q − 8)) are computed once, as gguf-py computes
-/// them, and each nibble picks its value (vpermt2ps over both rows' tables).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-#[allow(clippy::needless_range_loop)]
-unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: QType, t: Tile, lanes: &mut Lanes) {
-    use std::arch::x86_64 as v;
-    let k = t.k;
-    let lay = Panels::of(q, k);
-    let (panel, first_pair) = (t.o / TILE, (t.o % TILE) / 2);
-    let xp = x.as_ptr().add(t.r0 * k);
-    let mut acc = [[v::_mm512_setzero_ps(); XR]; P];
-    let iota = v::_mm512_set_ps(15., 14., 13., 12., 11., 10., 9., 8., 7., 6., 5., 4., 3., 2., 1., 0.);
-    let centered = v::_mm512_sub_ps(iota, v::_mm512_set1_ps(8.0));
-    let low = v::_mm512_set1_epi32(0x0f);
-    let upper = v::_mm512_set_epi32(16, 16, 16, 16, 16, 16, 16, 16, 0, 0, 0, 0, 0, 0, 0, 0);
-    for b in 0..lay.nb {
-        let base = p.as_ptr().add(lay.base(panel, b));
-        if first_pair == 0 {
-            prefetch_ahead(base, lay);
-        }
-        let (d, m) = panel_scales(base, q);
-        // wv[p][c]: elements 8c..8c + 8 of rows a = 2·pair and a + 1
-        let mut wv = [[v::_mm512_setzero_ps(); 4]; P];
-        for pi in 0..P {
-            let pair = first_pair + pi;
-            let (a, bb) = (2 * pair, 2 * pair + 1);
-            if q == QType::Q8_0 {
-                let dd = v::_mm512_mask_blend_ps(0xff00, v::_mm512_set1_ps(d[a]), v::_mm512_set1_ps(d[bb]));
-                for c in 0..4 {
-                    let raw = v::_mm_loadu_si128(base.add(lay.run(pair, c)) as *const v::__m128i);
-                    let qv = v::_mm512_cvtepi32_ps(v::_mm512_cvtepi8_epi32(raw));
-                    wv[pi][c] = v::_mm512_mul_ps(qv, dd);
-                }
-                continue;
-            }
-            let (ta, tb) = if q == QType::Q4_1 {
-                (
-                    v::_mm512_add_ps(v::_mm512_mul_ps(v::_mm512_set1_ps(d[a]), iota), v::_mm512_set1_ps(m[a])),
-                    v::_mm512_add_ps(
-                        v::_mm512_mul_ps(v::_mm512_set1_ps(d[bb]), iota),
-                        v::_mm512_set1_ps(m[bb]),
-                    ),
-                )
-            } else {
-                (
-                    v::_mm512_mul_ps(v::_mm512_set1_ps(d[a]), centered),
-                    v::_mm512_mul_ps(v::_mm512_set1_ps(d[bb]), centered),
-                )
-            };
-            for h in 0..2 {
-                let raw = v::_mm_loadu_si128(base.add(lay.run(pair, h)) as *const v::__m128i);
-                let wide = v::_mm512_cvtepu8_epi32(raw);
-                let lo = v::_mm512_or_si512(v::_mm512_and_si512(wide, low), upper);
-                let hi = v::_mm512_or_si512(v::_mm512_srli_epi32::<4>(wide), upper);
-                wv[pi][h] = v::_mm512_permutex2var_ps(ta, lo, tb);
-                wv[pi][2 + h] = v::_mm512_permutex2var_ps(ta, hi, tb);
-            }
-        }
-        for c in 0..4 {
-            for r in 0..XR {
-                let xv = v::_mm512_broadcast_f32x8(v::_mm256_loadu_ps(xp.add(r * k + b * QK + 8 * c)));
-                for pi in 0..P {
-                    acc[pi][r] = v::_mm512_fmadd_ps(wv[pi][c], xv, acc[pi][r]);
-                }
-            }
-        }
-    }
-    let mut both = [0.0f32; 16];
-    for pi in 0..P {
-        for r in 0..XR {
-            v::_mm512_storeu_ps(both.as_mut_ptr(), acc[pi][r]);
-            lanes[2 * pi][r].copy_from_slice(&both[..8]);
-            lanes[2 * pi + 1][r].copy_from_slice(&both[8..]);
+            panel += wt;
         }
     }
 }
@@ -982,24 +692,18 @@ unsafe fn avx512_tile<const P: usize, const XR: usize>(x: &[f32], p: &[u8], q: Q
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::linear::linear;
     use crate::linear::tests::data;
 
     /// Random bytes of m rows in format q (scales as arbitrary float16
     /// bit patterns of finite, modest values, including 0 and negatives).
-    fn weight(q: QType, m: usize, k: usize, seed: u32) -> Vec<u8> {
+    pub(crate) fn weight(q: QType, m: usize, k: usize, seed: u32) -> Vec<u8> {
         let rb = q.row_bytes(k).unwrap();
         let mut b: Vec<u8> = (0..m * rb)
             .map(|i| ((i as u32).wrapping_mul(2_246_822_519).wrapping_add(seed * 97) >> 13) as u8)
             .collect();
         let (elems, bytes) = q.block();
-        let scales = match q {
-            QType::Q8_0 | QType::Q4_0 => 1,
-            QType::Q4_1 => 2,
-            _ => 0,
-        };
         for blk in 0..m * (k / elems) {
-            for s in 0..scales {
+            for s in 0..q.scales() {
                 // |d| around 2^-7..2^-3, some zero
                 let h: u16 = if blk % 11 == 3 {
                     0
@@ -1008,6 +712,11 @@ mod tests {
                 };
                 let h = if (blk + s) % 3 == 0 { h | 0x8000 } else { h };
                 b[blk * bytes + 2 * s..blk * bytes + 2 * s + 2].copy_from_slice(&h.to_le_bytes());
+            }
+        }
+        if q == QType::Q8_0 {
+            for blk in 0..m * (k / elems) {
+                b[blk * bytes + 2] = 0x80; // -128: a code the file may hold
             }
         }
         if q == QType::F32 {
@@ -1029,7 +738,7 @@ mod tests {
     }
 
     /// The float32 values of a row-major weight, block by block (the reference).
-    fn dequant(q: QType, w: &[u8], m: usize, k: usize) -> Vec<f32> {
+    pub(crate) fn dequant(q: QType, w: &[u8], m: usize, k: usize) -> Vec<f32> {
         let (elems, bytes) = q.block();
         let rb = q.row_bytes(k).unwrap();
         let mut out = vec![0.0; m * k];
@@ -1041,7 +750,7 @@ mod tests {
         out
     }
 
-    const ALL: [QType; 6] = [
+    pub(crate) const ALL: [QType; 6] = [
         QType::F32,
         QType::F16,
         QType::BF16,
@@ -1051,17 +760,73 @@ mod tests {
     ];
 
     /// (threads, path) pairs: every path this CPU runs, on 1, 2 and 3 threads.
-    fn runs() -> Vec<(usize, Path)> {
-        let paths = [Path::Portable, Path::Avx2, Path::Avx512];
-        let available: Vec<Path> = paths.into_iter().filter(|p| path_available(*p)).collect();
+    pub(crate) fn runs() -> Vec<(usize, Path)> {
+        let available: Vec<Path> = Path::all().into_iter().filter(|p| path_available(*p)).collect();
         available.iter().flat_map(|&p| [(1, p), (2, p), (3, p)]).collect()
+    }
+
+    /// The documented f32 order, written out plainly on the dequantized weight.
+    fn reference_f32(x: &[f32], wf: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
+        let mut out = vec![0.0f32; n * m];
+        for r in 0..n {
+            for o in 0..m {
+                let mut acc = 0.0f32;
+                for j in 0..k {
+                    acc = wf[o * k + j].mul_add(x[r * k + j], acc);
+                }
+                out[r * m + o] = acc;
+            }
+        }
+        out
+    }
+
+    /// The documented q8 order, from the row-major bytes and the quantized rows.
+    fn reference_q8(x: &[f32], q: QType, w: &[u8], n: usize, k: usize, m: usize) -> Vec<f32> {
+        let xq = Q8Rows::of(x, n, k, q == QType::Q4_1, false);
+        let (rb, bytes) = (q.row_bytes(k).unwrap(), q.block().1);
+        let mut out = vec![0.0f32; n * m];
+        for r in 0..n {
+            for o in 0..m {
+                let mut acc = 0.0f32;
+                for b in 0..k / QK {
+                    let blk = &w[o * rb + b * bytes..o * rb + (b + 1) * bytes];
+                    let codes: Vec<i32> = (0..QK)
+                        .map(|e| match q {
+                            QType::Q8_0 => blk[2 + e] as i8 as i32,
+                            _ => {
+                                let byte = blk[2 * q.scales() + e % 16];
+                                let nib = if e < 16 { byte & 15 } else { byte >> 4 } as i32;
+                                if q == QType::Q4_0 {
+                                    nib - 8
+                                } else {
+                                    nib
+                                }
+                            }
+                        })
+                        .collect();
+                    let s: i32 = (0..QK).map(|e| codes[e] * xq.q[r * k + b * QK + e] as i32).sum();
+                    let dw = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
+                    acc = (dw * xq.d[r * (k / QK) + b]).mul_add(s as f32, acc);
+                    if q == QType::Q4_1 {
+                        let mw = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
+                        acc = mw.mul_add(xq.s[r * (k / QK) + b], acc);
+                    }
+                }
+                out[r * m + o] = acc;
+            }
+        }
+        out
+    }
+
+    fn bits(v: &[f32]) -> Vec<u32> {
+        v.iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]
     fn packing_keeps_every_byte_and_dequantizes_as_the_rows_do() {
         for q in ALL {
             let k = if q.blocked() { 96 } else { 13 };
-            for m in [1, 7, 8, 9, 21] {
+            for m in [1, 7, 16, 17, 37] {
                 let w = weight(q, m, k, 9);
                 let packed = pack(&w, q, m, k).unwrap();
                 assert_eq!(packed.len(), q.packed_len(m, k).unwrap());
@@ -1076,14 +841,20 @@ mod tests {
                         "{q:?} m={m} row {r}"
                     );
                 }
-                let mut values = vec![0.0f32; m * k];
-                let all: Vec<i64> = (0..m as i64).collect();
-                dequantize_rows(&packed, q, k, m, &all, &mut values, 1).unwrap();
                 let want = dequant(q, &w, m, k);
-                assert!(
-                    values.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{q:?} m={m}"
-                );
+                let all: Vec<i64> = (0..m as i64).collect();
+                let mut values = vec![0.0f32; m * k];
+                dequantize_rows(&packed, q, k, m, &all, &mut values, 1).unwrap();
+                assert_eq!(bits(&values), bits(&want), "{q:?} m={m}");
+                for threads in [1, 2] {
+                    let mut t = vec![f32::NAN; k * m];
+                    dequantize_transposed(&packed, q, k, m, &mut t, threads).unwrap();
+                    for o in 0..m {
+                        for j in 0..k {
+                            assert_eq!(t[j * m + o].to_bits(), want[o * k + j].to_bits(), "{q:?} m={m}");
+                        }
+                    }
+                }
             }
         }
     }
@@ -1102,31 +873,40 @@ mod tests {
                 dequantize_rows(&packed, q, k, m, &rows, &mut got, threads).unwrap();
                 for (i, &r) in rows.iter().enumerate() {
                     let (a, b) = (&got[i * k..(i + 1) * k], &want[r as usize * k..(r as usize + 1) * k]);
-                    assert!(
-                        a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()),
-                        "{q:?} row {r} threads={threads}"
-                    );
+                    assert_eq!(bits(a), bits(b), "{q:?} row {r} threads={threads}");
                 }
             }
         }
     }
 
+    const SHAPES: [(usize, usize); 10] = [
+        (1, 1),
+        (1, 19),
+        (2, 40),
+        (3, 16),
+        (5, 33),
+        (8, 9),
+        (13, 70),
+        (16, 17),
+        (17, 16),
+        (23, 50),
+    ];
+
     #[test]
-    fn equals_the_float_product_of_the_dequantized_weight_bitwise() {
+    fn f32_activations_follow_the_documented_order_on_every_path() {
         for q in ALL {
             let k_list: &[usize] = if q.blocked() { &[32, 96, 576] } else { &[1, 7, 45, 576] };
             for &k in k_list {
-                for &(n, m) in &[(1, 1), (1, 19), (3, 8), (5, 33), (8, 9), (13, 70), (16, 8), (23, 17)] {
+                for &(n, m) in &SHAPES {
                     let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
                     let packed = pack(&w, q, m, k).unwrap();
-                    let wf = dequant(q, &w, m, k);
-                    let mut want = vec![0.0f32; n * m];
-                    linear(&x, &wf, &mut want, n, k, m).unwrap();
+                    let want = reference_f32(&x, &dequant(q, &w, m, k), n, k, m);
                     for (threads, path) in runs() {
                         let mut out = vec![f32::NAN; n * m];
-                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path).unwrap();
-                        assert!(
-                            out.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path, Act::F32).unwrap();
+                        assert_eq!(
+                            bits(&out),
+                            bits(&want),
                             "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
                         );
                     }
@@ -1136,57 +916,68 @@ mod tests {
     }
 
     #[test]
-    fn a_row_gives_the_same_bits_alone_or_in_a_batch() {
-        for q in [QType::Q4_1, QType::Q4_0, QType::Q8_0, QType::F16] {
-            let (n, k, m) = (16, 64, 37);
-            let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
-            let packed = pack(&w, q, m, k).unwrap();
-            let mut all = vec![0.0f32; n * m];
-            qlinear(&x, &packed, q, &mut all, n, k, m, 1, best_path()).unwrap();
-            for r in 0..n {
-                for (threads, path) in runs() {
-                    let mut one = vec![0.0f32; m];
-                    qlinear(&x[r * k..(r + 1) * k], &packed, q, &mut one, 1, k, m, threads, path).unwrap();
-                    assert_eq!(
-                        one.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        all[r * m..(r + 1) * m].iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                        "{q:?} row {r} {path:?}"
-                    );
+    fn q8_activations_follow_the_documented_order_on_every_path() {
+        for q in [QType::Q8_0, QType::Q4_0, QType::Q4_1] {
+            for &k in &[32, 96, 576] {
+                for &(n, m) in &SHAPES {
+                    let (mut x, w) = (data(n * k, 3), weight(q, m, k, 4));
+                    x[0] = 0.0; // a block whose largest entry is 0 stays 0
+                    if k >= 64 {
+                        x[32..64].fill(0.0);
+                    }
+                    let packed = pack(&w, q, m, k).unwrap();
+                    let want = reference_q8(&x, q, &w, n, k, m);
+                    for (threads, path) in runs() {
+                        let mut out = vec![f32::NAN; n * m];
+                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path, Act::Q8).unwrap();
+                        assert_eq!(
+                            bits(&out),
+                            bits(&want),
+                            "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
+                        );
+                    }
                 }
             }
         }
+        // a float format takes float32 activations in either mode
+        let (x, w) = (data(3 * 64, 1), weight(QType::F16, 5, 64, 2));
+        let packed = pack(&w, QType::F16, 5, 64).unwrap();
+        let (mut a, mut b) = (vec![0.0f32; 15], vec![0.0f32; 15]);
+        qlinear(&x, &packed, QType::F16, &mut a, 3, 64, 5, 1, best_path(), Act::F32).unwrap();
+        qlinear(&x, &packed, QType::F16, &mut b, 3, 64, 5, 1, best_path(), Act::Q8).unwrap();
+        assert_eq!(bits(&a), bits(&b));
     }
 
     #[test]
-    fn every_tile_shape_of_every_path_gives_the_portable_lanes_bitwise() {
-        for q in ALL {
-            let k = if q.blocked() { 64 } else { 45 };
-            let rb = q.row_bytes(k).unwrap();
-            let (x, w) = (data(XMAX * k, 5), weight(q, 8, k, 6));
-            let packed = pack(&w, q, 8, k).unwrap();
-            for path in [Path::Avx2, Path::Avx512].into_iter().filter(|p| path_available(*p)) {
-                let paired = path == Path::Avx512 && q.blocked();
-                let xrs: &[usize] = if paired {
-                    &[1, 2, 3, 4, 5, 8, 11, 12, 16]
-                } else {
-                    &[1, 2, 4, 8]
-                };
-                let ows: &[usize] = if paired { &[2, 4, 8] } else { &[1, 2, 4, 8] };
-                for &xr in xrs {
-                    for &ow in ows {
-                        let t = Tile { k, r0: 0, xr, o: 0, ow };
-                        let (mut sa, mut sb) = ([[0.0f32; XMAX]; TILE], [[0.0f32; XMAX]; TILE]);
-                        tile(&x, &packed, q, t, rb, Path::Portable, &mut sa);
-                        tile(&x, &packed, q, t, rb, path, &mut sb);
-                        for i in 0..ow {
-                            for r in 0..xr {
-                                assert_eq!(
-                                    sa[i][r].to_bits(),
-                                    sb[i][r].to_bits(),
-                                    "{q:?} {path:?} xr={xr} ow={ow} i={i} r={r}"
-                                );
-                            }
-                        }
+    fn a_row_gives_the_same_bits_alone_or_in_a_batch() {
+        for act in [Act::F32, Act::Q8] {
+            for q in [QType::Q4_1, QType::Q4_0, QType::Q8_0, QType::F16] {
+                let (n, k, m) = (20, 64, 37);
+                let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
+                let packed = pack(&w, q, m, k).unwrap();
+                let mut all = vec![0.0f32; n * m];
+                qlinear(&x, &packed, q, &mut all, n, k, m, 1, best_path(), act).unwrap();
+                for r in 0..n {
+                    for (threads, path) in runs() {
+                        let mut one = vec![0.0f32; m];
+                        qlinear(
+                            &x[r * k..(r + 1) * k],
+                            &packed,
+                            q,
+                            &mut one,
+                            1,
+                            k,
+                            m,
+                            threads,
+                            path,
+                            act,
+                        )
+                        .unwrap();
+                        assert_eq!(
+                            bits(&one),
+                            bits(&all[r * m..(r + 1) * m]),
+                            "{q:?} row {r} {path:?} {act:?}"
+                        );
                     }
                 }
             }
@@ -1194,25 +985,16 @@ mod tests {
     }
 
     #[test]
-    fn f16_conversion_is_exact() {
-        for h in 0..=u16::MAX {
-            if (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0 {
-                assert!(f16_to_f32(h).is_nan());
-                continue;
-            }
-            let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
-            let e = ((h >> 10) & 0x1f) as i32;
-            let m = (h & 0x3ff) as f64;
-            let want = if e == 0 {
-                s * m * 2f64.powi(-24)
-            } else if e == 31 {
-                s * f64::INFINITY
-            } else {
-                s * (1.0 + m / 1024.0) * 2f64.powi(e - 15)
-            };
-            assert_eq!(f16_to_f32(h) as f64, want, "{h:#06x}");
-            assert_eq!(f16_to_f32(h).is_sign_negative(), h >> 15 == 1);
-        }
+    fn the_q8_mode_is_close_to_the_f32_one() {
+        // activations quantized to 8 bits: within a few parts in a thousand of the f32 product
+        let (n, k, m) = (4, 576, 40);
+        let (x, w) = (data(n * k, 7), weight(QType::Q4_1, m, k, 8));
+        let packed = pack(&w, QType::Q4_1, m, k).unwrap();
+        let (mut a, mut b) = (vec![0.0f32; n * m], vec![0.0f32; n * m]);
+        qlinear(&x, &packed, QType::Q4_1, &mut a, n, k, m, 1, best_path(), Act::F32).unwrap();
+        qlinear(&x, &packed, QType::Q4_1, &mut b, n, k, m, 1, best_path(), Act::Q8).unwrap();
+        let scale = a.iter().map(|v| v.abs()).fold(0.0f32, f32::max);
+        assert!(a.iter().zip(&b).all(|(u, v)| (u - v).abs() <= 0.02 * scale), "{scale}");
     }
 
     #[test]
@@ -1220,10 +1002,12 @@ mod tests {
         let mut out = vec![0.0f32; 2];
         let p = best_path();
         let packed = vec![0u8; QType::Q4_1.packed_len(1, 32).unwrap()];
-        assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_ok());
-        assert!(qlinear(&[0.0; 60], &packed, QType::Q4_1, &mut out, 2, 30, 1, 1, p).is_err());
-        assert!(qlinear(&[0.0; 64], &packed[1..], QType::Q4_1, &mut out, 2, 32, 1, 1, p).is_err());
-        assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 0, p).is_err());
+        for act in [Act::F32, Act::Q8] {
+            assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 1, p, act).is_ok());
+            assert!(qlinear(&[0.0; 60], &packed, QType::Q4_1, &mut out, 2, 30, 1, 1, p, act).is_err());
+            assert!(qlinear(&[0.0; 64], &packed[1..], QType::Q4_1, &mut out, 2, 32, 1, 1, p, act).is_err());
+            assert!(qlinear(&[0.0; 64], &packed, QType::Q4_1, &mut out, 2, 32, 1, 0, p, act).is_err());
+        }
         assert!(pack(&[0; 19], QType::Q4_1, 1, 32).is_err());
         let mut one = vec![0.0f32; 32];
         assert!(dequantize_rows(&packed, QType::Q4_1, 32, 1, &[1], &mut one, 1).is_err());

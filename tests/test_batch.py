@@ -434,7 +434,6 @@ def test_the_profile_follows_the_work_not_max_batch(gguf: Any) -> None:
     engine = BatchEngine(gguf, None, max_batch=MAX_ROWS, cache_positions=10 * (64 + 3))
     p = profile_forward(engine, [1, 3], context=8, long_context=64, repeats=1, cached=False)
     assert max(p.batch_sizes) == 10 and p.batch_sizes == [1, 2, 4, 8, 10]
-    assert p.seconds(MAX_ROWS, 1) > p.seconds(10, 1)  # extrapolated beyond the grid
     wide = BatchEngine(gguf, None, max_batch=MAX_ROWS)
     p = profile_forward(wide, [1], context=8, long_context=0, repeats=1, cached=False)
     assert max(p.batch_sizes) == MAX_PROFILE_ROWS

@@ -8,6 +8,7 @@ import numpy as np
 import numpy.typing as npt
 
 __all__ = [
+    "LlamaStack",
     "Simulation",
     "SuffixTrie",
     "CHILDREN",
@@ -19,7 +20,14 @@ __all__ = [
     "linear_vectorized",
     "llama_layer",
     "dequantize_rows",
+    "dequantize_transposed",
+    "fma_peak",
+    "layer_profile",
+    "layer_profile_totals",
+    "pack_rows",
+    "read_bandwidth",
     "pack_weight",
+    "quantize_q8",
     "qlinear",
     "qlinear_path",
     "unpack_rows",
@@ -94,6 +102,39 @@ class Simulation:
     def round_lengths(self, rounds: int, threads: int | None = None) -> npt.NDArray[np.int64]: ...
 
 @final
+class LlamaStack:
+    def __new__(
+        cls,
+        layers: list[
+            tuple[
+                list[tuple[npt.NDArray[np.uint8], int]],
+                npt.NDArray[np.float32],
+                npt.NDArray[np.float32],
+                tuple[int, int, int, int, float],
+            ]
+        ],
+        norm: npt.NDArray[np.float32],
+        eps: float,
+        head: tuple[npt.NDArray[np.uint8], int],
+        vocab: int,
+    ) -> LlamaStack: ...
+    def forward(
+        self,
+        x: npt.NDArray[np.float32],
+        cos: npt.NDArray[np.float32],
+        sin: npt.NDArray[np.float32],
+        keys: list[npt.NDArray[np.float32]],
+        values: list[npt.NDArray[np.float32]],
+        pasts: list[int],
+        lengths: list[int],
+        mask: npt.NDArray[np.uint8] | None,
+        rows: list[int],
+        threads: int,
+        path: str | None = None,
+        activations: str = "f32",
+    ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
+
+@final
 class SuffixTrie:
     def __new__(cls, depth: int) -> SuffixTrie: ...
     @property
@@ -136,6 +177,7 @@ def qlinear(
     out: npt.NDArray[np.float32],
     threads: int,
     path: str | None = None,
+    activations: str = "f32",
 ) -> None: ...
 def dequantize_rows(
     packed: npt.NDArray[np.uint8],
@@ -149,6 +191,24 @@ def dequantize_rows(
 def unpack_rows(
     packed: npt.NDArray[np.uint8], qtype: int, k: int, m: int, rows: npt.NDArray[np.int64]
 ) -> npt.NDArray[np.uint8]: ...
+def dequantize_transposed(
+    packed: npt.NDArray[np.uint8],
+    qtype: int,
+    k: int,
+    m: int,
+    out: npt.NDArray[np.float32],
+    threads: int = 1,
+) -> None: ...
+def quantize_q8(
+    x: npt.NDArray[np.float32], with_s: bool
+) -> tuple[
+    npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.int32]
+]: ...
+def pack_rows() -> int: ...
+def layer_profile(on: bool) -> None: ...
+def layer_profile_totals() -> list[tuple[str, float]]: ...
+def read_bandwidth(bytes: int, threads: int, repeats: int = 5) -> float: ...
+def fma_peak(threads: int) -> float: ...
 def llama_layer(
     x: npt.NDArray[np.float32],
     cos: npt.NDArray[np.float32],
@@ -164,5 +224,6 @@ def llama_layer(
     shape: tuple[int, int, int, int, float],
     threads: int,
     path: str | None = None,
+    activations: str = "f32",
 ) -> None: ...
 def qlinear_path() -> str: ...

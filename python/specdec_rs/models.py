@@ -130,6 +130,7 @@ def load_smollm2(
     device: Any = "cpu",
     linear: str = "auto",
     weights: str = "auto",
+    activations: str = "f32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for SmolLM2-135M-Instruct in `dtype` on `device`, eval mode.
 
@@ -137,6 +138,8 @@ def load_smollm2(
     linears, Q8_0 embedding and head; `gguf.load_gguf`: the Rust kernels,
     float32 activations); "float32" is the dequantized float32 model
     (the reference); "auto" (default) takes "gguf" on the CPU in float32.
+    `activations` ("f32", "q8"): the GGUF products' activations
+    (`gguf.model.set_activations`; "q8" needs the GGUF weights).
     `linear`: the float32 model's linear layers for few positions ("auto",
     "rust", "torch"; see `kernels.apply_linear_choice`).
 
@@ -146,14 +149,16 @@ def load_smollm2(
     folder is a ValueError that says what to delete.
     """
     kernels.check_linear_choice(linear)
-    if weights_choice(weights, dtype, device, directory) == "gguf":
+    gguf_weights = weights_choice(weights, dtype, device, directory) == "gguf"
+    check_activations(activations, gguf_weights, "SmolLM2 with weights='float32'")
+    if gguf_weights:
         from specdec_rs.gguf import load_gguf
 
         gguf = smollm2_gguf()  # the package first: a clear error before any work
         _checks.writable_dir(
             cache_dir(), _cache_name(), hint="; set SPECDEC_CACHE to a writable folder"
         )
-        return load_gguf(gguf)
+        return load_gguf(gguf, activations=activations)
     target = Path(directory) if directory is not None else cache_dir() / SMOLLM2_NAME
     if target.exists() and not target.is_dir():
         raise ValueError(f"{target} is a file; the converted model needs a folder there")
@@ -213,8 +218,24 @@ def _convert_smollm2(target: Path) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def check_activations(activations: Any, gguf: bool, other: str) -> str:
+    """ "f32" or "q8"; q8 only for GGUF weights (`other` names the model that is not)."""
+    _checks.choice(activations, "activations", ("f32", "q8"))
+    if activations == "q8" and not gguf:
+        raise ValueError(
+            f"activations='q8' quantizes the activations of GGUF weights' products; {other} "
+            "has float weights: use activations='f32', or a GGUF file"
+        )
+    return str(activations)
+
+
 def load_local(
-    path: str | Path, *, dtype: Any = "float32", device: Any = "cpu", linear: str = "auto"
+    path: str | Path,
+    *,
+    dtype: Any = "float32",
+    device: Any = "cpu",
+    linear: str = "auto",
+    activations: str = "f32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from a local transformers folder in `dtype` on
     `device`, eval mode, its linear layers set by `linear` (as in
@@ -228,11 +249,13 @@ def load_local(
     dtype, device = torch_dtype(dtype), torch_device(device)
     kernels.check_linear_choice(linear)
     folder = Path(path)
-    if folder.suffix.lower() == ".gguf":
+    gguf = folder.suffix.lower() == ".gguf"
+    check_activations(activations, gguf, f"the transformers folder {folder}")
+    if gguf:
         from specdec_rs.gguf import load_gguf
 
         weights_choice("gguf", dtype, device)  # the CPU in float32, or a ValueError
-        return load_gguf(folder)
+        return load_gguf(folder, activations=activations)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
     if not (folder / "config.json").is_file():
@@ -381,8 +404,23 @@ def forward_with_hidden(
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`forward`, plus the last hidden states of all n positions (n, H) in the
     model's dtype when `hidden` (the input of the LM head; no extra pass)."""
+    runner = _runner(model, cache, len(tokens))
+    if runner is not None:  # a GGUF model: the whole forward in one Rust call
+        n = len(tokens)
+        wanted = range(n - keep, n) if keep else range(n)
+        logits, states = runner.forward([tokens], [cache], rows=wanted)
+        return logits, (states if hidden else None)
     ids = tokens.to(device_of(model)).unsqueeze(0)
     return _logits_and_hidden(model, hidden, keep, input_ids=ids, use_cache=True, cache=cache)
+
+
+def _runner(model: Any, cache: Any, n: int) -> Any:
+    """The GGUF runner of `model` for this forward, or None (`gguf.runner.runner_of`)."""
+    if "_specdec_runner" in model.__dict__ and model.__dict__["_specdec_runner"] is False:
+        return None
+    from specdec_rs.gguf.runner import runner_of
+
+    return runner_of(model, cache, n)
 
 
 def _logits_and_hidden(
@@ -498,6 +536,17 @@ def forward_tree(
     device = device_of(model)
     past = cache.get_seq_length()
     depth = torch.tensor([0, *tree_depths(parents)], device=device)
+    runner = _runner(model, cache, len(tokens) + 1)
+    if runner is not None:  # a GGUF model: one Rust call under the tree's mask
+        allowed = tree_mask(parents, past, torch.float32, "cpu")[0, 0] == 0
+        logits, states = runner.forward(
+            [torch.cat([last.reshape(-1), tokens.reshape(-1)])],
+            [cache],
+            rows=rows,
+            positions=past + depth,
+            mask=allowed.to(torch.uint8).contiguous().numpy(),
+        )
+        return logits, (states if hidden else None)
     ids = torch.cat([last.to(device), tokens.to(device)])[None]
     return _logits_and_hidden(
         model,

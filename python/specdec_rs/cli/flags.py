@@ -1,5 +1,5 @@
 """The flags the model commands share (--model, --dtype, --device, --weights,
---linear; the sampling flags), their checks, and `load_target`."""
+--activations, --linear; the sampling flags), their checks, and `load_target`."""
 
 from __future__ import annotations
 
@@ -32,6 +32,13 @@ def model_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         "float32 the dequantized reference (auto: gguf on the CPU in float32)",
     )
     model.add_argument(
+        "--activations",
+        default="f32",
+        choices=("f32", "q8"),
+        help="GGUF weights' products: f32 activations (the reference) or q8 (8-bit blocks as "
+        "llama.cpp quantizes them: another target function, much faster over many positions)",
+    )
+    model.add_argument(
         "--linear",
         default="auto",
         choices=kernels.LINEAR_CHOICES,
@@ -57,11 +64,14 @@ def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTo
     --dtype on --device, its weights as --weights and its float linear
     layers as --linear say."""
     weights = getattr(args, "weights", "auto")
-    return _load(args.model, args.dtype, args.device, args.linear, weights)
+    activations = getattr(args, "activations", "f32")
+    return _load(args.model, args.dtype, args.device, args.linear, weights, activations)
 
 
 @functools.cache
-def _load(path: str | None, dtype: str, device: str, linear: str, weights: str) -> tuple[Any, Any]:
+def _load(
+    path: str | None, dtype: str, device: str, linear: str, weights: str, activations: str
+) -> tuple[Any, Any]:
     """Loaded once per process (a program calling main() repeatedly, e.g. the tests).
     On the CPU the GPU libraries torch mapped are released first (`_memory`:
     about 150 MiB of resident memory), before the model's memory peaks."""
@@ -74,19 +84,28 @@ def _load(path: str | None, dtype: str, device: str, linear: str, weights: str) 
 
     logging.disable_progress_bar()
     if path is None:
-        return models.load_smollm2(dtype=dtype, device=device, linear=linear, weights=weights)
+        return models.load_smollm2(
+            dtype=dtype, device=device, linear=linear, weights=weights, activations=activations
+        )
     if weights == "float32" and str(path).lower().endswith(".gguf"):
         raise ValueError(
             f"--model {path} is a GGUF file, read at its own precision; --weights float32 "
             "applies to SmolLM2 (or convert the file to a transformers folder)"
         )
-    return models.load_local(path, dtype=dtype, device=device, linear=linear)
+    return models.load_local(
+        path, dtype=dtype, device=device, linear=linear, activations=activations
+    )
 
 
 def check_model_flags(args: argparse.Namespace) -> None:
     """--dtype, --device, --weights and --seed, before a model loads."""
     models.torch_dtype(args.dtype)
     models.torch_device(args.device)
+    activations = getattr(args, "activations", "f32")
     if args.model is None:
-        models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
+        weights = models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
+        models.check_activations(activations, weights == "gguf", "SmolLM2 with --weights float32")
+    else:
+        gguf = str(args.model).lower().endswith(".gguf")
+        models.check_activations(activations, gguf, f"--model {args.model}")
     _checks.seed(args.seed, "--seed")

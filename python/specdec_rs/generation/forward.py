@@ -31,7 +31,7 @@ PATHS = ("gguf", "llama", "rows")
 
 def batch_path(target: Any) -> str:
     """Which of `PATHS` a batch forward of `target` takes (see the module docs)."""
-    from specdec_rs.gguf.batch import batchable
+    from specdec_rs.gguf.runner import batchable
 
     if batchable(target) and models.device_of(target).type == "cpu":
         return "gguf"

@@ -30,7 +30,7 @@ from specdec_rs.timing import median_seconds
 if TYPE_CHECKING:
     from specdec_rs.generation.batch import BatchEngine
 
-VERSION = 2
+VERSION = 3  # 3: the kernels' 16-row panels and the activations in the key
 MAX_PROFILE_ROWS = 64  # beyond, T(B, n) is extrapolated by the last measured slope
 LOGITS_BYTES = 1 << 30  # the most the profile's logits (B · n · V float32) may take
 
@@ -140,6 +140,8 @@ def _cache_path(
     threads, the engine's forward path and the grid."""
     import torch
 
+    from specdec_rs.gguf.model import activations_of
+
     try:
         from specdec_rs.heads.identity import fingerprint
 
@@ -156,6 +158,7 @@ def _cache_path(
             "cpu": _cpu_name(),
             "torch_threads": torch.get_num_threads(),
             "kernel_threads": kernel_threads,
+            "activations": activations_of(engine.target),
             "path": engine.path,
             "bs": bs,
             "ns": ns,

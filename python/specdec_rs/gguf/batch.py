@@ -21,18 +21,6 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
 
-def batchable(model: Any) -> bool:
-    """Whether `model` is a GGUF model whose layers can run several
-    sequences in one call (every decoder layer a `FusedLlamaLayer`, on the CPU)."""
-    from specdec_rs.gguf.layer import FusedLlamaLayer
-
-    base = getattr(model, "model", None)
-    layers = getattr(base, "layers", None)
-    if layers is None or len(layers) == 0 or getattr(model, "lm_head", None) is None:
-        return False
-    return all(isinstance(layer, FusedLlamaLayer) for layer in layers)
-
-
 def forward_rows(
     model: PreTrainedModel,
     blocks: Sequence[torch.Tensor],
@@ -46,6 +34,17 @@ def forward_rows(
     last hidden states (n_s, H) (the LM head's input)."""
     import torch
 
+    from specdec_rs.gguf.runner import runner_of
+
+    runner = runner_of(model, caches[0], max(len(b) for b in blocks))
+    if runner is not None and all(c.get_seq_length() > 0 for c in caches):
+        every, normed = runner.forward(blocks, caches)
+        out_logits, out_states, start = [], [], 0
+        for b in blocks:
+            out_logits.append(every[start : start + len(b)])
+            out_states.append(normed[start : start + len(b)])
+            start += len(b)
+        return out_logits, (out_states if hidden else None)
     base = model.model
     lengths = [len(b) for b in blocks]
     pasts = [c.get_seq_length() for c in caches]

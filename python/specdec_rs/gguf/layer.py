@@ -158,8 +158,8 @@ class FusedLlamaLayer(nn.Module):
         call (`_core.llama_layer`); batches and autograd run in torch with
         the same products. The prefill of a prompt of DENSE_PREFILL or more
         positions into an empty cache runs in torch with dense products
-        (`QuantLinear.dense`): every path prefills a prompt alike, so the
-        steps after it still agree bit for bit."""
+        (`QuantLinear.dense`; with float32 activations only): every path
+        prefills a prompt alike, so the steps after it still agree bit for bit."""
         assert position_embeddings is not None, "the model passes position_embeddings"
         b, n, h = hidden_states.shape
         layers = getattr(cache, "layers", ())
@@ -173,7 +173,7 @@ class FusedLlamaLayer(nn.Module):
             # torch's attention (the Rust one is written for few queries)
             if native and (past > 0 or n <= NATIVE_PREFILL):
                 return self._native(hidden_states, attention_mask, layer, position_embeddings)
-        if past == 0 and b * n >= DENSE_PREFILL and not grad:
+        if past == 0 and b * n >= DENSE_PREFILL and not grad and self.o_proj.activations == "f32":
             # a long prompt's prefill: torch's float32 products on the
             # dequantized weights, on the kernels' thread count
             with _torch_threads(self.o_proj.threads):
@@ -282,6 +282,7 @@ class FusedLlamaLayer(nn.Module):
             ffn_norm,
             self._dims,
             self.o_proj.threads,
+            activations=self.o_proj.activations,
         )
         for layer, n in zip(layers, lengths, strict=True):
             layer.advance(n)
@@ -305,19 +306,20 @@ class FusedLlamaLayer(nn.Module):
 
 def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:
     """[one QuantLinear of all the parts' rows] when they share a format and
-    row length and all but the last fill whole panels of 8 rows (so their
-    packed panels simply follow one another), else the parts."""
+    row length and all but the last fill whole stripes of packed rows
+    (`_core.pack_rows()`, 64: their packed bytes simply follow one
+    another), else the parts."""
     import numpy as np
 
     first = parts[0]
     same = all(p.ggml_type == first.ggml_type and p.in_features == first.in_features for p in parts)
-    if not same or any(p.out_features % 8 for p in parts[:-1]):
+    if not same or any(p.out_features % _core.pack_rows() for p in parts[:-1]):
         return parts
     packed = np.concatenate([p.packed for p in parts])
     out = QuantLinear(
         packed, first.ggml_type, first.in_features, sum(p.out_features for p in parts)
     )
-    out.threads = first.threads
+    out.threads, out.activations = first.threads, first.activations
     return [out]
 
 

@@ -307,6 +307,24 @@ def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
 THREADS_VARIABLE = "SPECDEC_KERNEL_THREADS"
 
 
+def set_activations(model: Any, activations: str) -> None:
+    """Run every GGUF product of `model` with "f32" or "q8" activations
+    (`modules.QuantLinear`): two target functions, each exact by itself."""
+    from specdec_rs import _checks
+    from specdec_rs.gguf.modules import ACTIVATIONS
+
+    _checks.choice(activations, "activations", ACTIVATIONS)
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.activations = activations
+    model.config.specdec_activations = activations  # `identity` and the profiles read it
+
+
+def activations_of(model: Any) -> str:
+    """The activations a GGUF model's products take ("f32" for any other model)."""
+    return str(getattr(getattr(model, "config", None), "specdec_activations", "f32"))
+
+
 def set_threads(model: Any, threads: int) -> None:
     """Run every GGUF product of `model` on `threads` threads."""
     for module in model.modules():
@@ -354,9 +372,12 @@ def choose_threads(model: Any, *, repeats: int = 7) -> int:
     return 2 if statistics.median(times[2]) < 0.9 * statistics.median(times[1]) else 1
 
 
-def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, Any]:
+def load_gguf(
+    path: Any, *, tokenizer: bool = True, activations: str = "f32"
+) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer or None) of a Llama-architecture GGUF file, its
-    weights at the file's precision (see the module docs). ValueError for a
+    weights at the file's precision (see the module docs), its products
+    with `activations` "f32" (the reference) or "q8" (`set_activations`). ValueError for a
     file that is not one, is truncated or corrupt, or holds a tensor of an
     unknown type or a shape its metadata does not give; nothing is
     half-loaded.
@@ -366,8 +387,11 @@ def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, An
     and the kernels' spinning worker would take turns on the same cores)."""
     import torch
 
+    from specdec_rs import _checks
     from specdec_rs._files import cache_dir
+    from specdec_rs.gguf.modules import ACTIVATIONS
 
+    _checks.choice(activations, "activations", ACTIVATIONS)
     f = read(path)
     if tokenizer and "tokenizer.ggml.tokens" not in f.metadata:
         raise f.fail(
@@ -375,6 +399,7 @@ def load_gguf(path: Any, *, tokenizer: bool = True) -> tuple[PreTrainedModel, An
             "use a GGUF file with its tokenizer, or load_gguf(path, tokenizer=False)",
         )
     model = build(f)
+    set_activations(model, activations)
     threads = choose_threads(model)
     set_threads(model, threads)
     if threads > 1:

@@ -2,10 +2,13 @@
 
 `QuantLinear` is `nn.Linear` without a bias whose weight W (out, in) stays
 in the file's format (`rust/quant.rs`: F32, F16, BF16, Q8_0, Q4_0, Q4_1):
-y = x · dequant(W)ᵀ with float32 activations, every output summed in one
-fixed order whatever the number of rows, so a position's values are the
-same bits alone or inside a verification batch. `QuantEmbedding` looks rows
-of such a table up, dequantized exactly as gguf-py does.
+y = x · dequant(W)ᵀ, every output summed in one fixed order whatever the
+number of rows, so a position's values are the same bits alone or inside a
+verification batch. `activations` picks the function: "f32" (float32
+activations, the reference) or "q8" (each 32-block of x quantized as
+ggml's q8_0/q8_1, exact integer block products, llama.cpp's arithmetic;
+float formats stay float32). `QuantEmbedding` looks rows of such a table
+up, dequantized exactly as gguf-py does.
 
 Both expose `dequantize_rows(rows)` (the float32 rows of W) where a float
 module exposes `weight`; `models.weight_rows` reads either.
@@ -23,6 +26,7 @@ from torch import nn
 from specdec_rs import _core
 
 NATIVE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+ACTIVATIONS = ("f32", "q8")
 
 
 class _Product(torch.autograd.Function):
@@ -45,7 +49,8 @@ class QuantLinear(nn.Module):
     bytes are held in the kernel's packed layout (`_core.pack_weight`:
     panels of 8 rows, the file's bytes rearranged, none converted);
     `ggml_type` is its format. `threads`: how many threads the product
-    runs on (chosen by measurement at load)."""
+    runs on (chosen by measurement at load); `activations`: "f32" or "q8"
+    (see the module docs)."""
 
     def __init__(self, packed: np.ndarray, ggml_type: int, in_features: int, out_features: int):
         super().__init__()
@@ -62,6 +67,7 @@ class QuantLinear(nn.Module):
         self.in_features = in_features
         self.out_features = out_features
         self.threads = 1
+        self.activations = "f32"
 
     @classmethod
     def from_rows(cls, rows: np.ndarray, ggml_type: int, in_features: int) -> QuantLinear:
@@ -88,7 +94,13 @@ class QuantLinear(nn.Module):
         x = x.contiguous()
         out = torch.empty((x.shape[0], self.out_features), dtype=torch.float32)
         _core.qlinear(
-            x.numpy(), self.packed, self.ggml_type, self.out_features, out.numpy(), self.threads
+            x.numpy(),
+            self.packed,
+            self.ggml_type,
+            self.out_features,
+            out.numpy(),
+            self.threads,
+            activations=self.activations,
         )
         return out
 
@@ -107,26 +119,25 @@ class QuantLinear(nn.Module):
 
     def dense(self, rows: torch.Tensor) -> torch.Tensor:
         """rows (n, in) float32 CPU -> (n, out), by torch's float32 matrix
-        product on the whole weight dequantized (exactly, `dequantize_rows`)
-        into this thread's scratch buffer: for many rows (a prompt's
-        prefill) several times faster than `product`, whose kernel is
-        written for few. Its sums run in the BLAS's order, which depends on
-        n, so only a step that every path runs alike (the prefill of an
-        empty cache) may use it; decode and verification steps use
-        `product`."""
+        product on the whole weight dequantized (exactly) and transposed
+        (in, out) into this thread's scratch buffer: for many rows (a
+        prompt's prefill) several times faster than `product` with float32
+        activations. Its sums run in the BLAS's order, which depends on n,
+        so only a step that every path runs alike (the prefill of an empty
+        cache, with float32 activations) may use it; decode and
+        verification steps use `product`."""
         weight = _scratch(self.out_features * self.in_features)
-        weight = weight.reshape(self.out_features, self.in_features)
-        _core.dequantize_rows(
+        weight = weight.reshape(self.in_features, self.out_features)
+        _core.dequantize_transposed(
             self.packed,
             self.ggml_type,
             self.in_features,
             self.out_features,
-            np.arange(self.out_features, dtype=np.int64),
             weight,
             1,  # the calling thread: a spinning kernel worker would slow torch's threads
         )
         x = rows.detach().float()
-        return x @ torch.from_numpy(weight).T
+        return x @ torch.from_numpy(weight)
 
     def _rows(self, rows: torch.Tensor) -> np.ndarray:
         idx: np.ndarray = torch.as_tensor(rows).reshape(-1).cpu().numpy()
@@ -160,7 +171,7 @@ class QuantLinear(nn.Module):
             self.packed, self.ggml_type, self.in_features, self.out_features, idx
         )
         part = QuantLinear.from_rows(raw, self.ggml_type, self.in_features)
-        part.threads = self.threads
+        part.threads, part.activations = self.threads, self.activations
         return part
 
 

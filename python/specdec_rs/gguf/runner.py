@@ -1,0 +1,137 @@
+"""A GGUF model's forward in one Rust call (`_core.LlamaStack`): every
+layer, the final norm and the LM head on the rows that are read, for one
+sequence (a chain, a tree under its mask, a lookahead window) or a ragged
+batch of sequences, each after its own `PreallocatedCache`.
+
+Python does the embedding lookup and the rotary tables; the rest is Rust,
+so a decode step's Python is a few tens of microseconds rather than a
+transformers forward's thirty layer calls. Every value of a row comes from
+that row alone in one fixed order, so a sequence's logits are the same bits
+alone, in a batch, or as a tree's root path.
+
+The long prefill of an empty cache (more than `layer.NATIVE_PREFILL`
+positions) stays with the model's own forward (`FusedLlamaLayer`: dense
+products, torch's attention), as every path prefills alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from specdec_rs import _core
+
+if TYPE_CHECKING:
+    import torch
+
+
+def batchable(model: Any) -> bool:
+    """Whether `model` is a GGUF model whose layers can run several
+    sequences in one call (every decoder layer a `FusedLlamaLayer`, on the CPU)."""
+    from specdec_rs.gguf.layer import FusedLlamaLayer
+
+    base = getattr(model, "model", None)
+    layers = getattr(base, "layers", None)
+    if layers is None or len(layers) == 0 or getattr(model, "lm_head", None) is None:
+        return False
+    return all(isinstance(layer, FusedLlamaLayer) for layer in layers)
+
+
+class Runner:
+    """The stack of `model` (a GGUF model: every layer a `FusedLlamaLayer`)."""
+
+    def __init__(self, model: Any):
+        base = model.model
+        layers = []
+        for layer in base.layers:
+            weights = [(np.asarray(p), int(t)) for p, t in layer._weights]
+            layers.append((weights, *layer._norms, layer._dims))
+        self.norm = base.norm.weight.detach().float().contiguous()
+        head = model.lm_head
+        self.stack = _core.LlamaStack(
+            layers,
+            self.norm.numpy(),
+            float(base.norm.variance_epsilon),
+            (head.packed, head.ggml_type),
+            head.out_features,
+        )
+        self.model, self.base, self.head = model, base, head
+        self.kv = (base.layers[0].kv_heads, base.layers[0].head_dim)
+        self.depth = len(base.layers)  # a layer view's cache may hold more layers: the first ones
+
+    def forward(
+        self,
+        blocks: Sequence[torch.Tensor],
+        caches: Sequence[Any],
+        *,
+        rows: Sequence[int] | None = None,
+        positions: torch.Tensor | None = None,
+        mask: np.ndarray | None = None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """blocks[s] (n_s,) after caches[s]; each cache grows by n_s.
+        (logits (len(rows), V) float32 of the rows `rows` of the N = Σ n_s
+        (default: every row), the final-normed states (N, H)). `positions`
+        (N,): the rows' positions (default: each block's after its cache);
+        `mask` (n, past + n) uint8: one sequence's attention (a tree's)."""
+        import torch
+
+        lengths = [len(b) for b in blocks]
+        pasts = [c.layers[0].get_seq_length() for c in caches]
+        if positions is None:
+            positions = torch.cat(
+                [torch.arange(p, p + n) for p, n in zip(pasts, lengths, strict=True)]
+            )
+        ids = torch.cat([b.reshape(-1) for b in blocks])
+        x = self.base.embed_tokens(ids[None])[0].float().contiguous()
+        cos, sin = self.base.rotary_emb(x[None], positions[None])
+        keys, values = [], []
+        like = (1, *self.kv)
+        for cache, n in zip(caches, lengths, strict=True):
+            for layer in cache.layers[: self.depth]:
+                k, v, _ = layer.slot_arrays(n, like, torch.float32)
+                keys.append(k)
+                values.append(v)
+        n_rows = len(ids)
+        wanted = list(range(n_rows)) if rows is None else [int(r) for r in rows]
+        threads = self.head.threads
+        logits, states = self.stack.forward(
+            x.numpy(),
+            cos[0].float().contiguous().numpy(),
+            sin[0].float().contiguous().numpy(),
+            keys,
+            values,
+            pasts,
+            lengths,
+            mask,
+            wanted,
+            threads,
+            activations=self.head.activations,
+        )
+        for cache, n in zip(caches, lengths, strict=True):
+            for layer in cache.layers[: self.depth]:
+                layer.advance(n)
+        return torch.from_numpy(logits), torch.from_numpy(states)
+
+
+def runner_of(model: Any, cache: Any, n: int) -> Runner | None:
+    """The model's `Runner` (built once) when this forward can take it: a
+    GGUF model on the CPU, without autograd, a `PreallocatedCache`, and not
+    the long prefill of an empty cache; else None (the model's own forward)."""
+    import torch
+
+    from specdec_rs.gguf.layer import NATIVE_PREFILL
+
+    runner = model.__dict__.get("_specdec_runner")
+    if runner is None:
+        runner = Runner(model) if batchable(model) else False
+        model.__dict__["_specdec_runner"] = runner
+    if runner is False:
+        return None
+    layers = getattr(cache, "layers", None)
+    if not layers or not callable(getattr(layers[0], "slot_arrays", None)):
+        return None
+    if torch.is_grad_enabled() or (cache.get_seq_length() == 0 and n > NATIVE_PREFILL):
+        return None
+    return runner  # type: ignore[no-any-return]

@@ -1,0 +1,708 @@
+//! The tiles of `quant::qlinear`: W panels of 16 weight rows against XR
+//! rows of x, in the order `quant.rs` documents, on each instruction path.
+//!
+//! A lane holds one weight row, so a vector op works on 16 rows (8 on
+//! AVX2) at once and each output's chain of operations runs in its own
+//! lane, in index order: the result cannot depend on the tile's shape,
+//! the thread split or the path. With float32 activations, element j of
+//! the panel's rows is dequantized into one vector (gguf-py's operations
+//! lane-wise) and multiplied into the XR accumulators (x[r, j]
+//! broadcast); with q8 activations, a group's 4 bytes per row are what one
+//! `vpdpbusd` (or `vpmaddubsw` + `vpmaddwd`) multiplies with 4 bytes of a
+//! quantized x row, the block's integer sum is exact (so its partial sums
+//! may be added in any order), then scaled into the float accumulator.
+//!
+//! Over 400 lines: two activation kinds on three vector widths with one
+//! order, which must agree bit for bit; kept in one file to be read together.
+
+// Index loops over lanes, rows and panels read like the order they document.
+#![allow(clippy::needless_range_loop)]
+
+use crate::q8::{f16_to_f32, Q8Rows};
+use crate::quant::{code, value, Layout, Path, QType, Sums, GROUP, PANEL, QK, STRIPE, WMAX, XMAX};
+
+/// A tile: x rows r0..r0 + xr against panels panel..panel + w.
+#[derive(Clone, Copy)]
+pub(crate) struct Tile {
+    pub r0: usize,
+    pub xr: usize,
+    pub panel: usize,
+    pub w: usize,
+    /// The stripe's first tile: it asks the memory for the stripe's next blocks.
+    pub lead: bool,
+}
+
+/// A format as a const generic parameter (so each tile is compiled for one
+/// format, its branches resolved), and back.
+const fn format(f: u8) -> QType {
+    match f {
+        0 => QType::Q8_0,
+        1 => QType::Q4_0,
+        2 => QType::Q4_1,
+        3 => QType::F32,
+        4 => QType::F16,
+        _ => QType::BF16,
+    }
+}
+
+/// `$run::<F>` for the const F of `q`.
+macro_rules! by_format {
+    ($q:expr, $f:ident => $body:expr) => {
+        match $q {
+            QType::Q8_0 => {
+                const $f: u8 = 0;
+                $body
+            }
+            QType::Q4_0 => {
+                const $f: u8 = 1;
+                $body
+            }
+            QType::Q4_1 => {
+                const $f: u8 = 2;
+                $body
+            }
+            QType::F32 => {
+                const $f: u8 = 3;
+                $body
+            }
+            QType::F16 => {
+                const $f: u8 = 4;
+                $body
+            }
+            QType::BF16 => {
+                const $f: u8 = 5;
+                $body
+            }
+        }
+    };
+}
+
+/// The most x rows one pass of a tile takes on `path` (registers).
+pub(crate) fn x_rows(path: Path, q8: bool) -> usize {
+    match (path.avx512(), path.vector(), q8) {
+        (true, _, false) => XMAX,
+        (true, _, true) => XMAX,
+        (false, true, false) => 8,
+        (false, true, true) => 4,
+        _ => XMAX,
+    }
+}
+
+/// Panels per tile for passes of `xr` x rows: enough independent
+/// accumulators to hide the multiply-add latency, few enough for the registers.
+pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
+    if !path.avx512() {
+        return 1;
+    }
+    match (xr, q8) {
+        (1, _) => 4,
+        (2, _) => 2,
+        (3..=8, false) => 2,
+        _ => 1,
+    }
+}
+
+/// The tile's sums into `sums[panel][x row][lane]`.
+pub(crate) fn tile(x: &[f32], xq: Option<&Q8Rows>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
+    debug_assert!(t.w <= WMAX && t.xr <= XMAX);
+    match (path, xq) {
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512 | Path::Avx512Vnni, None) => unsafe { x86::f32_avx512(x, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512Vnni, Some(xq)) => unsafe { x86::q8_avx512_vnni(xq, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx512, Some(xq)) => unsafe { x86::q8_avx512(xq, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2 | Path::Avx2Vnni, None) => unsafe { x86::f32_avx2(x, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2Vnni, Some(xq)) => unsafe { x86::q8_avx2_vnni(xq, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        (Path::Avx2, Some(xq)) => unsafe { x86::q8_avx2(xq, p, lay, t, sums) },
+        (_, None) => f32_portable(x, p, lay, t, sums),
+        (_, Some(xq)) => q8_portable(xq, p, lay, t, sums),
+    }
+}
+
+/// Element j of a panel's 16 rows as float32 (gguf-py's values), on `path`.
+pub(crate) fn panel_values(p: &[u8], lay: Layout, panel: usize, j: usize, path: Path, out: &mut [f32; PANEL]) {
+    #[cfg(target_arch = "x86_64")]
+    if path.avx512() {
+        // SAFETY: the path is available (callers take it from best_path); j < k.
+        unsafe { x86::panel_values_avx512(p, lay, panel, j, out) };
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    if path.vector() {
+        // SAFETY: as above.
+        unsafe { x86::panel_values_avx2(p, lay, panel, j, out) };
+        return;
+    }
+    let _ = path;
+    for (row, o) in out.iter_mut().enumerate() {
+        *o = value(p, lay, panel * PANEL + row, j);
+    }
+}
+
+fn f32_portable(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+    let k = lay.k;
+    let mut col = [0.0f32; PANEL];
+    for w in 0..t.w {
+        let acc = &mut sums[w];
+        for a in acc.iter_mut().take(t.xr) {
+            *a = [0.0; PANEL];
+        }
+        for j in 0..k {
+            panel_values(p, lay, t.panel + w, j, Path::Portable, &mut col);
+            for (r, a) in acc.iter_mut().enumerate().take(t.xr) {
+                let xv = x[(t.r0 + r) * k + j];
+                for (l, v) in a.iter_mut().enumerate() {
+                    *v = col[l].mul_add(xv, *v);
+                }
+            }
+        }
+    }
+}
+
+fn q8_portable(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+    let (k, nb) = (lay.k, lay.nb);
+    for w in 0..t.w {
+        let panel = t.panel + w;
+        for r in 0..t.xr {
+            let xr = t.r0 + r;
+            for row in 0..PANEL {
+                let mut acc = 0.0f32;
+                for b in 0..nb {
+                    let base = lay.base(panel, b);
+                    let xs = &xq.q[xr * k + b * QK..xr * k + (b + 1) * QK];
+                    let s: i32 = (0..QK).map(|e| code(p, lay, base, row, e) * xs[e] as i32).sum();
+                    let d = f16_to_f32(u16::from_le_bytes([p[base + 2 * row], p[base + 2 * row + 1]]));
+                    acc = (d * xq.d[xr * nb + b]).mul_add(s as f32, acc);
+                    if lay.q == QType::Q4_1 {
+                        let at = base + 32 + 2 * row;
+                        let m = f16_to_f32(u16::from_le_bytes([p[at], p[at + 1]]));
+                        acc = m.mul_add(xq.s[xr * nb + b], acc);
+                    }
+                }
+                sums[w][r][row] = acc;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64 as v;
+
+    /// Stripe blocks ahead that a stripe's first tile asks the memory for
+    /// (measured on SmolLM2's weights, 2 threads, Zen 5: 8 against 4 and 16).
+    const AHEAD: usize = 8;
+
+    /// The stripe block `AHEAD` blocks after the one at `base` (a
+    /// stripe's first panel), asked for by the stripe's first tile.
+    #[inline(always)]
+    unsafe fn prefetch(base: *const u8, lay: Layout) {
+        let unit = STRIPE * lay.unit;
+        // wrapping: past the weight's end the address is only a hint, never read
+        let ahead = base.wrapping_add(AHEAD * unit);
+        let mut line = 0;
+        while line < unit {
+            v::_mm_prefetch::<{ v::_MM_HINT_T0 }>(ahead.wrapping_add(line) as *const i8);
+            line += 64;
+        }
+    }
+
+    /// Element e of a block format's 16 rows (the group just loaded) as
+    /// float32, gguf-py's operations lane-wise; `g` holds bytes 4⌊e'/4⌋.. of
+    /// each row where e' is e's byte (Q8_0: e; Q4: e mod 16).
+    #[inline(always)]
+    unsafe fn block_value_512(q: QType, g: v::__m512i, e: usize, d: v::__m512, m: v::__m512) -> v::__m512 {
+        match q {
+            QType::Q8_0 => {
+                let left = v::_mm512_sll_epi32(g, v::_mm_cvtsi32_si128((24 - 8 * (e % 4)) as i32));
+                let c = v::_mm512_srai_epi32::<24>(left);
+                v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(c), d)
+            }
+            _ => {
+                let shift = 8 * (e % 4) + 4 * (e / 16);
+                let nib = v::_mm512_and_si512(
+                    v::_mm512_srl_epi32(g, v::_mm_cvtsi32_si128(shift as i32)),
+                    v::_mm512_set1_epi32(0x0f),
+                );
+                if q == QType::Q4_0 {
+                    let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(8));
+                    v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
+                } else {
+                    v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m)
+                }
+            }
+        }
+    }
+
+    /// Element j of a float format's 16 rows.
+    #[inline(always)]
+    unsafe fn float_value_512(q: QType, at: *const u8) -> v::__m512 {
+        match q {
+            QType::F32 => v::_mm512_loadu_ps(at as *const f32),
+            QType::F16 => v::_mm512_cvtph_ps(v::_mm256_loadu_si256(at as *const v::__m256i)),
+            _ => {
+                let h = v::_mm512_cvtepu16_epi32(v::_mm256_loadu_si256(at as *const v::__m256i));
+                v::_mm512_castsi512_ps(v::_mm512_slli_epi32::<16>(h))
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales_512(base: *const u8, q: QType) -> (v::__m512, v::__m512) {
+        let d = v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base as *const v::__m256i));
+        let m = if q == QType::Q4_1 {
+            v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base.add(32) as *const v::__m256i))
+        } else {
+            v::_mm512_setzero_ps()
+        };
+        (d, m)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn panel_values_avx512(p: &[u8], lay: Layout, panel: usize, j: usize, out: &mut [f32; PANEL]) {
+        let q = lay.q;
+        let vals = if q.blocked() {
+            let base = p.as_ptr().add(lay.base(panel, j / QK));
+            let (d, m) = scales_512(base, q);
+            let e = j % QK;
+            let byte = if q == QType::Q8_0 { e } else { e % 16 };
+            let g = v::_mm512_loadu_si512(base.add(lay.qs + (byte / 4) * GROUP) as *const v::__m512i);
+            block_value_512(q, g, e, d, m)
+        } else {
+            float_value_512(q, p.as_ptr().add(lay.base(panel, j)))
+        };
+        v::_mm512_storeu_ps(out.as_mut_ptr(), vals);
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn f32_avx512(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        macro_rules! shapes {
+            ($($w:literal => [$($xr:literal)*]),*) => {
+                by_format!(lay.q, F => match (t.w, t.xr) {
+                    $($(($w, $xr) => f32_tile_512::<F, $w, $xr>(x, p, lay, t, sums),)*)*
+                    _ => unreachable!("tile shape {}x{}", t.w, t.xr),
+                })
+            };
+        }
+        shapes!(
+            1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16],
+            2 => [1 2 3 4 5 6 7 8],
+            3 => [1],
+            4 => [1]
+        )
+    }
+
+    #[inline(always)]
+    unsafe fn f32_tile_512<const F: u8, const W: usize, const XR: usize>(
+        x: &[f32],
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        sums: &mut Sums,
+    ) {
+        let (k, q) = (lay.k, format(F));
+        let xp = x.as_ptr().add(t.r0 * k);
+        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        if q.blocked() {
+            for b in 0..lay.nb {
+                let mut bases = [p.as_ptr(); W];
+                let mut d = [v::_mm512_setzero_ps(); W];
+                let mut m = [v::_mm512_setzero_ps(); W];
+                if t.lead {
+                    prefetch(p.as_ptr().add(lay.base(t.panel, b)), lay);
+                }
+                for w in 0..W {
+                    bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
+                    (d[w], m[w]) = scales_512(bases[w], q);
+                }
+                for e in 0..QK {
+                    let byte = if q == QType::Q8_0 { e } else { e % 16 };
+                    for w in 0..W {
+                        let at = bases[w].add(lay.qs + (byte / 4) * GROUP);
+                        let g = v::_mm512_loadu_si512(at as *const v::__m512i);
+                        let wv = block_value_512(q, g, e, d[w], m[w]);
+                        for r in 0..XR {
+                            let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK + e));
+                            acc[w][r] = v::_mm512_fmadd_ps(wv, xv, acc[w][r]);
+                        }
+                    }
+                }
+            }
+        } else {
+            for j in 0..k {
+                if t.lead {
+                    prefetch(p.as_ptr().add(lay.base(t.panel, j)), lay);
+                }
+                for w in 0..W {
+                    let at = p.as_ptr().add(lay.base(t.panel + w, j));
+                    let wv = float_value_512(q, at);
+                    for r in 0..XR {
+                        acc[w][r] = v::_mm512_fmadd_ps(wv, v::_mm512_set1_ps(*xp.add(r * k + j)), acc[w][r]);
+                    }
+                }
+            }
+        }
+        for w in 0..W {
+            for r in 0..XR {
+                v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[w][r]);
+            }
+        }
+    }
+
+    /// Σ over the 4 bytes of each lane of a (u8) · b (s8), added into `s`:
+    /// `vpdpbusd`, or (without VNNI) `vpmaddubsw` then `vpmaddwd` by ones
+    /// (no pair overflows 16 bits: a ≤ 255 only with |b| ≤ 127, see `q8_avx512`).
+    #[inline(always)]
+    unsafe fn dot4_512<const VNNI: bool>(s: v::__m512i, a: v::__m512i, b: v::__m512i) -> v::__m512i {
+        if VNNI {
+            v::_mm512_dpbusd_epi32(s, a, b)
+        } else {
+            let pairs = v::_mm512_maddubs_epi16(a, b);
+            v::_mm512_add_epi32(s, v::_mm512_madd_epi16(pairs, v::_mm512_set1_epi16(1)))
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_avx512(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<false>(xq, p, lay, t, sums)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    pub(super) unsafe fn q8_avx512_vnni(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<true>(xq, p, lay, t, sums)
+    }
+
+    #[inline(always)]
+    unsafe fn q8_shapes_512<const VNNI: bool>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        macro_rules! shapes {
+            ($($w:literal => [$($xr:literal)*]),*) => {
+                by_format!(lay.q, F => match (t.w, t.xr) {
+                    $($(($w, $xr) => q8_tile_512::<VNNI, F, $w, $xr>(xq, p, lay, t, sums),)*)*
+                    _ => unreachable!("tile shape {}x{}", t.w, t.xr),
+                })
+            };
+        }
+        shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2], 3 => [1], 4 => [1])
+    }
+
+    /// The q8 tile: per panel block, the 8 operands (Q4: each group's low
+    /// and high nibbles; Q8_0: each group), then per x row the block's
+    /// integer dot product (two chains, added: exact), its correction, and
+    /// the scaled sum. Q8_0 and Q4_0 codes are signed; the unsigned operand
+    /// is then the code + 128 (Q8_0, `vpdpbusd`), or |code| with the x byte
+    /// taking the code's sign (Q8_0 without VNNI), or the Q4_0 nibble
+    /// (code + 8); the correction takes 128·Σx or 8·Σx back out.
+    #[inline(always)]
+    unsafe fn q8_tile_512<const VNNI: bool, const F: u8, const W: usize, const XR: usize>(
+        xq: &Q8Rows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        sums: &mut Sums,
+    ) {
+        let (k, nb, q) = (lay.k, lay.nb, format(F));
+        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        let low = v::_mm512_set1_epi8(0x0f);
+        let flip = v::_mm512_set1_epi8(-128);
+        let sign_trick = q == QType::Q8_0 && !VNNI;
+        for b in 0..nb {
+            if t.lead {
+                prefetch(p.as_ptr().add(lay.base(t.panel, b)), lay);
+            }
+            for w in 0..W {
+                let base = p.as_ptr().add(lay.base(t.panel + w, b));
+                let (d, m) = scales_512(base, q);
+                let mut ops = [v::_mm512_setzero_si512(); 8];
+                for (i, op) in ops.iter_mut().enumerate() {
+                    let g = if q == QType::Q8_0 { i } else { i % 4 };
+                    let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
+                    *op = match q {
+                        QType::Q8_0 if sign_trick => raw,
+                        QType::Q8_0 => v::_mm512_xor_si512(raw, flip),
+                        _ if i < 4 => v::_mm512_and_si512(raw, low),
+                        _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
+                    };
+                }
+                let magnitude = if sign_trick {
+                    ops.map(|o| v::_mm512_abs_epi8(o))
+                } else {
+                    ops
+                };
+                for r in 0..XR {
+                    let row = t.r0 + r;
+                    let xs = xq.q.as_ptr().add(row * k + b * QK) as *const i32;
+                    let (mut s0, mut s1) = (v::_mm512_setzero_si512(), v::_mm512_setzero_si512());
+                    for i in 0..8 {
+                        // operand i pairs with x bytes 4i..4i + 4 (Q4: low nibbles are
+                        // elements 0..16, high ones 16..32, so operand i is elements 4i..)
+                        let mut xv = v::_mm512_set1_epi32(*xs.add(i));
+                        if sign_trick {
+                            let negative = v::_mm512_movepi8_mask(ops[i]);
+                            xv = v::_mm512_mask_sub_epi8(xv, negative, v::_mm512_setzero_si512(), xv);
+                        }
+                        if i % 2 == 0 {
+                            s0 = dot4_512::<VNNI>(s0, magnitude[i], xv);
+                        } else {
+                            s1 = dot4_512::<VNNI>(s1, magnitude[i], xv);
+                        }
+                    }
+                    let mut s = v::_mm512_add_epi32(s0, s1);
+                    let sum = *xq.sum.get_unchecked(row * nb + b);
+                    match q {
+                        QType::Q8_0 if !sign_trick => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum)),
+                        QType::Q4_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(8 * sum)),
+                        _ => {}
+                    }
+                    let scale = v::_mm512_mul_ps(d, v::_mm512_set1_ps(*xq.d.get_unchecked(row * nb + b)));
+                    acc[w][r] = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s), acc[w][r]);
+                    if q == QType::Q4_1 {
+                        acc[w][r] =
+                            v::_mm512_fmadd_ps(m, v::_mm512_set1_ps(*xq.s.get_unchecked(row * nb + b)), acc[w][r]);
+                    }
+                }
+            }
+        }
+        for w in 0..W {
+            for r in 0..XR {
+                v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[w][r]);
+            }
+        }
+    }
+
+    // ---- AVX2: a panel as two halves of 8 rows, each its own pass over k
+
+    #[inline(always)]
+    unsafe fn block_value_256(q: QType, g: v::__m256i, e: usize, d: v::__m256, m: v::__m256) -> v::__m256 {
+        match q {
+            QType::Q8_0 => {
+                let left = v::_mm256_sll_epi32(g, v::_mm_cvtsi32_si128((24 - 8 * (e % 4)) as i32));
+                let c = v::_mm256_srai_epi32::<24>(left);
+                v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(c), d)
+            }
+            _ => {
+                let shift = 8 * (e % 4) + 4 * (e / 16);
+                let nib = v::_mm256_and_si256(
+                    v::_mm256_srl_epi32(g, v::_mm_cvtsi32_si128(shift as i32)),
+                    v::_mm256_set1_epi32(0x0f),
+                );
+                if q == QType::Q4_0 {
+                    let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(8));
+                    v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
+                } else {
+                    v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m)
+                }
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn float_value_256(q: QType, at: *const u8) -> v::__m256 {
+        match q {
+            QType::F32 => v::_mm256_loadu_ps(at as *const f32),
+            QType::F16 => v::_mm256_cvtph_ps(v::_mm_loadu_si128(at as *const v::__m128i)),
+            _ => {
+                let h = v::_mm256_cvtepu16_epi32(v::_mm_loadu_si128(at as *const v::__m128i));
+                v::_mm256_castsi256_ps(v::_mm256_slli_epi32::<16>(h))
+            }
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn scales_256(base: *const u8, q: QType, half: usize) -> (v::__m256, v::__m256) {
+        let d = v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16 * half) as *const v::__m128i));
+        let m = if q == QType::Q4_1 {
+            v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(32 + 16 * half) as *const v::__m128i))
+        } else {
+            v::_mm256_setzero_ps()
+        };
+        (d, m)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn panel_values_avx2(p: &[u8], lay: Layout, panel: usize, j: usize, out: &mut [f32; PANEL]) {
+        let q = lay.q;
+        for half in 0..2 {
+            let vals = if q.blocked() {
+                let base = p.as_ptr().add(lay.base(panel, j / QK));
+                let (d, m) = scales_256(base, q, half);
+                let e = j % QK;
+                let byte = if q == QType::Q8_0 { e } else { e % 16 };
+                let at = base.add(lay.qs + (byte / 4) * GROUP + 32 * half);
+                block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), e, d, m)
+            } else {
+                float_value_256(q, p.as_ptr().add(lay.base(panel, j) + 8 * q.block().1 * half))
+            };
+            v::_mm256_storeu_ps(out.as_mut_ptr().add(8 * half), vals);
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn f32_avx2(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        by_format!(lay.q, F => for w in 0..t.w {
+            for half in 0..2 {
+                match t.xr {
+                    1 => f32_half_256::<F, 1>(x, p, lay, t, w, half, sums),
+                    2 => f32_half_256::<F, 2>(x, p, lay, t, w, half, sums),
+                    3 => f32_half_256::<F, 3>(x, p, lay, t, w, half, sums),
+                    4 => f32_half_256::<F, 4>(x, p, lay, t, w, half, sums),
+                    5 => f32_half_256::<F, 5>(x, p, lay, t, w, half, sums),
+                    6 => f32_half_256::<F, 6>(x, p, lay, t, w, half, sums),
+                    7 => f32_half_256::<F, 7>(x, p, lay, t, w, half, sums),
+                    8 => f32_half_256::<F, 8>(x, p, lay, t, w, half, sums),
+                    xr => unreachable!("{xr} x rows in an AVX2 tile"),
+                }
+            }
+        })
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn f32_half_256<const F: u8, const XR: usize>(
+        x: &[f32],
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        w: usize,
+        half: usize,
+        sums: &mut Sums,
+    ) {
+        let (k, q) = (lay.k, format(F));
+        let xp = x.as_ptr().add(t.r0 * k);
+        let mut acc = [v::_mm256_setzero_ps(); XR];
+        if q.blocked() {
+            for b in 0..lay.nb {
+                let base = p.as_ptr().add(lay.base(t.panel + w, b));
+                if t.lead && w == 0 && half == 0 {
+                    prefetch(base, lay);
+                }
+                let (d, m) = scales_256(base, q, half);
+                for e in 0..QK {
+                    let byte = if q == QType::Q8_0 { e } else { e % 16 };
+                    let at = base.add(lay.qs + (byte / 4) * GROUP + 32 * half);
+                    let wv = block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), e, d, m);
+                    for r in 0..XR {
+                        acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(r * k + b * QK + e)), acc[r]);
+                    }
+                }
+            }
+        } else {
+            let size = q.block().1;
+            for j in 0..k {
+                let at = p.as_ptr().add(lay.base(t.panel + w, j) + 8 * size * half);
+                let wv = float_value_256(q, at);
+                for r in 0..XR {
+                    acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(r * k + j)), acc[r]);
+                }
+            }
+        }
+        for r in 0..XR {
+            v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dot4_256<const VNNI: bool>(s: v::__m256i, a: v::__m256i, b: v::__m256i) -> v::__m256i {
+        if VNNI {
+            dpbusd_256(s, a, b)
+        } else {
+            let pairs = v::_mm256_maddubs_epi16(a, b);
+            v::_mm256_add_epi32(s, v::_mm256_madd_epi16(pairs, v::_mm256_set1_epi16(1)))
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn dpbusd_256(s: v::__m256i, a: v::__m256i, b: v::__m256i) -> v::__m256i {
+        v::_mm256_dpbusd_avx_epi32(s, a, b)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn q8_avx2(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_halves_256::<false>(xq, p, lay, t, sums)
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+    pub(super) unsafe fn q8_avx2_vnni(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_halves_256::<true>(xq, p, lay, t, sums)
+    }
+
+    #[inline(always)]
+    unsafe fn q8_halves_256<const VNNI: bool>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        by_format!(lay.q, F => for w in 0..t.w {
+            for half in 0..2 {
+                match t.xr {
+                    1 => q8_half_256::<VNNI, F, 1>(xq, p, lay, t, w, half, sums),
+                    2 => q8_half_256::<VNNI, F, 2>(xq, p, lay, t, w, half, sums),
+                    3 => q8_half_256::<VNNI, F, 3>(xq, p, lay, t, w, half, sums),
+                    4 => q8_half_256::<VNNI, F, 4>(xq, p, lay, t, w, half, sums),
+                    xr => unreachable!("{xr} x rows in an AVX2 q8 tile"),
+                }
+            }
+        })
+    }
+
+    #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn q8_half_256<const VNNI: bool, const F: u8, const XR: usize>(
+        xq: &Q8Rows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        w: usize,
+        half: usize,
+        sums: &mut Sums,
+    ) {
+        let (k, nb, q) = (lay.k, lay.nb, format(F));
+        let mut acc = [v::_mm256_setzero_ps(); XR];
+        let low = v::_mm256_set1_epi8(0x0f);
+        let flip = v::_mm256_set1_epi8(-128);
+        let sign_trick = q == QType::Q8_0 && !VNNI;
+        for b in 0..nb {
+            let base = p.as_ptr().add(lay.base(t.panel + w, b));
+            if t.lead && w == 0 && half == 0 {
+                prefetch(base, lay);
+            }
+            let (d, m) = scales_256(base, q, half);
+            let mut s = [v::_mm256_setzero_si256(); XR];
+            for i in 0..8 {
+                let g = if q == QType::Q8_0 { i } else { i % 4 };
+                let raw = v::_mm256_loadu_si256(base.add(lay.qs + g * GROUP + 32 * half) as *const v::__m256i);
+                let op = match q {
+                    QType::Q8_0 if sign_trick => v::_mm256_abs_epi8(raw),
+                    QType::Q8_0 => v::_mm256_xor_si256(raw, flip),
+                    _ if i < 4 => v::_mm256_and_si256(raw, low),
+                    _ => v::_mm256_and_si256(v::_mm256_srli_epi16::<4>(raw), low),
+                };
+                for r in 0..XR {
+                    let xs = xq.q.as_ptr().add((t.r0 + r) * k + b * QK) as *const i32;
+                    let mut xv = v::_mm256_set1_epi32(*xs.add(i));
+                    if sign_trick {
+                        xv = v::_mm256_sign_epi8(xv, raw);
+                    }
+                    s[r] = dot4_256::<VNNI>(s[r], op, xv);
+                }
+            }
+            for r in 0..XR {
+                let row = t.r0 + r;
+                let sum = *xq.sum.get_unchecked(row * nb + b);
+                let si = match q {
+                    QType::Q8_0 if !sign_trick => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(128 * sum)),
+                    QType::Q4_0 => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(8 * sum)),
+                    _ => s[r],
+                };
+                let scale = v::_mm256_mul_ps(d, v::_mm256_set1_ps(*xq.d.get_unchecked(row * nb + b)));
+                acc[r] = v::_mm256_fmadd_ps(scale, v::_mm256_cvtepi32_ps(si), acc[r]);
+                if q == QType::Q4_1 {
+                    acc[r] = v::_mm256_fmadd_ps(m, v::_mm256_set1_ps(*xq.s.get_unchecked(row * nb + b)), acc[r]);
+                }
+            }
+        }
+        for r in 0..XR {
+            v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
+        }
+    }
+}

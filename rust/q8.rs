@@ -1,0 +1,315 @@
+//! Activations quantized to 8 bits per 32-block, as ggml quantizes them
+//! for its integer dot products (`quantize_row_q8_0`, `quantize_row_q8_1`
+//! on x86), and the float16 conversions they use.
+//!
+//! Per block of 32 values x_j: amax = max |x_j|; d = amax / 127;
+//! id = 127 / amax (0 when amax is 0); q_j = round-half-even(x_j · id),
+//! clamped to [−127, 127] (a NaN quantizes to 0); the block keeps
+//! d₁₆ = fp16(d) (read back as float32) and, for q8_1, s₁₆ = fp16(d · Σ q_j).
+//! Every step is one float32 operation in this order, so the values are
+//! the same on every instruction path (this code is the only one).
+
+// Index loops over lanes, rows and panels read like the order they document.
+#![allow(clippy::needless_range_loop)]
+
+/// float16 bits as float32, exactly (subnormals, infinities and NaN
+/// payloads included, as NumPy's conversion gives them).
+#[inline(always)]
+pub fn f16_to_f32(h: u16) -> f32 {
+    let sign = ((h as u32) >> 15) << 31;
+    let exp = ((h >> 10) & 0x1f) as u32;
+    let man = (h & 0x3ff) as u32;
+    if exp == 0 {
+        let v = man as f32 * f32::from_bits(0x3380_0000); // man · 2^-24, exact
+        return f32::from_bits(v.to_bits() | sign);
+    }
+    if exp == 31 {
+        return f32::from_bits(sign | 0x7f80_0000 | (man << 13));
+    }
+    f32::from_bits(sign | ((exp + 112) << 23) | (man << 13))
+}
+
+/// float32 to float16 bits, rounded to nearest, ties to even (F16C's
+/// `vcvtps2ph` with rounding 0, NumPy's `astype(float16)`); overflow to
+/// infinity, NaN kept a (quiet) NaN.
+pub fn f32_to_f16(v: f32) -> u16 {
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32;
+    let man = bits & 0x7f_ffff;
+    if exp == 0xff {
+        return sign | 0x7c00 | if man != 0 { 0x200 | (man >> 13) as u16 } else { 0 };
+    }
+    let e = exp - 127 + 15; // the float16 exponent field
+    if e >= 31 {
+        return sign | 0x7c00;
+    }
+    if e <= 0 {
+        // a float16 subnormal (or 0): the value in units of 2^-24, rounded
+        if e < -10 {
+            return sign; // below half the smallest subnormal: ±0
+        }
+        let full = man | 0x80_0000; // 24 bits
+        let shift = (14 - e) as u32; // 1 − e + 13
+        let kept = full >> shift;
+        let rest = full & ((1 << shift) - 1);
+        let halfway = 1 << (shift - 1);
+        let round = rest > halfway || (rest == halfway && kept & 1 == 1);
+        return sign | (kept + round as u32) as u16; // a carry into the exponent is right
+    }
+    let kept = man >> 13;
+    let rest = man & 0x1fff;
+    let round = rest > 0x1000 || (rest == 0x1000 && kept & 1 == 1);
+    let h = ((e as u32) << 10 | kept) + round as u32; // a carry may round up to infinity: right
+    sign | h as u16
+}
+
+/// n rows of k values quantized block by block (see the module docs):
+/// `q` (n, k) int8, and per row and block (n, k / 32) `d` (d₁₆ as float32),
+/// `s` (s₁₆ as float32; q8_1 only, else empty) and `sum` (Σ q_j).
+pub struct Q8Rows {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub s: Vec<f32>,
+    pub sum: Vec<i32>,
+}
+
+impl Q8Rows {
+    /// `x` (n, k), k a multiple of 32; `with_s`: keep q8_1's s. On AVX-512
+    /// or AVX2 when `vector` (the same values: every step is exact or one
+    /// float32 operation, NaN handled alike).
+    pub fn of(x: &[f32], n: usize, k: usize, with_s: bool, vector: bool) -> Q8Rows {
+        let nb = k / 32;
+        let mut out = Q8Rows {
+            q: vec![0; n * k],
+            d: vec![0.0; n * nb],
+            s: if with_s { vec![0.0; n * nb] } else { Vec::new() },
+            sum: vec![0; n * nb],
+        };
+        for blk in 0..n * nb {
+            let xs: &[f32; 32] = x[blk * 32..(blk + 1) * 32].try_into().expect("a block of 32");
+            let qs: &mut [i8; 32] = (&mut out.q[blk * 32..(blk + 1) * 32])
+                .try_into()
+                .expect("a block of 32");
+            let amax = block_amax(xs, vector);
+            let d = amax / 127.0;
+            let id = if amax != 0.0 { 127.0 / amax } else { 0.0 };
+            let sum = block_codes(xs, id, qs, vector);
+            out.d[blk] = f16_to_f32(f32_to_f16(d));
+            out.sum[blk] = sum;
+            if with_s {
+                out.s[blk] = f16_to_f32(f32_to_f16(d * sum as f32));
+            }
+        }
+        out
+    }
+}
+
+/// max |x_j| over the block, NaN entries ignored.
+fn block_amax(xs: &[f32; 32], vector: bool) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if vector && avx2() {
+        // SAFETY: AVX2 is present (checked).
+        return unsafe { x86::amax(xs) };
+    }
+    let _ = vector;
+    xs.iter().fold(0.0f32, |a, v| a.max(v.abs()))
+}
+
+/// q_j = clamp(round-half-even(x_j · id), −127, 127) (NaN: 0) into `qs`; Σ q_j.
+fn block_codes(xs: &[f32; 32], id: f32, qs: &mut [i8; 32], vector: bool) -> i32 {
+    #[cfg(target_arch = "x86_64")]
+    if vector && avx2() {
+        // SAFETY: as above.
+        return unsafe { x86::codes(xs, id, qs) };
+    }
+    let _ = vector;
+    let mut sum = 0;
+    for (q, &v) in qs.iter_mut().zip(xs) {
+        let r = (v * id).round_ties_even();
+        let c = if r.is_nan() { 0 } else { r.clamp(-127.0, 127.0) as i32 };
+        *q = c as i8;
+        sum += c;
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx2() -> bool {
+    std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma")
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use std::arch::x86_64 as v;
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn amax(xs: &[f32; 32]) -> f32 {
+        let signless = v::_mm256_castsi256_ps(v::_mm256_set1_epi32(0x7fff_ffff));
+        let mut m = v::_mm256_setzero_ps();
+        for c in 0..4 {
+            let a = v::_mm256_and_ps(v::_mm256_loadu_ps(xs.as_ptr().add(8 * c)), signless);
+            // a NaN lane is ignored: maxps gives its second operand when one is NaN
+            m = v::_mm256_max_ps(a, m);
+        }
+        let mut lanes = [0.0f32; 8];
+        v::_mm256_storeu_ps(lanes.as_mut_ptr(), m);
+        lanes.iter().fold(0.0f32, |a, &b| a.max(b))
+    }
+
+    #[target_feature(enable = "avx2")]
+    pub(super) unsafe fn codes(xs: &[f32; 32], id: f32, qs: &mut [i8; 32]) -> i32 {
+        let idv = v::_mm256_set1_ps(id);
+        let (hi, lo) = (v::_mm256_set1_ps(127.0), v::_mm256_set1_ps(-127.0));
+        let mut sum = v::_mm256_setzero_si256();
+        let mut out = [0i32; 32];
+        for c in 0..4 {
+            let prod = v::_mm256_mul_ps(v::_mm256_loadu_ps(xs.as_ptr().add(8 * c)), idv);
+            let r = v::_mm256_round_ps::<{ v::_MM_FROUND_TO_NEAREST_INT | v::_MM_FROUND_NO_EXC }>(prod);
+            let ordered = v::_mm256_cmp_ps::<{ v::_CMP_ORD_Q }>(r, r);
+            let clamped = v::_mm256_max_ps(v::_mm256_min_ps(r, hi), lo);
+            let c32 = v::_mm256_cvtps_epi32(v::_mm256_and_ps(clamped, ordered)); // NaN lanes: 0
+            v::_mm256_storeu_si256(out.as_mut_ptr().add(8 * c) as *mut v::__m256i, c32);
+            sum = v::_mm256_add_epi32(sum, c32);
+        }
+        for (q, &c) in qs.iter_mut().zip(&out) {
+            *q = c as i8;
+        }
+        let mut lanes = [0i32; 8];
+        v::_mm256_storeu_si256(lanes.as_mut_ptr() as *mut v::__m256i, sum);
+        lanes.iter().sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn f16_conversion_is_exact() {
+        for h in 0..=u16::MAX {
+            if (h & 0x7c00) == 0x7c00 && (h & 0x3ff) != 0 {
+                assert!(f16_to_f32(h).is_nan());
+                continue;
+            }
+            let s = if h >> 15 == 1 { -1.0 } else { 1.0 };
+            let e = ((h >> 10) & 0x1f) as i32;
+            let m = (h & 0x3ff) as f64;
+            let want = if e == 0 {
+                s * m * 2f64.powi(-24)
+            } else if e == 31 {
+                s * f64::INFINITY
+            } else {
+                s * (1.0 + m / 1024.0) * 2f64.powi(e - 15)
+            };
+            assert_eq!(f16_to_f32(h) as f64, want, "{h:#06x}");
+            assert_eq!(f16_to_f32(h).is_sign_negative(), h >> 15 == 1);
+        }
+    }
+
+    /// The nearest float16 by exhaustive search (ties to the even code).
+    fn nearest(v: f32) -> u16 {
+        let v = v as f64;
+        let mut best = (f64::INFINITY, 0u16);
+        for h in 0..=0x7bffu16 {
+            for signed in [h, h | 0x8000] {
+                let f = f16_to_f32(signed) as f64;
+                let gap = (f - v).abs();
+                if gap < best.0 || (gap == best.0 && signed & 1 == 0 && best.1 & 1 == 1) {
+                    best = (gap, signed);
+                }
+            }
+        }
+        let max = 65504.0f64;
+        if v.abs() >= max + 16.0 {
+            return if v < 0.0 { 0xfc00 } else { 0x7c00 };
+        }
+        if best.1 & 0x7fff == 0 && v < 0.0 {
+            return 0x8000;
+        }
+        best.1
+    }
+
+    #[test]
+    fn f32_to_f16_rounds_to_nearest_even() {
+        // every float16 round trips; values between neighbours round to the nearer, ties to even
+        for h in 0..=u16::MAX {
+            let f = f16_to_f32(h);
+            if f.is_nan() {
+                assert!(f16_to_f32(f32_to_f16(f)).is_nan());
+                continue;
+            }
+            assert_eq!(f32_to_f16(f), h, "{h:#06x}");
+        }
+        let probes = [
+            1.0f32 + 2f32.powi(-11),    // a tie: to even (1.0)
+            1.0 + 3.0 * 2f32.powi(-11), // a tie: to even (1 + 2^-9)
+            2f32.powi(-25),             // half the smallest subnormal: a tie to 0
+            3.0 * 2f32.powi(-26),       // above it: the smallest subnormal
+            6.1e-5,
+            65519.0,
+            65520.0, // a tie at the top: to infinity (the even code)
+            -0.333,
+            1e-8,
+            123.456,
+        ];
+        for v in probes {
+            assert_eq!(f32_to_f16(v), nearest(v), "{v}");
+        }
+        assert_eq!(f32_to_f16(f32::INFINITY), 0x7c00);
+        assert_eq!(f32_to_f16(-1e9), 0xfc00);
+    }
+
+    #[test]
+    fn the_vector_quantization_equals_the_scalar_one() {
+        // ties at .5 (even rounding), NaN and infinity, values beyond ±127 after rounding
+        let mut x: Vec<f32> = (0..32 * 40)
+            .map(|i| ((i as f32) * 0.37).sin() * (1 + i % 9) as f32)
+            .collect();
+        for (i, v) in [
+            (3, f32::NAN),
+            (40, f32::INFINITY),
+            (41, -f32::INFINITY),
+            (100, 0.5),
+            (101, -2.5),
+        ] {
+            x[i] = v;
+        }
+        x[128..160]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, v)| *v = j as f32 - 15.5); // many ties
+        let (a, b) = (Q8Rows::of(&x, 4, 320, true, false), Q8Rows::of(&x, 4, 320, true, true));
+        assert_eq!(a.q, b.q);
+        assert_eq!(a.sum, b.sum);
+        assert_eq!(
+            a.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.d.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+        assert_eq!(
+            a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            b.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
+        );
+    }
+
+    #[test]
+    fn blocks_quantize_as_ggml_does() {
+        let mut x: Vec<f32> = (0..96).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        x[32..64].fill(0.0);
+        x[70] = f32::NAN;
+        let q = Q8Rows::of(&x, 1, 96, true, false);
+        let vector = Q8Rows::of(&x, 1, 96, true, true);
+        assert_eq!(
+            (&q.q, &q.d, &q.s, &q.sum),
+            (&vector.q, &vector.d, &vector.s, &vector.sum)
+        );
+        let amax = x[..32].iter().fold(0.0f32, |a, v| a.max(v.abs()));
+        assert_eq!(q.d[0], f16_to_f32(f32_to_f16(amax / 127.0)));
+        assert!(q.q[..32].iter().any(|&v| v == 127 || v == -127));
+        assert_eq!((q.d[1], q.s[1], q.sum[1]), (0.0, 0.0, 0)); // an all-zero block
+        assert_eq!(q.q[70], 0);
+        let sum: i32 = q.q[..32].iter().map(|&v| v as i32).sum();
+        assert_eq!(q.sum[0], sum);
+        assert_eq!(q.s[0], f16_to_f32(f32_to_f16(amax / 127.0 * sum as f32)));
+    }
+}

@@ -1,0 +1,141 @@
+//! The row-wise steps of a decoder layer (RMSNorm, SiLU·up), each in one
+//! fixed order per row, written lane-wise and compiled for AVX-512, AVX2
+//! and portable code alike (the same float32 operations on every path,
+//! never contracted into fused ones unless written so):
+//! - RMSNorm: Σ x_j² in 16 lanes (lane j mod 16, in order), the lanes added
+//!   pairwise; inv = 1 / sqrt(Σ / h + eps); out_j = w_j · (x_j · inv).
+//! - SiLU·up: g / (1 + exp(−g)) · u, with `exp` below.
+
+// Index loops over lanes, rows and panels read like the order they document.
+#![allow(clippy::needless_range_loop)]
+
+use crate::quant::Path;
+
+/// exp(x): 0 below −87.3 (past the smallest normal), +∞ above 88 (a
+/// little before float32 overflows), else 2ⁿ · p(r) with n = round(x·log₂e),
+/// r = x − n·ln2 (in two parts) and Cephes' degree-6 polynomial.
+#[inline(always)]
+pub(crate) fn exp(x: f32) -> f32 {
+    if x < -87.3 {
+        return 0.0;
+    }
+    if x > 88.0 {
+        return f32::INFINITY;
+    }
+    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
+    let t = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let n = t - MAGIC;
+    let r = (-n).mul_add(0.693_359_4, x);
+    let r = (-n).mul_add(-2.121_944_4e-4, r);
+    let mut p = 1.987_569_1e-4f32;
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = p.mul_add(r, c);
+    }
+    let p = (p * r).mul_add(r, r) + 1.0;
+    p * f32::from_bits((((n as i32) + 127) << 23) as u32)
+}
+
+#[inline(always)]
+fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize) {
+    for (row, dst) in x.chunks_exact(h).zip(out.chunks_exact_mut(h)) {
+        let mut lanes = [0.0f32; 16];
+        let full = h - h % 16;
+        for c in row[..full].chunks_exact(16) {
+            for l in 0..16 {
+                lanes[l] = c[l].mul_add(c[l], lanes[l]);
+            }
+        }
+        for (l, &v) in row[full..].iter().enumerate() {
+            lanes[l] = v.mul_add(v, lanes[l]);
+        }
+        let mut width = 16;
+        while width > 1 {
+            width /= 2;
+            for l in 0..width {
+                lanes[l] += lanes[l + width];
+            }
+        }
+        let inv = 1.0 / (lanes[0] / h as f32 + eps).sqrt();
+        for j in 0..h {
+            dst[j] = w[j] * (row[j] * inv);
+        }
+    }
+}
+
+#[inline(always)]
+fn silu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
+    for (pair, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (gate, up) = pair.split_at(inter);
+        for j in 0..inter {
+            let g = gate[j];
+            dst[j] = g / (1.0 + exp(-g)) * up[j];
+        }
+    }
+}
+
+macro_rules! per_path {
+    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
+        /// See the module docs; the same bits on every path.
+        pub(crate) fn $name(path: Path, $($arg: $ty),*) {
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+                unsafe fn wide($($arg: $ty),*) { $body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn narrow($($arg: $ty),*) { $body($($arg),*) }
+                if path.avx512() {
+                    // SAFETY: the path's features are present (callers pass an available path).
+                    return unsafe { wide($($arg),*) };
+                }
+                if path.vector() {
+                    // SAFETY: as above.
+                    return unsafe { narrow($($arg),*) };
+                }
+            }
+            let _ = path;
+            $body($($arg),*)
+        }
+    };
+}
+
+per_path!(rms_norm, rms_norm_body, (x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize));
+per_path!(silu_mul, silu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::quant::path_available;
+
+    #[test]
+    fn exp_is_accurate_and_saturates() {
+        let mut x = -87.0f32;
+        while x < 88.0 {
+            let (got, want) = (exp(x) as f64, (x as f64).exp());
+            assert!(((got - want) / want).abs() < 3e-7, "{x}: {got} vs {want}");
+            x += 0.0173;
+        }
+        assert_eq!((exp(0.0), exp(-100.0), exp(100.0)), (1.0, 0.0, f32::INFINITY));
+        assert_eq!(exp(f32::NEG_INFINITY), 0.0);
+    }
+
+    #[test]
+    fn every_path_gives_the_same_bits() {
+        let (h, rows) = (100, 5);
+        let x: Vec<f32> = (0..h * rows).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.37).collect();
+        let w: Vec<f32> = (0..h).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        let paths: Vec<Path> = Path::all().into_iter().filter(|p| path_available(*p)).collect();
+        let run = |p: Path| {
+            let (mut a, mut b) = (vec![0.0f32; h * rows], vec![0.0f32; h / 2 * rows]);
+            rms_norm(p, &x, &w, 1e-5, &mut a, h);
+            silu_mul(p, &x, &mut b, h / 2);
+            (
+                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
+            )
+        };
+        let want = run(Path::Portable);
+        for p in paths {
+            assert_eq!(run(p), want, "{p:?}");
+        }
+    }
+}
