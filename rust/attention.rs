@@ -2,34 +2,41 @@
 //! for every query row and head of every segment, over that segment's own
 //! cache (causal after its past, or a tree's mask).
 //!
-//! A task is a segment's key-value head (its group of query heads) and a
-//! chunk of its queries (rows × heads of the group): the keys are read in
-//! blocks of 16, each block transposed once and multiplied into every query
-//! of the chunk (16 scores per vector, no horizontal sums), and the values
-//! are read once per query. The cost grows with the context at the cache's
-//! memory rate.
+//! A task is a segment's key-value head with its queries (rows × the
+//! heads of its group, or a share of them): the keys are read in blocks of
+//! 16, each block transposed once (d × 16) and multiplied into every query
+//! of the task (16 scores a vector, no horizontal sums); the values are
+//! read once per 4 queries. The cost grows with the context at about the
+//! cache's memory rate.
 //!
 //! Every value of one query is computed in one fixed order, whatever the
-//! segment's length, the mask's other rows, the chunking, the thread count
-//! or the instruction path (the same lane-wise code is compiled for
-//! AVX-512, AVX2 and portable): score_j = (Σ_c q_c·k_jc by fused
-//! multiply-adds in c order) · scale; m = max over the allowed keys; p_j =
-//! `exp(score_j − m)` (`rowwise::exp`: the same float32 operations on
-//! every path); the sum of the p_j in 16 lanes (lane j mod 16, blocks in order),
-//! the lanes added pairwise; out_c = Σ_j p_j·v_jc over the allowed keys in
-//! order, times 1/sum. Keys a query may not see add nothing (not even a
-//! zero), so a row's output is the same bits alone or in any batch or tree.
+//! segment's length, the other rows' masks, the split into tasks, the
+//! thread count or the instruction path (the same lane-wise code is
+//! compiled for AVX-512, AVX2 and portable): score_j = (Σ_c q_c·k_jc by
+//! fused multiply-adds in c order) · scale; m = the largest score of the
+//! keys the query may see; p_j = `rowwise::exp(score_j − m)`; the sum of the
+//! p_j in 16 lanes (lane j mod 16, blocks in order), the lanes added
+//! pairwise; out_c = Σ_j p_j·v_jc by fused multiply-adds over the keys it
+//! may see in order, times 1/sum. Keys a query may not see add nothing
+//! (not even a zero), so a row's output is the same bits alone or in any
+//! batch or tree.
 
-// Index loops over lanes, rows and panels read like the order they document.
+// Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
 
 use crate::llama::{Segment, Shape};
 use crate::pool::SharedOut;
+use crate::quant::Path;
+use crate::rowwise::exp;
 
 /// Keys per block (the lanes of a score vector).
 const KB: usize = 16;
-/// The most queries of one task.
-const CHUNK: usize = 8;
+/// Queries whose scores a key block feeds at once (accumulators).
+const QB: usize = 8;
+/// Queries a value row feeds at once.
+const VB: usize = 4;
+/// The largest head size.
+pub(crate) const DMAX: usize = 256;
 
 /// Whether query row i of a segment (of n rows after `past`) may see key j.
 #[inline(always)]
@@ -43,28 +50,22 @@ fn allowed(mask: Option<&[u8]>, total: usize, past: usize, i: usize, j: usize) -
 /// The attention of every segment: `qkv` (N, (heads + 2·kv) · d) the rows'
 /// queries (rotated), keys and values (already in the caches); `out` (N,
 /// heads · d).
-pub(crate) fn attention(
-    qkv: &[f32],
-    out: &mut [f32],
-    segments: &[Segment<'_>],
-    s: Shape,
-    threads: usize,
-    vector: bool,
-) {
+pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shape, threads: usize, path: Path) {
     let group = s.heads / s.kv_heads;
-    // tasks: (segment, its first row, kv head, first query, queries), queries as (row, head) in order
+    // tasks: (segment, its first row, kv head, first query, queries); a query is (row, head) in order
+    // a task transposes its keys once for all its queries: split a head's
+    // queries only when there are many (the threads then share the work)
+    let spread = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
     let mut tasks = Vec::new();
-    let mut at = 0;
-    let mut work = 0;
+    let (mut at, mut work) = (0, 0);
     for (g, seg) in segments.iter().enumerate() {
         let queries = seg.n * group;
-        // enough tasks for the threads (at least two per thread when there is work)
-        let pieces = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
-        let chunk = queries.div_ceil(pieces).clamp(1, CHUNK);
+        let pieces = if queries > 2 * QB { spread } else { 1 };
+        let share = queries.div_ceil(pieces).max(1);
         for kv in 0..s.kv_heads {
             let mut q0 = 0;
             while q0 < queries {
-                let len = chunk.min(queries - q0);
+                let len = share.min(queries - q0);
                 tasks.push((g, at, kv, q0, len));
                 q0 += len;
             }
@@ -81,9 +82,17 @@ pub(crate) fn attention(
     let dst = SharedOut(out.as_mut_ptr());
     let job = |part: usize| {
         for &(g, first, kv, q0, len) in tasks.iter().skip(part).step_by(parts) {
+            let t = Task {
+                seg: &segments[g],
+                first,
+                kv,
+                q0,
+                len,
+                s,
+            };
             // SAFETY: each task writes only the output rows of its queries
-            // (row, head) — disjoint across tasks — of `out` (N · heads · d).
-            unsafe { run_task(qkv, dst, &segments[g], first, kv, q0, len, s, vector) };
+            // (row, head), disjoint across tasks, of `out` (N · heads · d).
+            unsafe { run(qkv, dst, t, path) };
         }
     };
     if parts == 1 {
@@ -93,163 +102,525 @@ pub(crate) fn attention(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-unsafe fn run_task(
-    qkv: &[f32],
-    out: SharedOut,
-    seg: &Segment<'_>,
+#[derive(Clone, Copy)]
+struct Task<'a, 'b> {
+    seg: &'a Segment<'b>,
     first: usize,
     kv: usize,
     q0: usize,
     len: usize,
     s: Shape,
-    vector: bool,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if vector {
-        if crate::quant::best_path().avx512() {
-            return task_avx512(qkv, out, seg, first, kv, q0, len, s);
-        }
-        return task_avx2(qkv, out, seg, first, kv, q0, len, s);
-    }
-    let _ = vector;
-    task(qkv, out, seg, first, kv, q0, len, s)
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn task_avx512(
-    qkv: &[f32],
-    out: SharedOut,
-    seg: &Segment<'_>,
-    first: usize,
-    kv: usize,
-    q0: usize,
-    len: usize,
-    s: Shape,
-) {
-    task(qkv, out, seg, first, kv, q0, len, s)
+unsafe fn run(qkv: &[f32], out: SharedOut, t: Task<'_, '_>, path: Path) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if path.avx512() && t.s.head_dim.is_multiple_of(KB) {
+            return x86::task_avx512(qkv, out, t);
+        }
+        if path.vector() {
+            return task_avx2(qkv, out, t);
+        }
+    }
+    let _ = path;
+    task(qkv, out, t)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn task_avx2(
-    qkv: &[f32],
-    out: SharedOut,
-    seg: &Segment<'_>,
-    first: usize,
-    kv: usize,
-    q0: usize,
-    len: usize,
-    s: Shape,
-) {
-    task(qkv, out, seg, first, kv, q0, len, s)
+unsafe fn task_avx2(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+    task(qkv, out, t)
+}
+
+/// Keys j0..j0 + 16 (zeros past `total`) transposed into `kt` (d × 16).
+#[inline(always)]
+pub(crate) fn transpose(keys: &[f32], d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+    let valid = KB.min(total - j0);
+    for c0 in (0..d).step_by(KB) {
+        let width = KB.min(d - c0);
+        let mut tile = [[0.0f32; KB]; KB]; // [key][dim]
+        for lane in 0..valid {
+            let row = &keys[(j0 + lane) * d + c0..(j0 + lane) * d + c0 + width];
+            tile[lane][..width].copy_from_slice(row);
+        }
+        for cc in 0..width {
+            let col: &mut [f32] = &mut kt[(c0 + cc) * KB..(c0 + cc + 1) * KB];
+            for lane in 0..KB {
+                col[lane] = tile[lane][cc];
+            }
+        }
+    }
 }
 
 /// One task (see the module docs), written lane-wise so that each path's
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn task(
-    qkv: &[f32],
-    out: SharedOut,
-    seg: &Segment<'_>,
-    first: usize,
-    kv: usize,
-    q0: usize,
-    len: usize,
-    s: Shape,
-) {
+unsafe fn task(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+    let s = t.s;
     let d = s.head_dim;
     let group = s.heads / s.kv_heads;
     let (qd, kvd) = (s.heads * d, s.kv_heads * d);
     let width = qd + 2 * kvd;
-    let cache = &seg.cache;
-    let (past, total) = (cache.past, cache.past + seg.n);
-    let keys = &cache.keys[kv * cache.capacity * d..];
-    let values = &cache.values[kv * cache.capacity * d..];
+    let cache = &t.seg.cache;
+    let mask = t.seg.mask;
+    let (past, total) = (cache.past, cache.past + t.seg.n);
+    let keys = &cache.keys[t.kv * cache.capacity * d..];
+    let values = &cache.values[t.kv * cache.capacity * d..];
     let scale = 1.0 / (d as f32).sqrt();
-    // the chunk's queries: (row in the segment, head)
-    let mut queries = [(0usize, 0usize); CHUNK];
-    for (qi, slot) in queries.iter_mut().enumerate().take(len) {
-        let flat = q0 + qi;
-        *slot = (flat / group, kv * group + flat % group);
-    }
+    let query = |qi: usize| -> (usize, usize) {
+        let flat = t.q0 + qi;
+        (flat / group, t.kv * group + flat % group)
+    };
     let blocks = total.div_ceil(KB);
-    let mut scores = vec![0.0f32; len * blocks * KB];
-    let mut kt = vec![0.0f32; d * KB]; // a key block, transposed: kt[c · 16 + lane]
+    let span = blocks * KB;
+    let mut scores = vec![0.0f32; t.len * span];
+    let mut kt = vec![0.0f32; d * KB];
     for b in 0..blocks {
-        let j0 = b * KB;
-        let valid = KB.min(total - j0);
-        for lane in 0..KB {
-            for c in 0..d {
-                kt[c * KB + lane] = if lane < valid { keys[(j0 + lane) * d + c] } else { 0.0 };
+        transpose(keys, d, b * KB, total, &mut kt);
+        for q0 in (0..t.len).step_by(QB) {
+            let qn = QB.min(t.len - q0);
+            let mut acc = [[0.0f32; KB]; QB];
+            let mut qs = [&qkv[..0]; QB];
+            for qi in 0..qn {
+                let (i, head) = query(q0 + qi);
+                let at = (t.first + i) * width + head * d;
+                qs[qi] = &qkv[at..at + d];
             }
-        }
-        for (qi, &(i, head)) in queries.iter().enumerate().take(len) {
-            let q = &qkv[(first + i) * width + head * d..(first + i) * width + (head + 1) * d];
-            let mut acc = [0.0f32; KB];
-            for (c, &qc) in q.iter().enumerate() {
+            for c in 0..d {
                 let col: &[f32; KB] = kt[c * KB..(c + 1) * KB].try_into().expect("a block of 16");
-                for lane in 0..KB {
-                    acc[lane] = qc.mul_add(col[lane], acc[lane]);
+                for qi in 0..qn {
+                    let qc = qs[qi][c];
+                    for lane in 0..KB {
+                        acc[qi][lane] = qc.mul_add(col[lane], acc[qi][lane]);
+                    }
                 }
             }
-            let row = &mut scores[(qi * blocks + b) * KB..(qi * blocks + b + 1) * KB];
-            for lane in 0..KB {
-                row[lane] = acc[lane] * scale;
+            for qi in 0..qn {
+                let row = &mut scores[(q0 + qi) * span + b * KB..(q0 + qi) * span + (b + 1) * KB];
+                for lane in 0..KB {
+                    row[lane] = acc[qi][lane] * scale;
+                }
             }
         }
     }
-    for (qi, &(i, head)) in queries.iter().enumerate().take(len) {
-        let row = &mut scores[qi * blocks * KB..(qi + 1) * blocks * KB];
+    // softmax per query: p_j in place of the scores, 0 where the query may not see j
+    let mut sums = vec![0.0f32; t.len];
+    let mut seen = vec![0usize; t.len]; // past the last key each query may see
+    for qi in 0..t.len {
+        let (i, _) = query(qi);
+        let row = &mut scores[qi * span..(qi + 1) * span];
         let mut best = f32::NEG_INFINITY;
-        for (j, &sc) in row.iter().enumerate().take(total) {
-            if allowed(seg.mask, total, past, i, j) {
-                best = best.max(sc);
+        for j in 0..total {
+            if allowed(mask, total, past, i, j) {
+                best = best.max(row[j]);
+                seen[qi] = j + 1;
             }
         }
-        let o = std::slice::from_raw_parts_mut(out.at((first + i) * qd + head * d), d);
-        o.fill(0.0);
         if best == f32::NEG_INFINITY {
+            row.fill(0.0);
             continue; // attends to nothing (a padded row): zeros
         }
         let mut lanes = [0.0f32; KB];
         for b in 0..blocks {
-            let block: &mut [f32] = &mut row[b * KB..(b + 1) * KB];
             for lane in 0..KB {
                 let j = b * KB + lane;
-                let p = if j < total && allowed(seg.mask, total, past, i, j) {
-                    crate::rowwise::exp(block[lane] - best)
+                let p = if j < total && allowed(mask, total, past, i, j) {
+                    exp(row[j] - best)
                 } else {
                     0.0
                 };
-                block[lane] = p;
+                row[j] = p;
                 lanes[lane] += p;
             }
         }
-        let mut width16 = lanes;
         let mut w = KB;
         while w > 1 {
             w /= 2;
             for l in 0..w {
-                width16[l] += width16[l + w];
+                lanes[l] += lanes[l + w];
             }
         }
-        let sum = width16[0];
-        for (j, &p) in row.iter().enumerate().take(total) {
-            if allowed(seg.mask, total, past, i, j) {
-                let v = &values[j * d..(j + 1) * d];
-                for c in 0..d {
-                    o[c] = p.mul_add(v[c], o[c]);
+        sums[qi] = lanes[0];
+    }
+    // values: 4 queries a pass over the keys
+    for q0 in (0..t.len).step_by(VB) {
+        let qn = VB.min(t.len - q0);
+        let mut acc = [[0.0f32; DMAX]; VB];
+        let last = (0..qn).map(|qi| seen[q0 + qi]).max().unwrap_or(0);
+        for j in 0..last {
+            let v = &values[j * d..(j + 1) * d];
+            for qi in 0..qn {
+                let (i, _) = query(q0 + qi);
+                if j < seen[q0 + qi] && allowed(mask, total, past, i, j) {
+                    let p = scores[(q0 + qi) * span + j];
+                    let a = &mut acc[qi];
+                    for c in 0..d {
+                        a[c] = p.mul_add(v[c], a[c]);
+                    }
                 }
             }
         }
-        let inv = 1.0 / sum;
-        for a in o.iter_mut() {
-            *a *= inv;
+        for qi in 0..qn {
+            let (i, head) = query(q0 + qi);
+            let o = std::slice::from_raw_parts_mut(out.at((t.first + i) * qd + head * d), d);
+            if seen[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
+                o.fill(0.0);
+                continue;
+            }
+            let inv = 1.0 / sums[q0 + qi];
+            for c in 0..d {
+                o[c] = acc[qi][c] * inv;
+            }
+        }
+    }
+}
+
+/// The same task with explicit AVX-512 (head sizes a multiple of 16): each
+/// step the lane-wise code's operations, in its order.
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::*;
+    use std::arch::x86_64 as v;
+
+    /// `rowwise::exp` on 16 lanes: the same operations.
+    #[inline(always)]
+    unsafe fn exp16(x: v::__m512) -> v::__m512 {
+        let magic = v::_mm512_set1_ps(12_582_912.0);
+        let t = v::_mm512_fmadd_ps(x, v::_mm512_set1_ps(std::f32::consts::LOG2_E), magic);
+        let n = v::_mm512_sub_ps(t, magic);
+        let neg = v::_mm512_sub_ps(v::_mm512_setzero_ps(), n);
+        let r = v::_mm512_fmadd_ps(neg, v::_mm512_set1_ps(0.693_359_4), x);
+        let r = v::_mm512_fmadd_ps(neg, v::_mm512_set1_ps(-2.121_944_4e-4), r);
+        let mut p = v::_mm512_set1_ps(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+            p = v::_mm512_fmadd_ps(p, r, v::_mm512_set1_ps(c));
+        }
+        let p = v::_mm512_add_ps(v::_mm512_fmadd_ps(v::_mm512_mul_ps(p, r), r, r), v::_mm512_set1_ps(1.0));
+        let bits = v::_mm512_slli_epi32::<23>(v::_mm512_add_epi32(v::_mm512_cvtps_epi32(n), v::_mm512_set1_epi32(127)));
+        let y = v::_mm512_mul_ps(p, v::_mm512_castsi512_ps(bits));
+        // below −87.3: 0; above 88: +∞ (as rowwise::exp)
+        let low = v::_mm512_cmp_ps_mask::<{ v::_CMP_LT_OQ }>(x, v::_mm512_set1_ps(-87.3));
+        let high = v::_mm512_cmp_ps_mask::<{ v::_CMP_GT_OQ }>(x, v::_mm512_set1_ps(88.0));
+        let y = v::_mm512_mask_mov_ps(y, low, v::_mm512_setzero_ps());
+        v::_mm512_mask_mov_ps(y, high, v::_mm512_set1_ps(f32::INFINITY))
+    }
+
+    /// The lanes of key block `b` that query row i may see (a 16-bit mask).
+    #[inline(always)]
+    fn lanes_seen(mask: Option<&[u8]>, total: usize, past: usize, i: usize, b: usize) -> u16 {
+        let mut bits = 0u16;
+        for lane in 0..KB {
+            let j = b * KB + lane;
+            if j < total && allowed(mask, total, past, i, j) {
+                bits |= 1 << lane;
+            }
+        }
+        bits
+    }
+
+    /// Keys j0..j0 + 16 transposed into `kt` (d × 16), by 16 × 16 tiles of
+    /// shuffles (d a multiple of 16; a partial block: `super::transpose`).
+    #[inline(always)]
+    pub(super) unsafe fn transpose16(keys: *const f32, d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+        if total - j0 < KB {
+            let all = std::slice::from_raw_parts(keys, total * d);
+            return super::transpose(all, d, j0, total, kt);
+        }
+        for c0 in (0..d).step_by(KB) {
+            let mut r = [v::_mm512_setzero_ps(); KB];
+            for lane in 0..KB {
+                r[lane] = v::_mm512_loadu_ps(keys.add((j0 + lane) * d + c0));
+            }
+            // pairs of rows interleaved by 32, then 64 bits, then 128-bit quarters twice
+            let mut a = [v::_mm512_setzero_ps(); KB];
+            for k in 0..8 {
+                a[2 * k] = v::_mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+                a[2 * k + 1] = v::_mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+            }
+            let mut b = [v::_mm512_setzero_ps(); KB];
+            for k in 0..4 {
+                for h in 0..2 {
+                    let (x, y) = (v::_mm512_castps_pd(a[4 * k + h]), v::_mm512_castps_pd(a[4 * k + 2 + h]));
+                    b[4 * k + 2 * h] = v::_mm512_castpd_ps(v::_mm512_unpacklo_pd(x, y));
+                    b[4 * k + 2 * h + 1] = v::_mm512_castpd_ps(v::_mm512_unpackhi_pd(x, y));
+                }
+            }
+            // b[4k + m] holds, in 128-bit quarter q, rows 4k..4k+4 of column 4q + m
+            let mut c = [v::_mm512_setzero_ps(); KB];
+            for m in 0..4 {
+                let (p0, p1, p2, p3) = (b[m], b[4 + m], b[8 + m], b[12 + m]);
+                let lo01 = v::_mm512_shuffle_f32x4::<0x44>(p0, p1); // quarters 0,1 of p0, 0,1 of p1
+                let hi01 = v::_mm512_shuffle_f32x4::<0xee>(p0, p1); // quarters 2,3 of p0, 2,3 of p1
+                let lo23 = v::_mm512_shuffle_f32x4::<0x44>(p2, p3);
+                let hi23 = v::_mm512_shuffle_f32x4::<0xee>(p2, p3);
+                c[m] = v::_mm512_shuffle_f32x4::<0x88>(lo01, lo23); // column m: quarter 0 of each
+                c[4 + m] = v::_mm512_shuffle_f32x4::<0xdd>(lo01, lo23); // column 4 + m
+                c[8 + m] = v::_mm512_shuffle_f32x4::<0x88>(hi01, hi23);
+                c[12 + m] = v::_mm512_shuffle_f32x4::<0xdd>(hi01, hi23);
+            }
+            for cc in 0..KB {
+                v::_mm512_storeu_ps(kt.as_mut_ptr().add((c0 + cc) * KB), c[cc]);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
+    pub(super) unsafe fn task_avx512(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+        let s = t.s;
+        let d = s.head_dim;
+        let group = s.heads / s.kv_heads;
+        let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+        let width = qd + 2 * kvd;
+        let cache = &t.seg.cache;
+        let mask = t.seg.mask;
+        let (past, total) = (cache.past, cache.past + t.seg.n);
+        let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
+        let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
+        let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
+        // per query: its row, head, vector, and the keys it may see end at `limit`
+        let mut rows = vec![(0usize, 0usize); t.len];
+        let mut qptr = vec![qkv.as_ptr(); t.len];
+        let mut limit = vec![0usize; t.len];
+        for qi in 0..t.len {
+            let flat = t.q0 + qi;
+            let (i, head) = (flat / group, t.kv * group + flat % group);
+            rows[qi] = (i, head);
+            qptr[qi] = qkv.as_ptr().add((t.first + i) * width + head * d);
+            limit[qi] = match mask {
+                None => past + i + 1,
+                Some(_) => (0..total)
+                    .rev()
+                    .find(|&j| allowed(mask, total, past, i, j))
+                    .map_or(0, |j| j + 1),
+            };
+        }
+        let top = limit.iter().copied().max().unwrap_or(0);
+        let blocks = top.div_ceil(KB);
+        let span = blocks * KB;
+        let mut scores = vec![0.0f32; t.len * span];
+        let mut kt = vec![0.0f32; d * KB];
+        for b in 0..blocks {
+            transpose16(keys, d, b * KB, total, &mut kt);
+            for q0 in (0..t.len).step_by(QB) {
+                let qn = QB.min(t.len - q0);
+                let mut acc = [v::_mm512_setzero_ps(); QB];
+                for c in 0..d {
+                    let col = v::_mm512_loadu_ps(kt.as_ptr().add(c * KB));
+                    for qi in 0..qn {
+                        acc[qi] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(*qptr[q0 + qi].add(c)), col, acc[qi]);
+                    }
+                }
+                for qi in 0..qn {
+                    let at = scores.as_mut_ptr().add((q0 + qi) * span + b * KB);
+                    v::_mm512_storeu_ps(at, v::_mm512_mul_ps(acc[qi], scale));
+                }
+            }
+        }
+        // softmax: p_j in place of the scores (0 where the query may not see j)
+        let mut sums = vec![0.0f32; t.len];
+        for qi in 0..t.len {
+            let (i, _) = rows[qi];
+            if limit[qi] == 0 {
+                continue; // attends to nothing (a padded row): zeros
+            }
+            let row = scores.as_mut_ptr().add(qi * span);
+            let seen = |b: usize| -> u16 {
+                match mask {
+                    None => {
+                        let left = limit[qi].saturating_sub(b * KB).min(KB);
+                        ((1u32 << left) - 1) as u16
+                    }
+                    Some(_) => lanes_seen(mask, total, past, i, b),
+                }
+            };
+            let mut best = v::_mm512_set1_ps(f32::NEG_INFINITY);
+            for b in 0..blocks {
+                best = v::_mm512_mask_max_ps(best, seen(b), v::_mm512_loadu_ps(row.add(b * KB)), best);
+            }
+            let topv = v::_mm512_set1_ps(v::_mm512_reduce_max_ps(best));
+            let mut lanes = v::_mm512_setzero_ps();
+            for b in 0..blocks {
+                let x = v::_mm512_sub_ps(v::_mm512_loadu_ps(row.add(b * KB)), topv);
+                let p = v::_mm512_maskz_mov_ps(seen(b), exp16(x));
+                v::_mm512_storeu_ps(row.add(b * KB), p);
+                lanes = v::_mm512_add_ps(lanes, p);
+            }
+            let mut l = [0.0f32; KB];
+            v::_mm512_storeu_ps(l.as_mut_ptr(), lanes);
+            let mut w = KB;
+            while w > 1 {
+                w /= 2;
+                for k in 0..w {
+                    l[k] += l[k + w];
+                }
+            }
+            sums[qi] = l[0];
+        }
+        // values: 4 queries a pass; keys every one of them sees, then the rest one by one
+        let chunks = d / KB;
+        for q0 in (0..t.len).step_by(VB) {
+            let qn = VB.min(t.len - q0);
+            let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
+            let (common, last) = match mask {
+                None => (
+                    (0..qn).map(|qi| limit[q0 + qi]).min().unwrap_or(0),
+                    (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0),
+                ),
+                Some(_) => (0, (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0)),
+            };
+            for j in 0..common {
+                let vj = values.add(j * d);
+                for c in 0..chunks {
+                    let vv = v::_mm512_loadu_ps(vj.add(c * KB));
+                    for qi in 0..qn {
+                        let p = v::_mm512_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                        acc[qi][c] = v::_mm512_fmadd_ps(p, vv, acc[qi][c]);
+                    }
+                }
+            }
+            for j in common..last {
+                let vj = values.add(j * d);
+                for qi in 0..qn {
+                    let (i, _) = rows[q0 + qi];
+                    if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
+                        continue; // a key the query may not see adds nothing
+                    }
+                    let p = v::_mm512_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                    for c in 0..chunks {
+                        acc[qi][c] = v::_mm512_fmadd_ps(p, v::_mm512_loadu_ps(vj.add(c * KB)), acc[qi][c]);
+                    }
+                }
+            }
+            for qi in 0..qn {
+                let (i, head) = rows[q0 + qi];
+                let o = out.at((t.first + i) * qd + head * d);
+                if limit[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
+                    std::slice::from_raw_parts_mut(o, d).fill(0.0);
+                    continue;
+                }
+                let inv = v::_mm512_set1_ps(1.0 / sums[q0 + qi]);
+                for c in 0..chunks {
+                    v::_mm512_storeu_ps(o.add(c * KB), v::_mm512_mul_ps(acc[qi][c], inv));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::llama::Cache;
+    use crate::quant::path_available;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        (0..n)
+            .map(|i| {
+                let h = (i as u32)
+                    .wrapping_mul(2_654_435_761)
+                    .wrapping_add(seed.wrapping_mul(97))
+                    >> 8;
+                (h % 2001) as f32 / 500.0 - 2.0
+            })
+            .collect()
+    }
+
+    /// Every path, every thread count, a query alone or among others and
+    /// under a tree's mask: the same bits.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn the_shuffle_transpose_moves_every_key() {
+        if !path_available(Path::Avx512) {
+            return;
+        }
+        let (d, total) = (48, 37);
+        let keys = values(total * d, 9);
+        for j0 in [0, 16, 32] {
+            let (mut a, mut b) = (vec![f32::NAN; d * KB], vec![f32::NAN; d * KB]);
+            transpose(&keys, d, j0, total, &mut a);
+            unsafe { x86_transpose(&keys, d, j0, total, &mut b) };
+            assert_eq!(
+                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
+                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            );
+        }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn x86_transpose(keys: &[f32], d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+        super::x86::transpose16(keys.as_ptr(), d, j0, total, kt)
+    }
+
+    #[test]
+    fn a_query_has_the_same_bits_on_every_path_alone_or_in_a_batch() {
+        for head_dim in [40, 64] {
+            same_bits(head_dim);
+        }
+    }
+
+    fn same_bits(head_dim: usize) {
+        let s = Shape {
+            hidden: 0,
+            heads: 6,
+            kv_heads: 2,
+            head_dim,
+            inter: 0,
+            eps: 0.0,
+        };
+        let (d, capacity, past, n) = (s.head_dim, 64, 37, 5);
+        let width = (s.heads + 2 * s.kv_heads) * d;
+        let qkv = values(n * width, 1);
+        let (keys, vals) = (
+            values(s.kv_heads * capacity * d, 2),
+            values(s.kv_heads * capacity * d, 3),
+        );
+        let run = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>| {
+            let (mut k, mut v) = (keys.clone(), vals.clone());
+            let m = rows.len();
+            let seg = [Segment {
+                n: m,
+                cache: Cache {
+                    keys: &mut k,
+                    values: &mut v,
+                    capacity,
+                    past: past + rows.start,
+                },
+                mask,
+            }];
+            let mut out = vec![0.0f32; m * s.heads * d];
+            attention(
+                &qkv[rows.start * width..rows.end * width],
+                &mut out,
+                &seg,
+                s,
+                threads,
+                path,
+            );
+            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+        };
+        let all = run(0..n, Path::Portable, 1, None);
+        for path in Path::all().into_iter().filter(|p| path_available(*p)) {
+            for threads in [1, 2, 3] {
+                assert_eq!(run(0..n, path, threads, None), all, "{path:?} {threads}");
+            }
+            for i in 0..n {
+                let one = run(i..i + 1, path, 1, None);
+                assert_eq!(one, all[i * s.heads * d..(i + 1) * s.heads * d], "row {i} {path:?}");
+            }
+            // a tree: rows 2 and 4 see the past, row 0 and themselves
+            let total = past + n;
+            let mut mask = vec![0u8; n * total];
+            for i in 0..n {
+                for j in 0..past {
+                    mask[i * total + j] = 1;
+                }
+                mask[i * total + past] = 1;
+                mask[i * total + past + i] = 1;
+            }
+            let tree = run(0..n, path, 2, Some(&mask));
+            let chain_first = run(0..1, path, 1, None);
+            assert_eq!(tree[..s.heads * d], chain_first[..], "the root row {path:?}");
         }
     }
 }

@@ -143,6 +143,12 @@ pub fn layer(
             s.heads, s.kv_heads
         )));
     }
+    if d > crate::attention::DMAX {
+        return Err(bad(format!(
+            "head size {d}; this layer takes at most {}",
+            crate::attention::DMAX
+        )));
+    }
     let (qd, kvd) = (s.heads * d, s.kv_heads * d);
     let n: usize = segments.iter().map(|g| g.n).sum();
     if x.len() != n * h || cos.len() != n * d || sin.len() != n * d {
@@ -205,7 +211,7 @@ pub fn layer(
     }
     laps.lap(2);
     let mut att = vec![0.0f32; n * qd];
-    crate::attention::attention(&qkv, &mut att, segments, s, threads, path.vector());
+    crate::attention::attention(&qkv, &mut att, segments, s, threads, path);
     laps.lap(3);
     let mut o = vec![0.0f32; n * h];
     qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path, act)?;

@@ -30,14 +30,17 @@ def tiny() -> Any:
     return models.tiny_llama(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
 
 
-@pytest.fixture(scope="module")
-def gguf(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Any:
+@pytest.fixture(scope="module", params=["f32", "q8"])
+def gguf(
+    tiny: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Any:
+    """A GGUF target with float32 or q8 activations (each exact by itself)."""
     from specdec_rs.gguf import load_gguf
     from specdec_rs.gguf.writer import write_llama
 
     path = Path(tmp_path_factory.mktemp("batch")) / "tiny.gguf"
     write_llama(tiny, path, linear_type="Q4_1", embed_type="Q8_0")
-    return load_gguf(path, tokenizer=False)[0]
+    return load_gguf(path, tokenizer=False, activations=request.param)[0]
 
 
 def prompts() -> list[list[int]]:

@@ -89,9 +89,26 @@ def files(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     return out
 
 
-@pytest.fixture(scope="module")
-def target(files: dict[str, tuple[Path, Any]]) -> Any:
-    return load_gguf(files["Q4_1"][0], tokenizer=False)[0]
+@pytest.fixture(scope="module", params=["f32", "q8"])
+def target(files: dict[str, tuple[Path, Any]], request: pytest.FixtureRequest) -> Any:
+    """The Q4_1 file's model with float32 or q8 activations: two target
+    functions, each exact by itself (every test on `target` runs on both)."""
+    return load_gguf(files["Q4_1"][0], tokenizer=False, activations=request.param)[0]
+
+
+def test_the_q8_target_is_another_function_close_to_the_f32_one(
+    files: dict[str, tuple[Path, Any]],
+) -> None:
+    path, twin = files["Q4_1"]
+    f32, _ = load_gguf(path, tokenizer=False)
+    q8, _ = load_gguf(path, tokenizer=False, activations="q8")
+    ids = torch.randint(0, V, (1, 11), generator=torch.Generator().manual_seed(0))
+    with torch.inference_mode():
+        a, b = f32(ids).logits, q8(ids).logits
+    scale = float(a.abs().max())
+    assert not torch.equal(a, b) and float((a - b).abs().max()) < 0.05 * scale
+    with pytest.raises(ValueError, match="activations = 'q4'|activations"):
+        load_gguf(path, tokenizer=False, activations="q4")
 
 
 @pytest.mark.parametrize("kind", ["Q4_0", "Q4_1", "Q8_0"])
@@ -145,10 +162,13 @@ def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target:
 def test_a_long_prompt_is_prefilled_by_dense_products(
     files: dict[str, tuple[Path, Any]], target: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prompt of DENSE_PREFILL or more positions into an empty cache: the
-    whole weights dequantized (bit for bit) and torch's float32 products,
-    the same function as the float32 twin; the decode steps after it run on
-    the kernels (also the twin's function)."""
+    """A prompt of DENSE_PREFILL or more positions into an empty cache: with
+    float32 activations the whole weights dequantized (bit for bit) and
+    torch's float32 products, the same function as the float32 twin; the
+    decode steps after it run on the kernels (also the twin's function).
+    With q8 activations every product stays q8 (no dense product: it would
+    be another function), close to the twin."""
+    q8 = target.model.layers[0].o_proj.activations == "q8"
     from specdec_rs.gguf.layer import DENSE_PREFILL
     from specdec_rs.gguf.modules import QuantLinear
 
@@ -166,13 +186,14 @@ def test_a_long_prompt_is_prefilled_by_dense_products(
     with torch.inference_mode():
         cache = models.new_cache(target)
         prefill = models.forward(target, ids[:n], cache, keep=n)
-        assert rows and set(rows) == {n}  # every layer's products, dense
+        assert rows == [] if q8 else (rows and set(rows) == {n})  # every layer's products, dense
         rows.clear()
         step = models.forward(target, ids[n:], cache, keep=2)
         assert rows == []  # the steps after it: the kernels
         want = twin(ids[None]).logits[0]
     got = torch.cat([prefill, step])
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    tolerance = (0.05 if q8 else 1e-4) * float(want.abs().max())
+    torch.testing.assert_close(got, want, rtol=0, atol=tolerance)
     # the dense product itself: the float64 product of the file's values
     layer = target.model.layers[0]
     module = layer.gate_up[0]

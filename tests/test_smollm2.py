@@ -88,3 +88,21 @@ def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:
     model, tokenizer = smollm2
     assert models.vocab_of(model) == len(tokenizer) == 49152
     models.check_same_tokenizer(tokenizer, tokenizer)
+
+
+@pytest.mark.slow
+def test_q8_activations_keep_the_greedy_identity(smollm2: tuple[Any, Any]) -> None:
+    """SmolLM2 with q8 activations (another target function): speculative
+    greedy text equals its own target-only greedy text, chains and trees."""
+    _, tokenizer = smollm2
+    model, _ = models.load_smollm2(activations="q8")
+    ids = workloads.encode(tokenizer, workloads.prompts("code")[10])
+    baseline = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
+    assert baseline.new_tokens > 8
+    for drafter, kw in (
+        (sd.PromptLookup(), {"k": 8}),
+        (sd.Lookahead(), {"k": 2}),
+        (sd.drafters.from_spec("eagle", model, tokenizer, greedy=True), {"tree": 8}),
+    ):
+        out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, **kw)
+        assert out.tokens == baseline.tokens, drafter.name
