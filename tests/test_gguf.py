@@ -159,19 +159,20 @@ def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target:
     assert torch.equal(singles, together)
 
 
-def test_a_long_prompt_is_prefilled_by_dense_products(
+def test_a_long_prompt_is_prefilled_by_the_kernels_in_chunks(
     files: dict[str, tuple[Path, Any]], target: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A prompt of DENSE_PREFILL or more positions into an empty cache: with
-    float32 activations the whole weights dequantized (bit for bit) and
-    torch's float32 products, the same function as the float32 twin; the
-    decode steps after it run on the kernels (also the twin's function).
-    With q8 activations every product stays q8 (no dense product: it would
-    be another function), close to the twin."""
-    q8 = target.model.layers[0].o_proj.activations == "q8"
-    from specdec_rs.gguf.layer import DENSE_PREFILL
+    """A prompt longer than a call's chunk, into an empty cache: every
+    position on the kernels (no dense product), so the target is one
+    function whatever the prompt's length; the same bits as the prompt fed
+    in other pieces; close to the float32 twin (q8: to within its
+    quantization). The model's own forward (a direct model(...) call) still
+    prefills float32 activations by dense products: the float64 product of
+    the file's values."""
+    from specdec_rs.gguf import runner
     from specdec_rs.gguf.modules import QuantLinear
 
+    q8 = target.model.layers[0].o_proj.activations == "q8"
     rows: list[int] = []
     real = QuantLinear.dense
 
@@ -180,16 +181,19 @@ def test_a_long_prompt_is_prefilled_by_dense_products(
         return real(self, x)
 
     monkeypatch.setattr(QuantLinear, "dense", counted)
+    monkeypatch.setattr(runner, "CHUNK", 16)
     twin = files["Q4_1"][1]
-    n = DENSE_PREFILL + 5
+    n = 3 * 16 + 5
     ids = torch.randint(0, V, (n + 2,), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
         cache = models.new_cache(target)
         prefill = models.forward(target, ids[:n], cache, keep=n)
-        assert rows == [] if q8 else (rows and set(rows) == {n})  # every layer's products, dense
-        rows.clear()
         step = models.forward(target, ids[n:], cache, keep=2)
-        assert rows == []  # the steps after it: the kernels
+        assert rows == []  # the kernels throughout
+        pieces = models.new_cache(target)
+        first = models.forward(target, ids[:7], pieces, keep=7)
+        rest = models.forward(target, ids[7:n], pieces, keep=n - 7)
+        assert torch.equal(torch.cat([first, rest]), prefill)  # the chunking changes nothing
         want = twin(ids[None]).logits[0]
     got = torch.cat([prefill, step])
     tolerance = (0.05 if q8 else 1e-4) * float(want.abs().max())
@@ -202,7 +206,7 @@ def test_a_long_prompt_is_prefilled_by_dense_products(
     torch.testing.assert_close(real(module, x).double(), x.double() @ w.T, rtol=1e-5, atol=1e-5)
 
 
-def test_greedy_output_agrees_after_a_dense_prefill(target: Any) -> None:
+def test_greedy_output_agrees_after_a_long_prefill(target: Any) -> None:
     """Target-only and speculative decoding prefill a long prompt alike, so
     the greedy identity holds there too."""
     from specdec_rs.gguf.layer import DENSE_PREFILL

@@ -348,3 +348,53 @@ def test_chain_theory_matches_the_engine() -> None:
         # continuing rounds are correlated through the start token; 10 sigma of the
         # independent-rounds error still catches a wrong prediction (≥ 1% here)
         assert abs(mean - t["tokens"]) < 10 * np.sqrt(var / counts.sum()), (k, mean, t["tokens"])
+
+
+def _round(asked: int, accepted: int, target_s: float, verify_s: float = 0.0) -> Any:
+    from specdec_rs.generation.rounds import Round
+
+    return Round(
+        0, asked, asked, asked, accepted, tuple(range(accepted + 1)), None, False,
+        0.0, target_s, verify_s, asked + 1,
+    )  # fmt: skip
+
+
+def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> None:
+    """Every draft kept and forwards as cheap as one step, so the cost model
+    says draft; but each drafting round costs 4 steps in verification (a
+    cost the model does not see): the guard holds speculation off after a
+    few rounds, tries again after 16, 32, ... rounds, and a winning drafter
+    (the same rounds without that cost) keeps drafting, with a target-only
+    round now and then."""
+    from specdec_rs.policy import MeasuredK
+
+    def run(verify_s: float, rounds: int) -> list[int]:
+        policy = MeasuredK(k_max=4)
+        policy.reset()
+        ks = []
+        for _ in range(rounds):
+            k = policy.next_k()
+            ks.append(k)
+            policy.observe_round(_round(k, k, 0.010, verify_s if k else 0.0))
+        return ks
+
+    losing = run(0.040, 200)
+    first_off = next(i for i in range(3, 200) if losing[i] == 0)
+    assert first_off <= 10  # within a few drafting rounds
+    assert sum(k > 0 for k in losing) <= 40  # mostly off: the trials get rarer
+    winning = run(0.0, 200)
+    assert sum(k > 0 for k in winning) >= 185 and 0 in winning[10:]  # on, with refresh rounds
+
+
+def test_one_slow_round_does_not_trip_the_guard() -> None:
+    from specdec_rs.policy import MeasuredK
+
+    policy = MeasuredK(k_max=4)
+    policy.reset()
+    ks = []
+    for i in range(60):
+        k = policy.next_k()
+        ks.append(k)
+        slow = 0.5 if i == 12 else 0.0  # one round stalled by another process
+        policy.observe_round(_round(k, k, 0.010 + slow))
+    assert sum(k == 0 for k in ks[4:]) <= 2  # at most a refresh round: no trip

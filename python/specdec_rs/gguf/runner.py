@@ -9,9 +9,11 @@ transformers forward's thirty layer calls. Every value of a row comes from
 that row alone in one fixed order, so a sequence's logits are the same bits
 alone, in a batch, or as a tree's root path.
 
-The long prefill of an empty cache (more than `layer.NATIVE_PREFILL`
-positions) stays with the model's own forward (`FusedLlamaLayer`: dense
-products, torch's attention), as every path prefills alike.
+A prompt's prefill runs here too (in calls of at most `CHUNK` positions,
+each after the ones before: a row's values do not depend on the chunking),
+so a GGUF target is one function whatever the prompt's length (and this is
+faster than the dense products and torch's attention of the model's own
+forward, which direct `model(...)` calls still take).
 """
 
 from __future__ import annotations
@@ -22,6 +24,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _core
+
+CHUNK = 256  # positions of one call when a long block runs alone (the attention's scratch)
 
 if TYPE_CHECKING:
     import torch
@@ -77,6 +81,43 @@ class Runner:
         `mask` (n, past + n) uint8: one sequence's attention (a tree's)."""
         import torch
 
+        block = blocks[0].reshape(-1)
+        if len(blocks) == 1 and mask is None and positions is None and len(block) > CHUNK:
+            return self._chunked(block, caches[0], rows)
+        return self._call(blocks, caches, rows, positions, mask)
+
+    def _chunked(
+        self, block: torch.Tensor, cache: Any, rows: Sequence[int] | None
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """A long block in calls of CHUNK positions; the rows asked for gathered."""
+        import torch
+
+        wanted = list(range(len(block))) if rows is None else [int(r) for r in rows]
+        logits, states = [], []
+        for start in range(0, len(block), CHUNK):
+            piece = block[start : start + CHUNK]
+            mine = [r - start for r in wanted if start <= r < start + len(piece)]
+            lg, st = self._call([piece], [cache], mine, None, None)
+            logits.append((mine, lg))
+            states.append(st)
+        order = {r: i for i, r in enumerate(wanted)}
+        out = torch.empty((len(wanted), self.head.out_features), dtype=torch.float32)
+        for start, (mine, lg) in zip(range(0, len(block), CHUNK), logits, strict=True):
+            for j, r in enumerate(mine):
+                out[order[r + start]] = lg[j]
+        return out, torch.cat(states)
+
+    def _call(
+        self,
+        blocks: Sequence[torch.Tensor],
+        caches: Sequence[Any],
+        rows: Sequence[int] | None,
+        positions: torch.Tensor | None,
+        mask: np.ndarray | None,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One Rust call over the blocks (see `forward`)."""
+        import torch
+
         lengths = [len(b) for b in blocks]
         pasts = [c.layers[0].get_seq_length() for c in caches]
         if positions is None:
@@ -117,11 +158,9 @@ class Runner:
 
 def runner_of(model: Any, cache: Any, n: int) -> Runner | None:
     """The model's `Runner` (built once) when this forward can take it: a
-    GGUF model on the CPU, without autograd, a `PreallocatedCache`, and not
-    the long prefill of an empty cache; else None (the model's own forward)."""
+    GGUF model on the CPU, without autograd, on a `PreallocatedCache`; else
+    None (the model's own forward). `n`: the positions (unused: every length runs here)."""
     import torch
-
-    from specdec_rs.gguf.layer import NATIVE_PREFILL
 
     runner = model.__dict__.get("_specdec_runner")
     if runner is None:
@@ -132,6 +171,6 @@ def runner_of(model: Any, cache: Any, n: int) -> Runner | None:
     layers = getattr(cache, "layers", None)
     if not layers or not callable(getattr(layers[0], "slot_arrays", None)):
         return None
-    if torch.is_grad_enabled() or (cache.get_seq_length() == 0 and n > NATIVE_PREFILL):
+    if torch.is_grad_enabled():
         return None
     return runner  # type: ignore[no-any-return]

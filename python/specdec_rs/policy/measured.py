@@ -5,6 +5,8 @@ p = target, q = draft, k = γ.
 from __future__ import annotations
 
 import math
+import statistics
+from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
@@ -21,6 +23,16 @@ class MeasuredK(ChainPolicy):
     host's step cost switches itself off (γ = 0, with a one-draft probe
     every `probe` rounds or rarer, so probing costs at most `probe_budget`
     of the time, and a change is still seen).
+
+    A guard checks the model against the clock: the drafting rounds' seconds
+    per token (the last `window` such rounds, the slowest left out, total
+    seconds over total tokens) against the target-only rounds' (the median
+    of the last `window`; one is run every `refresh` drafting rounds to keep
+    it current). When drafting is slower by more than `margin`, speculation
+    is held off for `hold` rounds (doubled each time it trips again, at most
+    512), then tried again for `window // 2` rounds: a drafter that does not
+    pay on this host stops drafting within a few rounds, whatever the model
+    predicted, and a noisy host's slow rounds move a median, not the choice.
 
     generate() reports each round's wall-clock (`observe_time`): the target
     forward over n positions gives T(n) (decayed means), so v(n) = T(n)/T(1);
@@ -44,6 +56,10 @@ class MeasuredK(ChainPolicy):
         warmup: int = 2,
         slope: float = 0.1,
         probe_budget: float = 0.03,
+        window: int = 8,
+        margin: float = 0.03,
+        hold: int = 16,
+        refresh: int = 48,
     ):
         self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
         self.probe_budget = _checks.real(probe_budget, "probe_budget", above=0.0, maximum=1.0)
@@ -51,6 +67,10 @@ class MeasuredK(ChainPolicy):
         self.smoothing = _checks.real(smoothing, "smoothing", above=0.0, maximum=1.0)
         self.warmup = _checks.integer(warmup, "warmup", minimum=1, maximum=1000)
         self.slope = _checks.real(slope, "slope", minimum=0.0)
+        self.window = _checks.integer(window, "window", minimum=2, maximum=1000)
+        self.margin = _checks.real(margin, "margin", minimum=0.0, maximum=1.0)
+        self.hold_rounds = _checks.integer(hold, "hold", minimum=1, maximum=10**6)
+        self.refresh = _checks.integer(refresh, "refresh", minimum=2, maximum=10**6)
         self.name = "measured"
         self.reset()
 
@@ -64,6 +84,12 @@ class MeasuredK(ChainPolicy):
         self.start: tuple[float, float, int] | None = None  # see observe_start
         self.catching_up = False  # this round's draft time includes the catch-up
         self.never = False  # the catch-up cannot be repaid: no drafts this generation
+        # the guard (see the class docs)
+        self.on: deque[tuple[float, int]] = deque(maxlen=self.window)  # (seconds, tokens)
+        self.off: deque[float] = deque(maxlen=self.window)  # seconds of target-only rounds
+        self.held = 0  # rounds the guard still holds speculation off
+        self.trips = 0
+        self.since_off = 0
 
     def observe_start(
         self,
@@ -135,6 +161,33 @@ class MeasuredK(ChainPolicy):
         return c, v
 
     def next_k(self) -> int:
+        k = self._model_k()
+        return self._guard(k) if k > 0 else k
+
+    def _guard(self, k: int) -> int:
+        """k, or 0 where the clock says drafting loses (see the class docs)."""
+        if self.held > 0:
+            self.held -= 1
+            if self.held == 0:
+                self.on.clear()  # a fresh trial
+            return 0
+        trial = max(2, self.window // 2)
+        if len(self.off) >= 2 and len(self.on) >= trial:
+            rounds = sorted(self.on)[:-1]  # the slowest round left out (a noisy host's)
+            on = sum(s for s, _ in rounds) / max(1, sum(t for _, t in rounds))
+            off = statistics.median(self.off)
+            if on > off * (1.0 + self.margin):
+                self.trips += 1
+                self.held = min(self.hold_rounds * 2 ** (self.trips - 1), 512)
+                return 0
+        self.since_off += 1
+        if self.off and self.since_off >= self.refresh:
+            self.since_off = 0
+            return 0  # a target-only round keeps the comparison current
+        return k
+
+    def _model_k(self) -> int:
+        """γ by the cost model (what the guard checks)."""
         self.rounds += 1
         if self.never or self.rounds <= self.warmup or not self.forward_s[1]:
             return 0
@@ -163,9 +216,15 @@ class MeasuredK(ChainPolicy):
         self.inner.observe(k, drafted, num_accepted)
 
     def observe_round(self, r: Round) -> None:
-        """The round's counts, then its timings (`observe_time`)."""
+        """The round's counts, then its timings (`observe_time`), and its
+        whole cost per token for the guard."""
         self.observe(r.asked, r.policy_drafted, r.accepted)
         self.observe_time(r.draft_s, r.target_s, r.policy_positions)
+        seconds = r.draft_s + r.target_s + r.verify_s
+        if r.asked == 0:
+            self.off.append(seconds)
+        else:
+            self.on.append((seconds, r.accepted + 1))
 
 
 def measured_policy(drafter: Any, k_max: int = 8) -> KPolicy:
