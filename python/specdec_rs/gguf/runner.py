@@ -79,7 +79,6 @@ class Runner:
         (default: every row), the final-normed states (N, H)). `positions`
         (N,): the rows' positions (default: each block's after its cache);
         `mask` (n, past + n) uint8: one sequence's attention (a tree's)."""
-        import torch
 
         block = blocks[0].reshape(-1)
         if len(blocks) == 1 and mask is None and positions is None and len(block) > CHUNK:
