@@ -12,10 +12,14 @@ methods so spinning threads settle), `--rounds` passes:
   source), in each activation mode: the "never slower" figure;
 - the fixed-γ rows: prompt lookup k = 8, lookahead at its shapes;
 
-tokens/s (prefill included, as `specdec generate` reports it), the ratio to
-target-only in the same mode and to llama.cpp, and whether the greedy text
-equals target-only's (it must) and llama.cpp's (the first differing token
-where not).
+tokens/s (prefill included, as `specdec generate` reports it: total tokens
+over total seconds), and the ratios: each generation's tokens/s over
+target-only's on the same prompt in the same round (the same mode; or
+llama.cpp's), their median over prompts and rounds (a paired comparison,
+robust to a host whose speed drifts); and whether the greedy text equals
+target-only's (it must) and llama.cpp's (where it first differs where
+not). Every generation gets a drafter built afresh (a suffix index would
+otherwise learn the prompts the next round repeats).
 
     python benchmarks/bench_targets.py --out benchmarks/results/bench-targets
 """
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -86,11 +91,13 @@ def main() -> None:
     tokenizer = models.load_smollm2()[1]
     llm = llama_cpp()
     specs = drafters.split_specs(args.drafters)
-    made = {(a, s): drafters.from_spec(s, targets[a], tokenizer) for a in modes for s in specs}
-    fixed = {(a, s): drafters.from_spec(s, targets[a], tokenizer) for a in modes for s, _ in FIXED}
     prompts = [(w, i) for i in range(args.prompts) for w in ("code", "chat")]
     times: dict[tuple[str, str], list[tuple[int, float]]] = {}
+    paired: dict[
+        tuple[str, str], list[float]
+    ] = {}  # tokens/s over the reference's, same prompt and round
     texts: dict[tuple[str, str, int], str] = {}
+    last: dict[str, float] = {}  # this prompt's reference tokens/s: llama.cpp, f32/q8 target-only
 
     def ours(name: str, workload: str, i: int, mode: str, drafter: Any, **kw: Any) -> None:
         ids = workloads.encode(tokenizer, workloads.prompts(workload)[i])
@@ -98,6 +105,11 @@ def main() -> None:
             targets[mode], drafter, ids, max_new_tokens=args.max_new_tokens, temperature=0, **kw
         )
         times.setdefault((workload, name), []).append((out.new_tokens, out.time_total))
+        speed = out.new_tokens / out.time_total
+        if drafter is None:
+            last[mode] = speed
+        paired.setdefault((workload, name), []).append(speed / last[mode])
+        paired.setdefault((workload, name + " /llama.cpp"), []).append(speed / last["llama.cpp"])
         texts[(workload, name, i)] = tokenizer.decode(out.tokens, skip_special_tokens=True)
         time.sleep(SETTLE)
 
@@ -107,15 +119,17 @@ def main() -> None:
             ids = workloads.encode(tokenizer, workloads.prompts(workload)[i]).tolist()
             text, n, seconds = run_llama(llm, ids, args.max_new_tokens)
             times.setdefault((workload, "llama.cpp"), []).append((n, seconds))
+            last["llama.cpp"] = n / seconds
             texts[(workload, "llama.cpp", i)] = text
             time.sleep(SETTLE)
             for mode in modes:
                 ours(f"{mode} target-only", workload, i, mode, None)
                 for spec in specs:
-                    d = made[(mode, spec)]
+                    d = drafters.from_spec(spec, targets[mode], tokenizer)
                     ours(f"{mode} {spec} (default γ)", workload, i, mode, d, k=measured_policy(d))
                 for spec, k in FIXED:
-                    ours(f"{mode} {spec} k={k}", workload, i, mode, fixed[(mode, spec)], k=k)
+                    d = drafters.from_spec(spec, targets[mode], tokenizer)
+                    ours(f"{mode} {spec} k={k}", workload, i, mode, d, k=k)
     elapsed = time.perf_counter() - started
     rate = {key: sum(n for n, _ in v) / sum(s for _, s in v) for key, v in times.items()}
     report: dict[str, Any] = {"host": machine, "seconds": elapsed, "rows": {}}
@@ -136,23 +150,39 @@ def main() -> None:
                 if name != "llama.cpp"
                 else []
             )
+            vs_base = statistics.median(paired[(workload, name)]) if name != "llama.cpp" else 1.0
+            vs_llama = (
+                statistics.median(paired[(workload, name + " /llama.cpp")])
+                if name != "llama.cpp"
+                else 1.0
+            )
             rows.append(
                 [
                     name,
                     f"{r:.1f}",
                     f"{r / base:.2f}x" if name != "llama.cpp" else "-",
+                    f"{vs_base:.2f}x" if name != "llama.cpp" else "-",
                     f"{r / llama:.2f}x",
+                    f"{vs_llama:.2f}x",
                     "-" if not same else f"{sum(same)}/{len(same)}",
                 ]
             )
-            report["rows"][f"{workload} {name}"] = {"tokens/s": r, "vs llama.cpp": r / llama}
+            report["rows"][f"{workload} {name}"] = {
+                "tokens/s": r,
+                "vs target-only": r / base,
+                "vs target-only, median of pairs": vs_base,
+                "vs llama.cpp": r / llama,
+                "vs llama.cpp, median of pairs": vs_llama,
+            }
         print(
             markdown_table(
                 [
                     "method",
                     "tokens/s",
-                    "vs target-only (same mode)",
+                    "vs target-only",
+                    "(median of pairs)",
                     "vs llama.cpp",
+                    "(median of pairs)",
                     "text = target-only",
                 ],
                 rows,
@@ -176,12 +206,12 @@ def main() -> None:
     worst = {}
     for mode in modes:
         ratios = [
-            rate[(w, f"{mode} {s} (default γ)")] / rate[(w, f"{mode} target-only")]
+            statistics.median(paired[(w, f"{mode} {s} (default γ)")])
             for w in ("code", "chat")
             for s in specs
         ]
         worst[mode] = min(ratios)
-        print(f"worst default-γ ratio to target-only, {mode}: {worst[mode]:.2f}x")
+        print(f"worst default-γ ratio to target-only (median of pairs), {mode}: {worst[mode]:.2f}x")
     report["worst default"] = worst
     print(f"({elapsed:.0f} s)")
     if args.out is not None:

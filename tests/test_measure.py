@@ -398,3 +398,17 @@ def test_one_slow_round_does_not_trip_the_guard() -> None:
         slow = 0.5 if i == 12 else 0.0  # one round stalled by another process
         policy.observe_round(_round(k, k, 0.010 + slow))
     assert sum(k == 0 for k in ks[4:]) <= 2  # at most a refresh round: no trip
+
+
+def test_unmeasured_long_forwards_cost_at_least_what_each_position_did() -> None:
+    """Measured T(1) and T(2) = 1.3 T(1): a forward over 5 positions is
+    priced at 1.3 + 3 · 0.3 (each position as dear as the one measured), not
+    at the 0.1-a-position floor."""
+    from specdec_rs.policy import MeasuredK
+
+    policy = MeasuredK(k_max=4)
+    policy.reset()
+    policy.observe_time(0.0, 0.010, 1)
+    policy.observe_time(0.001, 0.013, 2)
+    _, v = policy.costs()
+    assert v[1] == pytest.approx(1.3) and v[4] == pytest.approx(2.2)

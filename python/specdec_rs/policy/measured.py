@@ -56,9 +56,9 @@ class MeasuredK(ChainPolicy):
         warmup: int = 2,
         slope: float = 0.1,
         probe_budget: float = 0.03,
-        window: int = 8,
+        window: int = 6,
         margin: float = 0.03,
-        hold: int = 16,
+        hold: int = 32,
         refresh: int = 48,
     ):
         self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
@@ -154,7 +154,10 @@ class MeasuredK(ChainPolicy):
             lo = max(m for m in seen if m < n)
             hi = min((m for m in seen if m > n), default=None)
             if hi is None:
-                v.append(seen[lo] + self.slope * (n - lo))
+                # past the largest measured size: at least `slope` per position, and
+                # at least what each position cost up to there (v grows no slower)
+                per = (seen[lo] - 1.0) / (lo - 1) if lo > 1 else 0.0
+                v.append(seen[lo] + max(self.slope, per) * (n - lo))
             else:
                 v.append(seen[lo] + (seen[hi] - seen[lo]) * (n - lo) / (hi - lo))
         c = (self.draft_s or 0.0) / one
