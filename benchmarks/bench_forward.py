@@ -73,11 +73,17 @@ def context_ids(vocab: int, length: int) -> torch.Tensor:
 
 
 class Ours:
-    """SmolLM2 GGUF in one activation mode, a cache prefilled to L, and the
-    timed forward of n more positions (its layer calls counted)."""
+    """A GGUF file (default: SmolLM2's) in one activation mode, a cache
+    prefilled to L, and the timed forward of n more positions (its layer
+    calls counted)."""
 
-    def __init__(self, activations: str):
-        self.model, _ = models.load_smollm2(activations=activations)
+    def __init__(self, activations: str, path: Path | None = None):
+        if path is None:
+            self.model, _ = models.load_smollm2(activations=activations)
+        else:
+            from specdec_rs.gguf import load_gguf
+
+            self.model, _ = load_gguf(path, tokenizer=False, activations=activations)
         self.activations = activations
         self.vocab = models.vocab_of(self.model)
         self.calls = 0.0
@@ -127,13 +133,14 @@ class Ours:
 
 
 class LlamaCpp:
-    """llama.cpp on the same file: n positions evaluated after L, then removed."""
+    """llama.cpp on the same file (default: SmolLM2's): n positions
+    evaluated after L, then removed."""
 
-    def __init__(self) -> None:
+    def __init__(self, path: Path | None = None) -> None:
         from llama_cpp import Llama
 
         self.llm = Llama(
-            str(models.smollm2_gguf()),
+            str(path or models.smollm2_gguf()),
             n_threads=2,
             n_ctx=4096,
             n_batch=512,

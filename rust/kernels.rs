@@ -19,7 +19,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::q8::{f16_to_f32, Q8Rows};
-use crate::quant::{code, value, Layout, Path, QType, Sums, GROUP, PANEL, QK, STRIPE, WMAX, XMAX};
+use crate::quant::{code, value, Layout, Path, QType, Quantized, Sums, GROUP, PANEL, QK, STRIPE, WMAX, XMAX};
 
 /// A tile: x rows r0..r0 + xr against panels panel..panel + w.
 #[derive(Clone, Copy)]
@@ -41,13 +41,29 @@ const fn format(f: u8) -> QType {
         2 => QType::Q4_1,
         3 => QType::F32,
         4 => QType::F16,
-        _ => QType::BF16,
+        5 => QType::BF16,
+        6 => QType::Q5_0,
+        _ => QType::Q5_1,
     }
 }
 
-/// `$run::<F>` for the const F of `q`.
+/// `$body` with the const F of `q` (`wide:` the formats with AVX-512
+/// tiles; the others never reach them, see `quant::tile_path`).
 macro_rules! by_format {
     ($q:expr, $f:ident => $body:expr) => {
+        match $q {
+            QType::Q5_0 => {
+                const $f: u8 = 6;
+                $body
+            }
+            QType::Q5_1 => {
+                const $f: u8 = 7;
+                $body
+            }
+            q => by_format!(wide: q, $f => $body),
+        }
+    };
+    (wide: $q:expr, $f:ident => $body:expr) => {
         match $q {
             QType::Q8_0 => {
                 const $f: u8 = 0;
@@ -73,6 +89,7 @@ macro_rules! by_format {
                 const $f: u8 = 5;
                 $body
             }
+            q => unreachable!("{q:?} has no AVX-512 tile (quant::tile_path)"),
         }
     };
 }
@@ -103,9 +120,13 @@ pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
 }
 
 /// The tile's sums into `sums[panel][x row][lane]`.
-pub(crate) fn tile(x: &[f32], xq: Option<&Q8Rows>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
+pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
     debug_assert!(t.w <= WMAX && t.xr <= XMAX);
-    match (path, xq) {
+    debug_assert_eq!(path, crate::quant::tile_path(lay.q, path));
+    if lay.q.kquant() {
+        return kquant_tile(x, xq, p, lay, t, path, sums);
+    }
+    match (path, xq.q8) {
         #[cfg(target_arch = "x86_64")]
         (Path::Avx512 | Path::Avx512Vnni, None) => unsafe { x86::f32_avx512(x, p, lay, t, sums) },
         #[cfg(target_arch = "x86_64")]
@@ -123,8 +144,29 @@ pub(crate) fn tile(x: &[f32], xq: Option<&Q8Rows>, p: &[u8], lay: Layout, t: Til
     }
 }
 
+/// A K-quant's tile (`kquant.rs`): float32 or q8_K activations.
+fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
+    match (path.vector(), xq.q8k) {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the path (AVX2 or wider) is available (checked by qlinear).
+        (true, None) => unsafe { crate::kquant::x86::f32_avx2(x, p, lay, t, sums) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: as above.
+        (true, Some(xk)) => unsafe { crate::kquant::x86_q8::q8_avx2(xk, p, lay, t, sums) },
+        (_, None) => f32_portable(x, p, lay, t, sums),
+        (_, Some(xk)) => crate::kquant::q8_portable(xk, p, lay, t, sums),
+    }
+}
+
 /// Element j of a panel's 16 rows as float32 (gguf-py's values), on `path`.
 pub(crate) fn panel_values(p: &[u8], lay: Layout, panel: usize, j: usize, path: Path, out: &mut [f32; PANEL]) {
+    let path = crate::quant::tile_path(lay.q, path);
+    #[cfg(target_arch = "x86_64")]
+    if lay.q.kquant() && path.vector() {
+        // SAFETY: the path is available (callers take it from best_path); j < k.
+        unsafe { crate::kquant::x86::panel_values(p, lay, panel, j, out) };
+        return;
+    }
     #[cfg(target_arch = "x86_64")]
     if path.avx512() {
         // SAFETY: the path is available (callers take it from best_path); j < k.
@@ -177,7 +219,7 @@ fn q8_portable(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
                     let s: i32 = (0..QK).map(|e| code(p, lay, base, row, e) * xs[e] as i32).sum();
                     let d = f16_to_f32(u16::from_le_bytes([p[base + 2 * row], p[base + 2 * row + 1]]));
                     acc = (d * xq.d[xr * nb + b]).mul_add(s as f32, acc);
-                    if lay.q == QType::Q4_1 {
+                    if lay.q.with_min() {
                         let at = base + 32 + 2 * row;
                         let m = f16_to_f32(u16::from_le_bytes([p[at], p[at + 1]]));
                         acc = m.mul_add(xq.s[xr * nb + b], acc);
@@ -190,7 +232,7 @@ fn q8_portable(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod x86 {
+pub(crate) mod x86 {
     use super::*;
     use std::arch::x86_64 as v;
 
@@ -201,7 +243,7 @@ mod x86 {
     /// The stripe block `AHEAD` blocks after the one at `base` (a
     /// stripe's first panel), asked for by the stripe's first tile.
     #[inline(always)]
-    unsafe fn prefetch(base: *const u8, lay: Layout) {
+    pub(crate) unsafe fn prefetch(base: *const u8, lay: Layout) {
         let unit = STRIPE * lay.unit;
         // wrapping: past the weight's end the address is only a hint, never read
         let ahead = base.wrapping_add(AHEAD * unit);
@@ -283,7 +325,7 @@ mod x86 {
     pub(super) unsafe fn f32_avx512(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         macro_rules! shapes {
             ($($w:literal => [$($xr:literal)*]),*) => {
-                by_format!(lay.q, F => match (t.w, t.xr) {
+                by_format!(wide: lay.q, F => match (t.w, t.xr) {
                     $($(($w, $xr) => f32_tile_512::<F, $w, $xr>(x, p, lay, t, sums),)*)*
                     _ => unreachable!("tile shape {}x{}", t.w, t.xr),
                 })
@@ -381,7 +423,7 @@ mod x86 {
     unsafe fn q8_shapes_512<const VNNI: bool>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         macro_rules! shapes {
             ($($w:literal => [$($xr:literal)*]),*) => {
-                by_format!(lay.q, F => match (t.w, t.xr) {
+                by_format!(wide: lay.q, F => match (t.w, t.xr) {
                     $($(($w, $xr) => q8_tile_512::<VNNI, F, $w, $xr>(xq, p, lay, t, sums),)*)*
                     _ => unreachable!("tile shape {}x{}", t.w, t.xr),
                 })
@@ -476,8 +518,16 @@ mod x86 {
 
     // ---- AVX2: a panel as two halves of 8 rows, each its own pass over k
 
+    /// As `block_value_512` on 8 rows; `qh` holds the rows' qh words (Q5).
     #[inline(always)]
-    unsafe fn block_value_256(q: QType, g: v::__m256i, e: usize, d: v::__m256, m: v::__m256) -> v::__m256 {
+    unsafe fn block_value_256(
+        q: QType,
+        g: v::__m256i,
+        qh: v::__m256i,
+        e: usize,
+        d: v::__m256,
+        m: v::__m256,
+    ) -> v::__m256 {
         match q {
             QType::Q8_0 => {
                 let left = v::_mm256_sll_epi32(g, v::_mm_cvtsi32_si128((24 - 8 * (e % 4)) as i32));
@@ -486,17 +536,36 @@ mod x86 {
             }
             _ => {
                 let shift = 8 * (e % 4) + 4 * (e / 16);
-                let nib = v::_mm256_and_si256(
+                let mut nib = v::_mm256_and_si256(
                     v::_mm256_srl_epi32(g, v::_mm_cvtsi32_si128(shift as i32)),
                     v::_mm256_set1_epi32(0x0f),
                 );
-                if q == QType::Q4_0 {
-                    let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(8));
-                    v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
-                } else {
-                    v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m)
+                if q.high_bits() {
+                    let bit = v::_mm256_and_si256(
+                        v::_mm256_srl_epi32(qh, v::_mm_cvtsi32_si128(e as i32)),
+                        v::_mm256_set1_epi32(1),
+                    );
+                    nib = v::_mm256_or_si256(nib, v::_mm256_slli_epi32::<4>(bit));
+                }
+                match q {
+                    QType::Q4_0 | QType::Q5_0 => {
+                        let offset = if q == QType::Q4_0 { 8 } else { 16 };
+                        let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(offset));
+                        v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
+                    }
+                    _ => v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m),
                 }
             }
+        }
+    }
+
+    /// The qh words of the 8 rows of `half` in the panel block at `base` (Q5; else zeros).
+    #[inline(always)]
+    unsafe fn qh_256(base: *const u8, lay: Layout, half: usize) -> v::__m256i {
+        if lay.q.high_bits() {
+            v::_mm256_loadu_si256(base.add(lay.qh + 32 * half) as *const v::__m256i)
+        } else {
+            v::_mm256_setzero_si256()
         }
     }
 
@@ -515,7 +584,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn scales_256(base: *const u8, q: QType, half: usize) -> (v::__m256, v::__m256) {
         let d = v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(16 * half) as *const v::__m128i));
-        let m = if q == QType::Q4_1 {
+        let m = if q.with_min() {
             v::_mm256_cvtph_ps(v::_mm_loadu_si128(base.add(32 + 16 * half) as *const v::__m128i))
         } else {
             v::_mm256_setzero_ps()
@@ -533,7 +602,8 @@ mod x86 {
                 let e = j % QK;
                 let byte = if q == QType::Q8_0 { e } else { e % 16 };
                 let at = base.add(lay.qs + (byte / 4) * GROUP + 32 * half);
-                block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), e, d, m)
+                let qh = qh_256(base, lay, half);
+                block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), qh, e, d, m)
             } else {
                 float_value_256(q, p.as_ptr().add(lay.base(panel, j) + 8 * q.block().1 * half))
             };
@@ -581,10 +651,11 @@ mod x86 {
                     prefetch(base, lay);
                 }
                 let (d, m) = scales_256(base, q, half);
+                let qh = qh_256(base, lay, half);
                 for e in 0..QK {
                     let byte = if q == QType::Q8_0 { e } else { e % 16 };
                     let at = base.add(lay.qs + (byte / 4) * GROUP + 32 * half);
-                    let wv = block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), e, d, m);
+                    let wv = block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), qh, e, d, m);
                     for r in 0..XR {
                         acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(r * k + b * QK + e)), acc[r]);
                     }
@@ -603,6 +674,20 @@ mod x86 {
         for r in 0..XR {
             v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
         }
+    }
+
+    /// The fifth bits of operand i's elements 4i..4i + 4 (Q5): bit 4i + j of
+    /// each row's qh word as bit 4 of the lane's byte j. The product by
+    /// 1 + 2^7 + 2^14 + 2^21 puts bit j at 8j among terms at distinct
+    /// positions (no carries), the mask keeps those four.
+    #[inline(always)]
+    unsafe fn fifth_bits_256(qh: v::__m256i, i: usize) -> v::__m256i {
+        let four = v::_mm256_and_si256(
+            v::_mm256_srl_epi32(qh, v::_mm_cvtsi32_si128(4 * i as i32)),
+            v::_mm256_set1_epi32(15),
+        );
+        let spread = v::_mm256_mullo_epi32(four, v::_mm256_set1_epi32(0x0020_4081));
+        v::_mm256_slli_epi32::<4>(v::_mm256_and_si256(spread, v::_mm256_set1_epi32(0x0101_0101)))
     }
 
     #[inline(always)]
@@ -667,16 +752,20 @@ mod x86 {
                 prefetch(base, lay);
             }
             let (d, m) = scales_256(base, q, half);
+            let qh = qh_256(base, lay, half);
             let mut s = [v::_mm256_setzero_si256(); XR];
             for i in 0..8 {
                 let g = if q == QType::Q8_0 { i } else { i % 4 };
                 let raw = v::_mm256_loadu_si256(base.add(lay.qs + g * GROUP + 32 * half) as *const v::__m256i);
-                let op = match q {
+                let mut op = match q {
                     QType::Q8_0 if sign_trick => v::_mm256_abs_epi8(raw),
                     QType::Q8_0 => v::_mm256_xor_si256(raw, flip),
                     _ if i < 4 => v::_mm256_and_si256(raw, low),
                     _ => v::_mm256_and_si256(v::_mm256_srli_epi16::<4>(raw), low),
                 };
+                if q.high_bits() {
+                    op = v::_mm256_or_si256(op, fifth_bits_256(qh, i));
+                }
                 for r in 0..XR {
                     let xs = xq.q.as_ptr().add((t.r0 + r) * k + b * QK) as *const i32;
                     let mut xv = v::_mm256_set1_epi32(*xs.add(i));
@@ -692,11 +781,12 @@ mod x86 {
                 let si = match q {
                     QType::Q8_0 if !sign_trick => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(128 * sum)),
                     QType::Q4_0 => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(8 * sum)),
+                    QType::Q5_0 => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(16 * sum)),
                     _ => s[r],
                 };
                 let scale = v::_mm256_mul_ps(d, v::_mm256_set1_ps(*xq.d.get_unchecked(row * nb + b)));
                 acc[r] = v::_mm256_fmadd_ps(scale, v::_mm256_cvtepi32_ps(si), acc[r]);
-                if q == QType::Q4_1 {
+                if q.with_min() {
                     acc[r] = v::_mm256_fmadd_ps(m, v::_mm256_set1_ps(*xq.s.get_unchecked(row * nb + b)), acc[r]);
                 }
             }

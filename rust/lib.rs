@@ -8,6 +8,7 @@ pub mod attention;
 pub mod block;
 pub mod error;
 pub mod kernels;
+pub mod kquant;
 pub mod linear;
 pub mod llama;
 pub mod names;

@@ -181,6 +181,79 @@ mod x86 {
     }
 }
 
+/// n rows of k values quantized per super-block of 256 as ggml's
+/// `quantize_row_q8_K_ref` does (the K-quants' activations, on every
+/// path): max = the value of largest magnitude (the first such);
+/// iscale = −127 / max; q_j = min(127, nearest_int(iscale · x_j)) with
+/// ggml's nearest_int (x + 1.5 · 2²³, ties to even); d = 1 / iscale (float32,
+/// not rounded to float16); a block of zeros keeps d = 0, q = 0. A NaN
+/// quantizes to 0. Kept per row and super-block (n, k / 256): `d`, and the
+/// sums of q over each 16 (`bsum16`, (n, k / 16)) and each 32 (`bsum32`,
+/// (n, k / 32)) elements, as int16 (|sum| ≤ 32 · 127).
+pub struct Q8KRows {
+    pub q: Vec<i8>,
+    pub d: Vec<f32>,
+    pub bsum16: Vec<i16>,
+    pub bsum32: Vec<i16>,
+}
+
+impl Q8KRows {
+    /// `x` (n, k), k a multiple of 256.
+    pub fn of(x: &[f32], n: usize, k: usize) -> Q8KRows {
+        const QK_K: usize = 256;
+        assert!(k.is_multiple_of(QK_K) && x.len() == n * k);
+        let blocks = n * k / QK_K;
+        let mut out = Q8KRows {
+            q: vec![0; n * k],
+            d: vec![0.0; blocks],
+            bsum16: vec![0; n * k / 16],
+            bsum32: vec![0; n * k / 32],
+        };
+        for b in 0..blocks {
+            let xs = &x[b * QK_K..(b + 1) * QK_K];
+            let (mut max, mut amax) = (0.0f32, 0.0f32);
+            for &v in xs {
+                if v.abs() > amax {
+                    amax = v.abs();
+                    max = v;
+                }
+            }
+            if amax == 0.0 {
+                continue;
+            }
+            let iscale = -127.0f32 / max;
+            for (j, &v) in xs.iter().enumerate() {
+                let scaled = iscale * v;
+                let code = if scaled.is_nan() {
+                    0
+                } else {
+                    nearest_int(scaled).min(127)
+                };
+                out.q[b * QK_K + j] = code as i8;
+            }
+            out.d[b] = 1.0 / iscale;
+            for g in 0..16 {
+                let sum: i32 = out.q[b * QK_K + 16 * g..b * QK_K + 16 * (g + 1)]
+                    .iter()
+                    .map(|&c| c as i32)
+                    .sum();
+                out.bsum16[b * 16 + g] = sum as i16;
+            }
+            for g in 0..8 {
+                out.bsum32[b * 8 + g] = out.bsum16[b * 16 + 2 * g] + out.bsum16[b * 16 + 2 * g + 1];
+            }
+        }
+        out
+    }
+}
+
+/// ggml's `nearest_int`: |v| ≤ 4194303 rounded half to even by adding 1.5 · 2²³.
+#[inline(always)]
+fn nearest_int(v: f32) -> i32 {
+    let bits = (v + 12_582_912.0f32).to_bits() as i32;
+    (bits & 0x007f_ffff) - 0x0040_0000
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

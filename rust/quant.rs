@@ -8,19 +8,24 @@
 //! - Q4_0: blocks of 32: d, then 16 bytes; byte j holds element j in its
 //!   low nibble and element j + 16 in its high one; w = d · (q − 8).
 //! - Q4_1: blocks of 32: d, m, then 16 bytes as in Q4_0; w = d · q + m.
+//! - Q5_0: blocks of 32: d, then qh (4 bytes: bit j is element j's fifth
+//!   bit), then 16 bytes as in Q4_0; w = d · (q − 16).
+//! - Q5_1: blocks of 32: d, m, qh, 16 bytes; w = d · q + m.
+//! - Q4_K, Q5_K, Q6_K: super-blocks of 256 with 6- or 8-bit sub-block
+//!   scales (`kquant.rs`, which also gives their q8 arithmetic: ggml's q8_K).
 //!
 //! Each weight dequantizes to exactly the float32 value gguf-py's
 //! `dequantize` gives: the same float32 operations (a product, then for
-//! Q4_1 a separate sum; never a fused multiply-add).
+//! Q4_1 and Q5_1 a separate sum; never a fused multiply-add).
 //!
 //! **Panels** (`pack`). The file's bytes are rearranged, none converted,
 //! into panels of 16 rows (the last padded with zero rows) read as one
 //! sequential stream (4 panels make a stripe, their blocks interleaved),
 //! laid out so that one vector lane holds one row: a
 //! float format stores element j of the panel's 16 rows side by side; a
-//! block format stores, per block, the 16 rows' d (then m), then the quant
-//! bytes in groups of 64: group g holds bytes 4g..4g + 4 of each of the 16
-//! rows. A 512-bit load is then 16 rows' next values, and 4 bytes of a
+//! block format stores, per block, the 16 rows' d (then m), then (Q5) the
+//! 16 rows' qh words, then the quant bytes in groups of 64: group g holds
+//! bytes 4g..4g + 4 of each of the 16 rows. A 512-bit load is then 16 rows' next values, and 4 bytes of a
 //! lane are what an integer dot-product instruction multiplies.
 //!
 //! **Two functions of the weights** (`Act`), each with one fixed order per
@@ -41,7 +46,7 @@
 
 use crate::error::SpecError;
 use crate::pool::SharedOut;
-use crate::q8::{f16_to_f32, Q8Rows};
+use crate::q8::{f16_to_f32, Q8KRows, Q8Rows};
 
 /// Rows of a panel: one 512-bit vector of float32 lanes.
 pub const PANEL: usize = 16;
@@ -50,6 +55,8 @@ pub const PANEL: usize = 16;
 pub const STRIPE: usize = 4;
 /// Elements of a quantized block.
 pub const QK: usize = 32;
+/// Elements of a K-quant super-block.
+pub const QK_K: usize = 256;
 /// Bytes of one quant group of a panel block (4 bytes of each of 16 rows).
 pub(crate) const GROUP: usize = 64;
 /// The most x rows a tile multiplies at once (more rows: several passes
@@ -61,7 +68,8 @@ pub(crate) const WMAX: usize = 4;
 /// A tile's sums: `[panel][x row][lane]`.
 pub(crate) type Sums = [[[f32; PANEL]; XMAX]; WMAX];
 
-/// A weight format of a GGUF file that the kernels read natively.
+/// A weight format of a GGUF file that the kernels read natively (ggml's names).
+#[allow(non_camel_case_types)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum QType {
     F32,
@@ -70,6 +78,11 @@ pub enum QType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    Q4_K,
+    Q5_K,
+    Q6_K,
 }
 
 impl QType {
@@ -80,7 +93,12 @@ impl QType {
             1 => QType::F16,
             2 => QType::Q4_0,
             3 => QType::Q4_1,
+            6 => QType::Q5_0,
+            7 => QType::Q5_1,
             8 => QType::Q8_0,
+            12 => QType::Q4_K,
+            13 => QType::Q5_K,
+            14 => QType::Q6_K,
             30 => QType::BF16,
             _ => return None,
         })
@@ -94,6 +112,11 @@ impl QType {
             QType::Q8_0 => "Q8_0",
             QType::Q4_0 => "Q4_0",
             QType::Q4_1 => "Q4_1",
+            QType::Q5_0 => "Q5_0",
+            QType::Q5_1 => "Q5_1",
+            QType::Q4_K => "Q4_K",
+            QType::Q5_K => "Q5_K",
+            QType::Q6_K => "Q6_K",
         }
     }
 
@@ -105,20 +128,51 @@ impl QType {
             QType::Q8_0 => (QK, 34),
             QType::Q4_0 => (QK, 18),
             QType::Q4_1 => (QK, 20),
+            QType::Q5_0 => (QK, 22),
+            QType::Q5_1 => (QK, 24),
+            QType::Q4_K => (QK_K, 144),
+            QType::Q5_K => (QK_K, 176),
+            QType::Q6_K => (QK_K, 210),
         }
     }
 
-    /// Whether the format is a block format.
+    /// Whether the format is a block format of 32 (integer codes; q8 activations).
     pub fn blocked(self) -> bool {
         self.block().0 == QK
     }
 
-    /// Float16 scales before a block's quant bytes (d, and m for Q4_1).
+    /// Whether the format is a K-quant (super-blocks of 256, `kquant.rs`).
+    pub fn kquant(self) -> bool {
+        self.block().0 == QK_K
+    }
+
+    /// Float16 scales before a block's quant bytes (d, and m for Q4_1 and Q5_1).
     pub(crate) fn scales(self) -> usize {
         match self {
-            QType::Q4_1 => 2,
-            QType::Q8_0 | QType::Q4_0 => 1,
+            QType::Q4_1 | QType::Q5_1 => 2,
+            QType::Q8_0 | QType::Q4_0 | QType::Q5_0 => 1,
             _ => 0,
+        }
+    }
+
+    /// Whether a block's value adds a minimum (w = d · q + m): its q8
+    /// product needs the sum of each x block.
+    pub(crate) fn with_min(self) -> bool {
+        matches!(self, QType::Q4_1 | QType::Q5_1)
+    }
+
+    /// Whether a 32-block holds a fifth bit per element (qh).
+    pub(crate) fn high_bits(self) -> bool {
+        matches!(self, QType::Q5_0 | QType::Q5_1)
+    }
+
+    /// Bytes of one row's block in the packed layout: the file's, but a
+    /// K-quant's 6-bit scales are kept unpacked (one byte each).
+    pub(crate) fn packed_block(self) -> usize {
+        if self.kquant() {
+            crate::kquant::packed_block(self)
+        } else {
+            self.block().1
         }
     }
 
@@ -138,7 +192,8 @@ impl QType {
 
     /// Bytes of a packed weight of m rows of k values (whole stripes of 64 rows).
     pub fn packed_len(self, m: usize, k: usize) -> crate::Result<usize> {
-        Ok(m.div_ceil(PANEL * STRIPE) * PANEL * STRIPE * self.row_bytes(k)?)
+        self.row_bytes(k)?;
+        Ok(m.div_ceil(PANEL * STRIPE) * PANEL * STRIPE * (k / self.block().0) * self.packed_block())
     }
 }
 
@@ -151,19 +206,29 @@ pub(crate) struct Layout {
     pub(crate) nb: usize,
     /// Bytes of one panel block (block formats) or one panel element (float formats).
     pub(crate) unit: usize,
-    /// Offset of the quant groups within a panel block (after d, and m).
+    /// Offset of the quant groups within a panel block (after d, m and qh).
     pub(crate) qs: usize,
+    /// Offset of the 16 rows' qh words (Q5) or high bits (K-quants).
+    pub(crate) qh: usize,
 }
 
 impl Layout {
     pub(crate) fn of(q: QType, k: usize) -> Layout {
-        let (elems, bytes) = q.block();
+        let elems = q.block().0;
+        let (qs, qh) = if q.kquant() {
+            crate::kquant::offsets(q)
+        } else if q.high_bits() {
+            (32 * q.scales() + GROUP, 32 * q.scales())
+        } else {
+            (32 * q.scales(), 0)
+        };
         Layout {
             q,
             k,
             nb: k / elems,
-            unit: PANEL * bytes,
-            qs: 32 * q.scales(),
+            unit: PANEL * q.packed_block(),
+            qs,
+            qh,
         }
     }
 
@@ -175,7 +240,7 @@ impl Layout {
 
     /// Byte `j` of the quant bytes of panel row `row` in the panel block at `base`.
     #[inline(always)]
-    fn q_byte(self, base: usize, row: usize, j: usize) -> usize {
+    pub(crate) fn q_byte(self, base: usize, row: usize, j: usize) -> usize {
         base + self.qs + (j / 4) * GROUP + row * 4 + j % 4
     }
 }
@@ -192,6 +257,10 @@ pub fn pack(w: &[u8], q: QType, m: usize, k: usize) -> crate::Result<Vec<u8>> {
         for b in 0..lay.nb {
             let src = &w[r * rb + b * bytes..r * rb + (b + 1) * bytes];
             let base = lay.base(panel, b);
+            if q.kquant() {
+                crate::kquant::put(lay, &crate::kquant::Super::read(q, src), &mut out, base, row);
+                continue;
+            }
             if !q.blocked() {
                 out[base + row * bytes..base + (row + 1) * bytes].copy_from_slice(src);
                 continue;
@@ -201,7 +270,13 @@ pub fn pack(w: &[u8], q: QType, m: usize, k: usize) -> crate::Result<Vec<u8>> {
                 let at = base + 32 * i + 2 * row;
                 out[at..at + 2].copy_from_slice(&src[2 * i..2 * i + 2]);
             }
-            for (j, &byte) in src[2 * s..].iter().enumerate() {
+            let mut quants = &src[2 * s..];
+            if q.high_bits() {
+                let at = base + lay.qh + 4 * row;
+                out[at..at + 4].copy_from_slice(&quants[..4]);
+                quants = &quants[4..];
+            }
+            for (j, &byte) in quants.iter().enumerate() {
                 out[lay.q_byte(base, row, j)] = byte;
             }
         }
@@ -215,6 +290,10 @@ fn row_block(p: &[u8], lay: Layout, r: usize, b: usize, out: &mut [u8]) {
     let (panel, row) = (r / PANEL, r % PANEL);
     let base = lay.base(panel, b);
     let (q, bytes) = (lay.q, lay.q.block().1);
+    if q.kquant() {
+        crate::kquant::get(lay, p, base, row).write(q, &mut out[..bytes]);
+        return;
+    }
     if !q.blocked() {
         out[..bytes].copy_from_slice(&p[base + row * bytes..base + (row + 1) * bytes]);
         return;
@@ -223,8 +302,13 @@ fn row_block(p: &[u8], lay: Layout, r: usize, b: usize, out: &mut [u8]) {
     for i in 0..s {
         out[2 * i..2 * i + 2].copy_from_slice(&p[base + 32 * i + 2 * row..base + 32 * i + 2 * row + 2]);
     }
-    for j in 0..bytes - 2 * s {
-        out[2 * s + j] = p[lay.q_byte(base, row, j)];
+    let mut at = 2 * s;
+    if q.high_bits() {
+        out[at..at + 4].copy_from_slice(&p[base + lay.qh + 4 * row..base + lay.qh + 4 * row + 4]);
+        at += 4;
+    }
+    for j in 0..bytes - at {
+        out[at + j] = p[lay.q_byte(base, row, j)];
     }
 }
 
@@ -263,7 +347,7 @@ fn check_rows(what: &str, rows: &[i64], m: usize) -> crate::Result<()> {
 }
 
 #[inline(always)]
-fn half(b: &[u8], at: usize) -> f32 {
+pub(crate) fn half(b: &[u8], at: usize) -> f32 {
     f16_to_f32(u16::from_le_bytes([b[at], b[at + 1]]))
 }
 
@@ -296,24 +380,44 @@ pub(crate) fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
                 out[j + QK / 2] = d * (b >> 4) as f32 + m;
             }
         }
+        QType::Q5_0 | QType::Q5_1 => {
+            let s = 2 * q.scales();
+            let d = half(bytes, 0);
+            let qh = u32::from_le_bytes([bytes[s], bytes[s + 1], bytes[s + 2], bytes[s + 3]]);
+            for j in 0..QK {
+                let b = bytes[s + 4 + j % 16];
+                let nib = if j < 16 { b & 0x0f } else { b >> 4 } as i32;
+                let c = nib | (((qh >> j) & 1) as i32) << 4;
+                out[j] = if q == QType::Q5_0 {
+                    d * (c - 16) as f32
+                } else {
+                    d * c as f32 + half(bytes, 2)
+                };
+            }
+        }
+        QType::Q4_K | QType::Q5_K | QType::Q6_K => crate::kquant::Super::read(q, bytes).dequant(q, out),
     }
 }
 
 /// The integer code of element `e` (0..32) of a block format's row in the
-/// panel block at `base`: Q8_0 q, Q4_0 q − 8, Q4_1 q (what `Act::Q8` multiplies).
+/// panel block at `base`: Q8_0 q, Q4_0 q − 8, Q4_1 q, Q5_0 q − 16, Q5_1 q
+/// (what `Act::Q8` multiplies).
 #[inline(always)]
 pub(crate) fn code(p: &[u8], lay: Layout, base: usize, row: usize, e: usize) -> i32 {
+    if lay.q == QType::Q8_0 {
+        return p[lay.q_byte(base, row, e)] as i8 as i32;
+    }
+    let byte = p[lay.q_byte(base, row, e % 16)];
+    let mut nib = if e < 16 { byte & 0x0f } else { byte >> 4 } as i32;
+    if lay.q.high_bits() {
+        let at = base + lay.qh + 4 * row;
+        let qh = u32::from_le_bytes([p[at], p[at + 1], p[at + 2], p[at + 3]]);
+        nib |= (((qh >> e) & 1) as i32) << 4;
+    }
     match lay.q {
-        QType::Q8_0 => p[lay.q_byte(base, row, e)] as i8 as i32,
-        QType::Q4_0 | QType::Q4_1 => {
-            let byte = p[lay.q_byte(base, row, e % 16)];
-            let nib = if e < 16 { byte & 0x0f } else { byte >> 4 } as i32;
-            if lay.q == QType::Q4_0 {
-                nib - 8
-            } else {
-                nib
-            }
-        }
+        QType::Q4_0 => nib - 8,
+        QType::Q5_0 => nib - 16,
+        QType::Q4_1 | QType::Q5_1 => nib,
         _ => unreachable!("integer codes are of block formats"),
     }
 }
@@ -323,6 +427,9 @@ pub(crate) fn code(p: &[u8], lay: Layout, base: usize, row: usize, e: usize) -> 
 pub(crate) fn value(p: &[u8], lay: Layout, r: usize, j: usize) -> f32 {
     let (panel, row) = (r / PANEL, r % PANEL);
     let q = lay.q;
+    if q.kquant() {
+        return crate::kquant::value(p, lay, lay.base(panel, j / QK_K), row, j % QK_K);
+    }
     if !q.blocked() {
         let at = lay.base(panel, j) + row * q.block().1;
         let mut out = [0.0f32];
@@ -333,7 +440,7 @@ pub(crate) fn value(p: &[u8], lay: Layout, r: usize, j: usize) -> f32 {
     let (d, e) = (half(p, base + 2 * row), j % QK);
     match q {
         QType::Q8_0 => code(p, lay, base, row, e) as f32 * d,
-        QType::Q4_0 => d * code(p, lay, base, row, e) as f32,
+        QType::Q4_0 | QType::Q5_0 => d * code(p, lay, base, row, e) as f32,
         _ => d * code(p, lay, base, row, e) as f32 + half(p, base + 32 + 2 * row),
     }
 }
@@ -620,8 +727,15 @@ pub fn qlinear(
     )?;
     check_len("qlinear", out.len(), n * m, "out", "n · m")?;
     check_threads("qlinear", threads)?;
-    let act = if q.blocked() { act } else { Act::F32 };
-    let quantized = (act == Act::Q8).then(|| Q8Rows::of(x, n, k, q == QType::Q4_1, path.vector()));
+    let act = if q.blocked() || q.kquant() { act } else { Act::F32 };
+    let q8 = act == Act::Q8;
+    let quantized = (q8 && q.blocked()).then(|| Q8Rows::of(x, n, k, q.with_min(), path.vector()));
+    let quantized_k = (q8 && q.kquant()).then(|| Q8KRows::of(x, n, k));
+    let xq = Quantized {
+        q8: quantized.as_ref(),
+        q8k: quantized_k.as_ref(),
+    };
+    let path = tile_path(q, path);
     let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
     let stripes = m.div_ceil(PANEL * STRIPE);
@@ -630,10 +744,35 @@ pub fn qlinear(
         let (lo, hi) = (part * stripes / parts, (part + 1) * stripes / parts);
         // SAFETY: each part writes only the columns of its stripes lo..hi
         // (rows below m) of `out`, which holds n · m entries (checked above).
-        unsafe { stripes_range(x, quantized.as_ref(), p, lay, ptr, n, m, lo, hi, path) };
+        unsafe { stripes_range(x, xq, p, lay, ptr, n, m, lo, hi, path) };
     };
     run_parts(threads, parts, &job);
     Ok(())
+}
+
+/// A product's quantized activations: none (float32), a 32-block format's
+/// q8_0/q8_1 rows, or a K-quant's q8_K rows.
+#[derive(Clone, Copy)]
+pub(crate) struct Quantized<'a> {
+    pub(crate) q8: Option<&'a Q8Rows>,
+    pub(crate) q8k: Option<&'a Q8KRows>,
+}
+
+impl Quantized<'_> {
+    pub(crate) fn any(self) -> bool {
+        self.q8.is_some() || self.q8k.is_some()
+    }
+}
+
+/// The path a format's tiles run on: the formats without AVX-512 tiles yet
+/// (Q5_0, Q5_1 and the K-quants) run their AVX2 tiles on an AVX-512 CPU
+/// (the same bits on every path; only the speed differs).
+pub(crate) fn tile_path(q: QType, path: Path) -> Path {
+    if path.avx512() && (q.high_bits() || q.kquant()) {
+        Path::Avx2
+    } else {
+        path
+    }
 }
 
 /// Stripes lo..hi against every x row into `out` (n, m): tiles of W
@@ -643,7 +782,7 @@ pub fn qlinear(
 #[allow(clippy::too_many_arguments)]
 unsafe fn stripes_range(
     x: &[f32],
-    xq: Option<&Q8Rows>,
+    xq: Quantized<'_>,
     p: &[u8],
     lay: Layout,
     out: SharedOut,
@@ -653,9 +792,9 @@ unsafe fn stripes_range(
     hi: usize,
     path: Path,
 ) {
-    let xr_max = crate::kernels::x_rows(path, xq.is_some());
+    let xr_max = crate::kernels::x_rows(path, xq.any());
     let mut sums: Sums = [[[0.0; PANEL]; XMAX]; WMAX];
-    let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.is_some());
+    let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.any());
     let panels = m.div_ceil(PANEL);
     for stripe in lo..hi {
         let end = ((stripe + 1) * STRIPE).min(panels);
@@ -690,7 +829,7 @@ unsafe fn stripes_range(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::linear::tests::data;
 
@@ -702,6 +841,18 @@ mod tests {
             .map(|i| ((i as u32).wrapping_mul(2_246_822_519).wrapping_add(seed * 97) >> 13) as u8)
             .collect();
         let (elems, bytes) = q.block();
+        if q.kquant() {
+            // d (and dmin) modest float16s of both signs; the rest random
+            let at = if q == QType::Q6_K { vec![208] } else { vec![0, 2] };
+            for blk in 0..m * (k / elems) {
+                for (i, &a) in at.iter().enumerate() {
+                    let h = 0x1800 + ((blk * 53 + i * 7) % 0x0c00) as u16;
+                    let h = if (blk + i) % 3 == 0 { h | 0x8000 } else { h };
+                    b[blk * bytes + a..blk * bytes + a + 2].copy_from_slice(&h.to_le_bytes());
+                }
+            }
+            return b;
+        }
         for blk in 0..m * (k / elems) {
             for s in 0..q.scales() {
                 // |d| around 2^-7..2^-3, some zero
@@ -750,14 +901,28 @@ mod tests {
         out
     }
 
-    pub(crate) const ALL: [QType; 6] = [
+    pub(crate) const ALL: [QType; 11] = [
         QType::F32,
         QType::F16,
         QType::BF16,
         QType::Q8_0,
         QType::Q4_0,
         QType::Q4_1,
+        QType::Q5_0,
+        QType::Q5_1,
+        QType::Q4_K,
+        QType::Q5_K,
+        QType::Q6_K,
     ];
+
+    /// A short row length of format q (a few blocks).
+    pub(crate) fn short_k(q: QType) -> usize {
+        match q.block().0 {
+            1 => 13,
+            QK => 96,
+            _ => 2 * QK_K,
+        }
+    }
 
     /// (threads, path) pairs: every path this CPU runs, on 1, 2 and 3 threads.
     pub(crate) fn runs() -> Vec<(usize, Path)> {
@@ -782,7 +947,7 @@ mod tests {
 
     /// The documented q8 order, from the row-major bytes and the quantized rows.
     fn reference_q8(x: &[f32], q: QType, w: &[u8], n: usize, k: usize, m: usize) -> Vec<f32> {
-        let xq = Q8Rows::of(x, n, k, q == QType::Q4_1, false);
+        let xq = Q8Rows::of(x, n, k, q.with_min(), false);
         let (rb, bytes) = (q.row_bytes(k).unwrap(), q.block().1);
         let mut out = vec![0.0f32; n * m];
         for r in 0..n {
@@ -794,12 +959,18 @@ mod tests {
                         .map(|e| match q {
                             QType::Q8_0 => blk[2 + e] as i8 as i32,
                             _ => {
-                                let byte = blk[2 * q.scales() + e % 16];
-                                let nib = if e < 16 { byte & 15 } else { byte >> 4 } as i32;
-                                if q == QType::Q4_0 {
-                                    nib - 8
-                                } else {
-                                    nib
+                                let at = 2 * q.scales() + if q.high_bits() { 4 } else { 0 };
+                                let byte = blk[at + e % 16];
+                                let mut nib = if e < 16 { byte & 15 } else { byte >> 4 } as i32;
+                                if q.high_bits() {
+                                    let s = 2 * q.scales();
+                                    let qh = u32::from_le_bytes([blk[s], blk[s + 1], blk[s + 2], blk[s + 3]]);
+                                    nib |= (((qh >> e) & 1) as i32) << 4;
+                                }
+                                match q {
+                                    QType::Q4_0 => nib - 8,
+                                    QType::Q5_0 => nib - 16,
+                                    _ => nib,
                                 }
                             }
                         })
@@ -807,7 +978,7 @@ mod tests {
                     let s: i32 = (0..QK).map(|e| codes[e] * xq.q[r * k + b * QK + e] as i32).sum();
                     let dw = f16_to_f32(u16::from_le_bytes([blk[0], blk[1]]));
                     acc = (dw * xq.d[r * (k / QK) + b]).mul_add(s as f32, acc);
-                    if q == QType::Q4_1 {
+                    if q.with_min() {
                         let mw = f16_to_f32(u16::from_le_bytes([blk[2], blk[3]]));
                         acc = mw.mul_add(xq.s[r * (k / QK) + b], acc);
                     }
@@ -818,14 +989,14 @@ mod tests {
         out
     }
 
-    fn bits(v: &[f32]) -> Vec<u32> {
+    pub(crate) fn bits(v: &[f32]) -> Vec<u32> {
         v.iter().map(|x| x.to_bits()).collect()
     }
 
     #[test]
     fn packing_keeps_every_byte_and_dequantizes_as_the_rows_do() {
         for q in ALL {
-            let k = if q.blocked() { 96 } else { 13 };
+            let k = short_k(q);
             for m in [1, 7, 16, 17, 37] {
                 let w = weight(q, m, k, 9);
                 let packed = pack(&w, q, m, k).unwrap();
@@ -862,7 +1033,7 @@ mod tests {
     #[test]
     fn rows_dequantize_as_gguf_py_in_any_order_on_any_thread_count() {
         for q in ALL {
-            let (m, k) = (300, if q.blocked() { 96 } else { 13 });
+            let (m, k) = (300, short_k(q));
             let w = weight(q, m, k, 5);
             let packed = pack(&w, q, m, k).unwrap();
             let want = dequant(q, &w, m, k);
@@ -895,7 +1066,11 @@ mod tests {
     #[test]
     fn f32_activations_follow_the_documented_order_on_every_path() {
         for q in ALL {
-            let k_list: &[usize] = if q.blocked() { &[32, 96, 576] } else { &[1, 7, 45, 576] };
+            let k_list: &[usize] = match q.block().0 {
+                1 => &[1, 7, 45, 576],
+                QK => &[32, 96, 576],
+                _ => &[256, 768],
+            };
             for &k in k_list {
                 for &(n, m) in &SHAPES {
                     let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
@@ -917,7 +1092,7 @@ mod tests {
 
     #[test]
     fn q8_activations_follow_the_documented_order_on_every_path() {
-        for q in [QType::Q8_0, QType::Q4_0, QType::Q4_1] {
+        for q in [QType::Q8_0, QType::Q4_0, QType::Q4_1, QType::Q5_0, QType::Q5_1] {
             for &k in &[32, 96, 576] {
                 for &(n, m) in &SHAPES {
                     let (mut x, w) = (data(n * k, 3), weight(q, m, k, 4));
@@ -940,19 +1115,30 @@ mod tests {
             }
         }
         // a float format takes float32 activations in either mode
-        let (x, w) = (data(3 * 64, 1), weight(QType::F16, 5, 64, 2));
-        let packed = pack(&w, QType::F16, 5, 64).unwrap();
+        let (q, k) = (QType::F16, 256);
+        let (x, w) = (data(3 * k, 1), weight(q, 5, k, 2));
+        let packed = pack(&w, q, 5, k).unwrap();
         let (mut a, mut b) = (vec![0.0f32; 15], vec![0.0f32; 15]);
-        qlinear(&x, &packed, QType::F16, &mut a, 3, 64, 5, 1, best_path(), Act::F32).unwrap();
-        qlinear(&x, &packed, QType::F16, &mut b, 3, 64, 5, 1, best_path(), Act::Q8).unwrap();
+        qlinear(&x, &packed, q, &mut a, 3, k, 5, 1, best_path(), Act::F32).unwrap();
+        qlinear(&x, &packed, q, &mut b, 3, k, 5, 1, best_path(), Act::Q8).unwrap();
         assert_eq!(bits(&a), bits(&b));
     }
 
     #[test]
     fn a_row_gives_the_same_bits_alone_or_in_a_batch() {
         for act in [Act::F32, Act::Q8] {
-            for q in [QType::Q4_1, QType::Q4_0, QType::Q8_0, QType::F16] {
-                let (n, k, m) = (20, 64, 37);
+            for q in [
+                QType::Q4_1,
+                QType::Q4_0,
+                QType::Q8_0,
+                QType::F16,
+                QType::Q5_0,
+                QType::Q5_1,
+                QType::Q4_K,
+                QType::Q5_K,
+                QType::Q6_K,
+            ] {
+                let (n, k, m) = (20, if q.kquant() { 256 } else { 64 }, 37);
                 let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
                 let packed = pack(&w, q, m, k).unwrap();
                 let mut all = vec![0.0f32; n * m];

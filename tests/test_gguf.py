@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specdec_rs import _core, models
 from specdec_rs.gguf import load_gguf
+from specdec_rs.gguf.modules import NATIVE_TYPES
 from specdec_rs.gguf.writer import write_llama
 from test_fuzz import deadline
 
@@ -25,7 +26,7 @@ torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "40"))
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30}
+TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30, "Q5_0": 6, "Q5_1": 7}
 V = 64
 
 
@@ -69,8 +70,10 @@ def test_the_kernels_dequantize_as_gguf_py_and_multiply_as_float64(kind: str) ->
 def test_rows_that_are_not_whole_blocks_are_refused() -> None:
     with pytest.raises(ValueError, match="whole blocks of 32"):
         _core.pack_weight(np.zeros((2, 60), np.uint8), TYPES["Q4_1"], 48)
+    with pytest.raises(ValueError, match="whole blocks of 256"):
+        _core.pack_weight(np.zeros((2, 144), np.uint8), 12, 288)
     with pytest.raises(ValueError, match="no native kernel"):
-        _core.pack_weight(np.zeros((2, 144), np.uint8), 12, 256)
+        _core.pack_weight(np.zeros((2, 84), np.uint8), 10, 256)  # Q2_K
 
 
 @pytest.fixture(scope="module")
@@ -340,13 +343,86 @@ def _k_quant_bytes(w: np.ndarray, qtype: Any) -> np.ndarray:
     rows, k = w.shape
     raw = np.random.default_rng(7).integers(0, 256, (rows, k // elems, size), dtype=np.uint8)
     scale = np.array([2.0**-8], dtype=np.float16).view(np.uint8)
-    at = {"Q6_K": [size - 2], "Q4_K": [0, 2], "Q5_K": [0, 2]}[qtype.name]
+    at = {"Q6_K": [size - 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [size - 4, size - 2]}[
+        qtype.name
+    ]
     for offset in at:
         raw[..., offset : offset + 2] = scale
     return raw.reshape(rows, -1)
 
 
-def test_k_quants_are_read_through_float32_with_a_notice(
+@pytest.fixture(scope="module")
+def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A Q4_K_M-like file (rows of 256): Q4_K, Q5_K and Q6_K projections
+    beside Q5_0, Q5_1 and Q8_0 ones, and its float32 twin."""
+    quantize = gguf.quantize
+
+    def quantize_k(w: np.ndarray, qtype: Any) -> np.ndarray:
+        return _k_quant_bytes(w, qtype) if qtype.name.endswith("_K") else quantize(w, qtype)
+
+    big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=2, seed=2)
+    path = tmp_path_factory.mktemp("kquant") / "k.gguf"
+    kinds = {
+        "blk.0.ffn_gate.weight": "Q4_K",
+        "blk.0.ffn_up.weight": "Q5_K",
+        "blk.0.ffn_down.weight": "Q6_K",
+        "blk.0.attn_q.weight": "Q5_0",
+        "blk.0.attn_k.weight": "Q5_1",
+        "blk.1.attn_v.weight": "Q4_K",
+        "blk.1.ffn_down.weight": "Q6_K",
+    }
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "quantize", quantize_k)
+        twin = write_llama(big, path, linear_type="Q4_K", types=kinds)
+    return path, twin
+
+
+def test_k_quants_and_q5_are_read_natively_at_the_files_values(
+    k_file: tuple[Path, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    path, twin = k_file
+    model, _ = load_gguf(path, tokenizer=False)
+    assert "no native kernel" not in capsys.readouterr().err
+    for layer, name in (
+        (0, "mlp.gate_proj"),
+        (0, "mlp.up_proj"),
+        (0, "self_attn.q_proj"),
+        (1, "mlp.down_proj"),
+    ):
+        rows, _, dequantize, _ = model.model.layers[layer].print_weights()[f"{name}.weight"]
+        want = twin.model.layers[layer].get_submodule(name).weight.detach()
+        assert torch.equal(dequantize(torch.arange(rows)), want), name  # bit for bit
+    ids = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = twin(ids).logits
+        got = model(ids).logits
+        torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    # the same file with the new formats dequantized to float32 first: the
+    # same function (float32 activations sum the same values in the same order)
+    with pytest.MonkeyPatch.context() as patch:
+        for t in (6, 7, 12, 13, 14):
+            patch.delitem(NATIVE_TYPES, t)
+        dequantized, _ = load_gguf(path, tokenizer=False)
+    with torch.inference_mode():
+        assert torch.equal(dequantized(ids).logits, got)
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_greedy_speculation_on_k_quants_is_the_targets(
+    k_file: tuple[Path, Any], activations: str
+) -> None:
+    model, _ = load_gguf(k_file[0], tokenizer=False, activations=activations)
+    ids = torch.cat([prompt(3), prompt(3)[:4]])
+    plain = sd.generate(model, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
+    for drafter in (sd.PromptLookup(), sd.EarlyExit(model, 1)):
+        out = sd.generate(
+            model, drafter, ids, max_new_tokens=20, temperature=0, eos_token_id=[], k=3
+        )
+        assert out.tokens == plain.tokens, type(drafter).__name__
+        assert out.drafted > 0
+
+
+def test_other_formats_are_read_through_float32_with_a_notice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     quantize = gguf.quantize
@@ -356,12 +432,10 @@ def test_k_quants_are_read_through_float32_with_a_notice(
 
     monkeypatch.setattr(gguf, "quantize", quantize_k)
     big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=1, seed=2)
-    path = tmp_path / "k.gguf"
-    kinds = {"blk.0.ffn_gate.weight": "Q4_K", "blk.0.ffn_up.weight": "Q5_K"}
-    twin = write_llama(big, path, types={**kinds, "blk.0.ffn_down.weight": "Q6_K"})
+    path = tmp_path / "q2k.gguf"
+    twin = write_llama(big, path, types={"blk.0.ffn_gate.weight": "Q2_K"})
     model, _ = load_gguf(path, tokenizer=False)
-    notices = capsys.readouterr().err
-    assert all(f"{t} has no native kernel" in notices for t in ("Q4_K", "Q5_K", "Q6_K"))
+    assert "Q2_K has no native kernel" in capsys.readouterr().err
     ids = torch.randint(0, V, (1, 5), generator=torch.Generator().manual_seed(1))
     with torch.inference_mode():
         want = twin(ids).logits

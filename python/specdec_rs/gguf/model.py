@@ -7,8 +7,8 @@ tensor against the Llama layout it describes, and builds a
 rows, which llama.cpp's converter stored permuted for its rotary layout:
 they are put back in transformers' order, as transformers' GGUF loader
 does) and whose input embedding is a `QuantEmbedding`. The norms are
-float32. Formats without a native kernel (the K-quants Q4_K, Q5_K, Q6_K,
-and others gguf-py can read) are dequantized to float32 with a one-line
+float32. Formats without a native kernel (Q2_K, Q3_K, the IQ formats and
+the others gguf-py can read) are dequantized to float32 with a one-line
 notice naming the type. Everything else the project does (the loop, the
 drafters, layer views, tree masks, the heads, `measure`) sees the same
 transformers model as with float32 weights.

@@ -25,7 +25,19 @@ from torch import nn
 
 from specdec_rs import _core
 
-NATIVE_TYPES = {0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 8: "Q8_0", 30: "BF16"}
+NATIVE_TYPES = {
+    0: "F32",
+    1: "F16",
+    2: "Q4_0",
+    3: "Q4_1",
+    6: "Q5_0",
+    7: "Q5_1",
+    8: "Q8_0",
+    12: "Q4_K",
+    13: "Q5_K",
+    14: "Q6_K",
+    30: "BF16",
+}
 ACTIVATIONS = ("f32", "q8")
 
 

@@ -2,7 +2,8 @@
 llama.cpp's converter writes one (query and key rows permuted for its
 rotary layout, linear weights quantized by gguf-py): for the tests, which
 build tiny random models, and for a user who wants a model of their own at
-a file's precision. No tokenizer is written.
+a file's precision. A tokenizer is copied from another GGUF file when one
+is named (`tokenizer=`), else none is written.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1")
+TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -31,10 +32,12 @@ def write_llama(
     linear_type: str = "Q4_1",
     embed_type: str = "Q8_0",
     types: dict[str, str] | None = None,
+    tokenizer: str | Path | None = None,
 ) -> Any:
     """Write the transformers Llama `model` to `path` with its linear weights
     in `linear_type`, its embedding (and an untied LM head) in `embed_type`,
-    norms in F32 (`types` maps a GGUF tensor name to another type). Returns
+    norms in F32 (`types` maps a GGUF tensor name to another type), and the
+    `tokenizer.*` keys of the GGUF file `tokenizer` if given. Returns
     the dequantized float32 twin: a copy of `model` whose weights are the
     file's values, the model the file describes."""
     import copy
@@ -57,8 +60,10 @@ def write_llama(
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
+    if tokenizer is not None:
+        _copy_tokenizer(writer, Path(tokenizer))
     for key, value in (("bos", config.bos_token_id), ("eos", config.eos_token_id)):
-        if value is not None:
+        if value is not None and tokenizer is None:
             writer.add_uint32(f"tokenizer.ggml.{key}_token_id", int(value))
     names = {
         "model.embed_tokens.weight": "token_embd.weight",
@@ -113,3 +118,15 @@ def write_llama(
     writer.write_tensors_to_file()
     writer.close()
     return twin.eval()
+
+
+def _copy_tokenizer(writer: Any, source: Path) -> None:
+    """Every `tokenizer.*` key of the GGUF file `source`, with its type."""
+    from gguf import GGUFReader, GGUFValueType
+
+    for name, field in GGUFReader(str(source)).fields.items():
+        if not name.startswith("tokenizer."):
+            continue
+        kind = GGUFValueType(field.types[0])
+        sub = GGUFValueType(field.types[-1]) if kind == GGUFValueType.ARRAY else None
+        writer.add_key_value(name, field.contents(), kind, sub_type=sub)
