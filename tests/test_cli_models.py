@@ -348,3 +348,25 @@ def test_generate_batch_equals_the_prompts_one_by_one(
     one_line_error(capsys.readouterr().err, "--batch decodes the prompts of --prompts-file")
     assert main(["generate", "--prompts-file", str(prompts), "--batch", "2", "--tree", "4"]) == 2
     one_line_error(capsys.readouterr().err, "--batch runs chains")
+
+
+def test_a_gguf_draft_models_greedy_text_is_target_onlys(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--drafter model:FILE.gguf`` (SmolLM2's own file as its draft: its
+    tokenizer checked string by string), alone and in the batch engine."""
+    draft = f"model:{models.smollm2_gguf()}"
+    args = ["generate", PROMPT, "--max-new-tokens", "12", "--json", "--temperature", "0"]
+    assert main([*args, "--drafter", "none"]) == 0
+    assert main([*args, "--drafter", draft, "--k", "3"]) == 0
+    plain, spec = (json.loads(x) for x in capsys.readouterr().out.strip().splitlines())
+    assert spec["text"] == plain["text"] and spec["drafted"] > 0 and spec["alpha"] == 1.0
+    file = tmp_path / "prompts.txt"
+    file.write_text(f"{PROMPT}\n{PROMPT} Keep the name f.\n")
+    many = ["generate", "--prompts-file", str(file), "--max-new-tokens", "12", "--json"]
+    many += ["--temperature", "0", "--batch", "2", "--k", "2"]
+    assert main([*many, "--drafter", draft]) == 0
+    batched = [r["text"] for r in json.loads(capsys.readouterr().out)["results"]]
+    assert main([*many, "--drafter", "none"]) == 0
+    assert batched == [r["text"] for r in json.loads(capsys.readouterr().out)["results"]]
+    assert batched[0] == plain["text"]

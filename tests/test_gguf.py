@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specdec_rs import _core, models
 from specdec_rs.gguf import load_gguf
+from specdec_rs.gguf.model import activations_of as gguf_activations
 from specdec_rs.gguf.modules import NATIVE_TYPES
 from specdec_rs.gguf.writer import write_llama
 from test_fuzz import deadline
@@ -611,3 +612,29 @@ def test_a_damaged_tokenizer_cache_is_rebuilt(
     tok = tokenizer_for(gguf_path, tmp_path)
     assert "cannot be read" in capsys.readouterr().err and len(tok) > 1000
     assert tok("hello")["input_ids"] == tokenizer_for(gguf_path, tmp_path)("hello")["input_ids"]
+
+
+def test_a_gguf_draft_model_speculates_exactly(
+    files: dict[str, tuple[Path, Any]], k_file: tuple[Path, Any], tmp_path: Path
+) -> None:
+    """``model:DRAFT.gguf``: a separate GGUF draft (its own cache, the
+    target's activation mode) gives target-only's greedy text, for a 32-block
+    and a K-quant target; a draft of another vocabulary is refused."""
+    draft_path = tmp_path / "draft.gguf"
+    write_llama(models.tiny_llama(vocab_size=V, hidden_size=32, num_layers=1, seed=5), draft_path)
+    for path in (files["Q4_1"][0], k_file[0]):
+        for activations in ("f32", "q8"):
+            target, _ = load_gguf(path, tokenizer=False, activations=activations)
+            drafter = sd.drafters.DraftModel.from_spec(str(draft_path), target, None, False)
+            assert gguf_activations(drafter.model) == activations
+            ids = torch.cat([prompt(2), prompt(2)[:4]])
+            kw: dict[str, Any] = {"max_new_tokens": 16, "temperature": 0, "eos_token_id": []}
+            plain = sd.generate(target, None, ids, **kw)
+            out = sd.generate(target, drafter, ids, k=3, **kw)
+            assert out.tokens == plain.tokens and out.drafted > 0, (path.name, activations)
+    other = tmp_path / "other.gguf"
+    write_llama(models.tiny_llama(vocab_size=V + 16, hidden_size=32, num_layers=1), other)
+    target, _ = load_gguf(files["Q4_1"][0], tokenizer=False)
+    drafter = sd.drafters.DraftModel.from_spec(str(other), target, None, False)
+    with pytest.raises(ValueError, match="LM head has 64 rows and the drafter's 80"):
+        sd.generate(target, drafter, prompt(1), max_new_tokens=4, temperature=0, k=2)

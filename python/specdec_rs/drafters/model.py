@@ -16,7 +16,11 @@ if TYPE_CHECKING:
     from transformers.cache_utils import Cache
 
 
-@register("model", arg="path", help="a local transformers model with the target's tokenizer")
+@register(
+    "model",
+    arg="path",
+    help="a local transformers folder or GGUF file with the target's tokenizer",
+)
 class DraftModel(ModelDrafter):
     """Its cache holds a prefix of `seq`; each round feeds what it has not seen
     (the last token, or the last two after a round that accepted every draft),
@@ -40,10 +44,25 @@ class DraftModel(ModelDrafter):
 
     @classmethod
     def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> DraftModel:
-        """``model:PATH``: a local folder, same tokenizer as the target's."""
-        draft, draft_tokenizer = models.load_local(
-            arg, dtype=models.dtype_of(target), device=models.device_of(target)
-        )
+        """``model:PATH``: a local transformers folder, or a GGUF file at its
+        own precision (`gguf.load_gguf`, the target's activation mode), with
+        the target's tokenizer (the same string for every id; checked when
+        the target's tokenizer is given; the LM heads' sizes are checked
+        when the generation starts)."""
+        from pathlib import Path
+
+        if isinstance(arg, str) and Path(arg).suffix.lower() == ".gguf":
+            from specdec_rs.gguf import load_gguf
+            from specdec_rs.gguf.model import activations_of
+
+            models.weights_choice("gguf", models.dtype_of(target), models.device_of(target))
+            draft, draft_tokenizer = load_gguf(
+                arg, tokenizer=tokenizer is not None, activations=activations_of(target)
+            )
+        else:
+            draft, draft_tokenizer = models.load_local(
+                arg, dtype=models.dtype_of(target), device=models.device_of(target)
+            )
         if tokenizer is not None:
             models.check_same_tokenizer(tokenizer, draft_tokenizer)
         return cls(draft, greedy=greedy, name=f"model:{arg}")
