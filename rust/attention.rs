@@ -118,6 +118,9 @@ unsafe fn run(qkv: &[f32], out: SharedOut, t: Task<'_, '_>, path: Path) {
         if path.avx512() && t.s.head_dim.is_multiple_of(KB) {
             return x86::task_avx512(qkv, out, t);
         }
+        if path.vector() && t.s.head_dim.is_multiple_of(8) {
+            return x86_avx2::task_avx2(qkv, out, t);
+        }
         if path.vector() {
             return task_avx2(qkv, out, t);
         }
@@ -507,6 +510,253 @@ mod x86 {
     }
 }
 
+/// The same task with explicit AVX2 (head sizes a multiple of 8): a block
+/// of 16 keys as two vectors of 8 lanes, each step the lane-wise code's
+/// operations in its order (the 16 lanes of the softmax sum kept as two
+/// halves, added pairwise as 16 lanes).
+#[cfg(target_arch = "x86_64")]
+mod x86_avx2 {
+    use super::*;
+    use std::arch::x86_64 as v;
+
+    const H: usize = 8;
+
+    /// `rowwise::exp` on 8 lanes: the same operations.
+    #[inline(always)]
+    unsafe fn exp8(x: v::__m256) -> v::__m256 {
+        let magic = v::_mm256_set1_ps(12_582_912.0);
+        let t = v::_mm256_fmadd_ps(x, v::_mm256_set1_ps(std::f32::consts::LOG2_E), magic);
+        let n = v::_mm256_sub_ps(t, magic);
+        let neg = v::_mm256_sub_ps(v::_mm256_setzero_ps(), n);
+        let r = v::_mm256_fmadd_ps(neg, v::_mm256_set1_ps(0.693_359_4), x);
+        let r = v::_mm256_fmadd_ps(neg, v::_mm256_set1_ps(-2.121_944_4e-4), r);
+        let mut p = v::_mm256_set1_ps(1.987_569_1e-4);
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+            p = v::_mm256_fmadd_ps(p, r, v::_mm256_set1_ps(c));
+        }
+        let p = v::_mm256_add_ps(v::_mm256_fmadd_ps(v::_mm256_mul_ps(p, r), r, r), v::_mm256_set1_ps(1.0));
+        let bits = v::_mm256_slli_epi32::<23>(v::_mm256_add_epi32(v::_mm256_cvtps_epi32(n), v::_mm256_set1_epi32(127)));
+        let y = v::_mm256_mul_ps(p, v::_mm256_castsi256_ps(bits));
+        // below −87.3: 0; above 88: +∞ (as rowwise::exp)
+        let low = v::_mm256_cmp_ps::<{ v::_CMP_LT_OQ }>(x, v::_mm256_set1_ps(-87.3));
+        let high = v::_mm256_cmp_ps::<{ v::_CMP_GT_OQ }>(x, v::_mm256_set1_ps(88.0));
+        let y = v::_mm256_andnot_ps(low, y);
+        v::_mm256_blendv_ps(y, v::_mm256_set1_ps(f32::INFINITY), high)
+    }
+
+    /// Lanes 8h..8h + 8 of a 16-bit mask as an all-ones / zeros vector.
+    #[inline(always)]
+    unsafe fn lanes(bits: u16, h: usize) -> v::__m256 {
+        let b = v::_mm256_set1_epi32(((bits >> (H * h)) & 0xff) as i32);
+        let one = v::_mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+        v::_mm256_castsi256_ps(v::_mm256_cmpeq_epi32(v::_mm256_and_si256(b, one), one))
+    }
+
+    /// Keys j0..j0 + 16 transposed into `kt` (d × 16) by 8 × 8 shuffles (d a
+    /// multiple of 8; a partial block: `super::transpose`).
+    #[inline(always)]
+    pub(super) unsafe fn transpose16(keys: *const f32, d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+        if total - j0 < KB {
+            let all = std::slice::from_raw_parts(keys, total * d);
+            return super::transpose(all, d, j0, total, kt);
+        }
+        for h in 0..2 {
+            for c0 in (0..d).step_by(H) {
+                let mut r = [v::_mm256_setzero_ps(); H];
+                for lane in 0..H {
+                    r[lane] = v::_mm256_loadu_ps(keys.add((j0 + H * h + lane) * d + c0));
+                }
+                let mut a = [v::_mm256_setzero_ps(); H];
+                for k in 0..4 {
+                    a[2 * k] = v::_mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+                    a[2 * k + 1] = v::_mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+                }
+                let mut b = [v::_mm256_setzero_ps(); H];
+                for k in 0..2 {
+                    b[4 * k] = v::_mm256_shuffle_ps::<0x44>(a[4 * k], a[4 * k + 2]);
+                    b[4 * k + 1] = v::_mm256_shuffle_ps::<0xee>(a[4 * k], a[4 * k + 2]);
+                    b[4 * k + 2] = v::_mm256_shuffle_ps::<0x44>(a[4 * k + 1], a[4 * k + 3]);
+                    b[4 * k + 3] = v::_mm256_shuffle_ps::<0xee>(a[4 * k + 1], a[4 * k + 3]);
+                }
+                // b[m] (rows 0..4) and b[4 + m] (rows 4..8) hold columns m and 4 + m in their halves
+                for m in 0..4 {
+                    let lo = v::_mm256_permute2f128_ps::<0x20>(b[m], b[4 + m]);
+                    let hi = v::_mm256_permute2f128_ps::<0x31>(b[m], b[4 + m]);
+                    v::_mm256_storeu_ps(kt.as_mut_ptr().add((c0 + m) * KB + H * h), lo);
+                    v::_mm256_storeu_ps(kt.as_mut_ptr().add((c0 + 4 + m) * KB + H * h), hi);
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn task_avx2(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+        let s = t.s;
+        let d = s.head_dim;
+        let group = s.heads / s.kv_heads;
+        let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+        let width = qd + 2 * kvd;
+        let cache = &t.seg.cache;
+        let mask = t.seg.mask;
+        let (past, total) = (cache.past, cache.past + t.seg.n);
+        let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
+        let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
+        let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
+        // per query: its row, head, vector, and the keys it may see end at `limit`
+        let mut rows = vec![(0usize, 0usize); t.len];
+        let mut qptr = vec![qkv.as_ptr(); t.len];
+        let mut limit = vec![0usize; t.len];
+        for qi in 0..t.len {
+            let flat = t.q0 + qi;
+            let (i, head) = (flat / group, t.kv * group + flat % group);
+            rows[qi] = (i, head);
+            qptr[qi] = qkv.as_ptr().add((t.first + i) * width + head * d);
+            limit[qi] = match mask {
+                None => past + i + 1,
+                Some(_) => (0..total)
+                    .rev()
+                    .find(|&j| allowed(mask, total, past, i, j))
+                    .map_or(0, |j| j + 1),
+            };
+        }
+        let top = limit.iter().copied().max().unwrap_or(0);
+        let blocks = top.div_ceil(KB);
+        let span = blocks * KB;
+        let mut scores = vec![0.0f32; t.len * span];
+        let mut kt = vec![0.0f32; d * KB];
+        for b in 0..blocks {
+            transpose16(keys, d, b * KB, total, &mut kt);
+            for q0 in (0..t.len).step_by(4) {
+                let qn = 4.min(t.len - q0);
+                let mut acc = [[v::_mm256_setzero_ps(); 2]; 4];
+                for c in 0..d {
+                    let lo = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB));
+                    let hi = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB + H));
+                    for qi in 0..qn {
+                        let qc = v::_mm256_set1_ps(*qptr[q0 + qi].add(c));
+                        acc[qi][0] = v::_mm256_fmadd_ps(qc, lo, acc[qi][0]);
+                        acc[qi][1] = v::_mm256_fmadd_ps(qc, hi, acc[qi][1]);
+                    }
+                }
+                for qi in 0..qn {
+                    let at = scores.as_mut_ptr().add((q0 + qi) * span + b * KB);
+                    v::_mm256_storeu_ps(at, v::_mm256_mul_ps(acc[qi][0], scale));
+                    v::_mm256_storeu_ps(at.add(H), v::_mm256_mul_ps(acc[qi][1], scale));
+                }
+            }
+        }
+        // softmax: p_j in place of the scores (0 where the query may not see j)
+        let mut sums = vec![0.0f32; t.len];
+        for qi in 0..t.len {
+            let (i, _) = rows[qi];
+            if limit[qi] == 0 {
+                continue; // attends to nothing (a padded row): zeros
+            }
+            let row = scores.as_mut_ptr().add(qi * span);
+            let seen = |b: usize| -> u16 {
+                match mask {
+                    None => {
+                        let left = limit[qi].saturating_sub(b * KB).min(KB);
+                        ((1u32 << left) - 1) as u16
+                    }
+                    Some(_) => {
+                        let mut bits = 0u16;
+                        for lane in 0..KB {
+                            let j = b * KB + lane;
+                            if j < total && allowed(mask, total, past, i, j) {
+                                bits |= 1 << lane;
+                            }
+                        }
+                        bits
+                    }
+                }
+            };
+            let ninf = v::_mm256_set1_ps(f32::NEG_INFINITY);
+            let mut best = ninf;
+            for b in 0..blocks {
+                let bits = seen(b);
+                for h in 0..2 {
+                    let x = v::_mm256_loadu_ps(row.add(b * KB + H * h));
+                    best = v::_mm256_max_ps(best, v::_mm256_blendv_ps(ninf, x, lanes(bits, h)));
+                }
+            }
+            let mut m = [0.0f32; H];
+            v::_mm256_storeu_ps(m.as_mut_ptr(), best);
+            let topv = v::_mm256_set1_ps(m.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            let mut sum = [v::_mm256_setzero_ps(); 2];
+            for b in 0..blocks {
+                let bits = seen(b);
+                for h in 0..2 {
+                    let at = row.add(b * KB + H * h);
+                    let x = v::_mm256_sub_ps(v::_mm256_loadu_ps(at), topv);
+                    let p = v::_mm256_and_ps(exp8(x), lanes(bits, h));
+                    v::_mm256_storeu_ps(at, p);
+                    sum[h] = v::_mm256_add_ps(sum[h], p);
+                }
+            }
+            let mut l = [0.0f32; KB];
+            v::_mm256_storeu_ps(l.as_mut_ptr(), sum[0]);
+            v::_mm256_storeu_ps(l.as_mut_ptr().add(H), sum[1]);
+            let mut w = KB;
+            while w > 1 {
+                w /= 2;
+                for k in 0..w {
+                    l[k] += l[k + w];
+                }
+            }
+            sums[qi] = l[0];
+        }
+        // values: 4 queries a pass; keys every one of them sees, then the rest one by one
+        let chunks = d / H;
+        for q0 in (0..t.len).step_by(VB) {
+            let qn = VB.min(t.len - q0);
+            let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
+            let (common, last) = match mask {
+                None => (
+                    (0..qn).map(|qi| limit[q0 + qi]).min().unwrap_or(0),
+                    (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0),
+                ),
+                Some(_) => (0, (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0)),
+            };
+            for j in 0..common {
+                let vj = values.add(j * d);
+                for c in 0..chunks {
+                    let vv = v::_mm256_loadu_ps(vj.add(c * H));
+                    for qi in 0..qn {
+                        let p = v::_mm256_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                        acc[qi][c] = v::_mm256_fmadd_ps(p, vv, acc[qi][c]);
+                    }
+                }
+            }
+            for j in common..last {
+                let vj = values.add(j * d);
+                for qi in 0..qn {
+                    let (i, _) = rows[q0 + qi];
+                    if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
+                        continue; // a key the query may not see adds nothing
+                    }
+                    let p = v::_mm256_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                    for c in 0..chunks {
+                        acc[qi][c] = v::_mm256_fmadd_ps(p, v::_mm256_loadu_ps(vj.add(c * H)), acc[qi][c]);
+                    }
+                }
+            }
+            for qi in 0..qn {
+                let (i, head) = rows[q0 + qi];
+                let o = out.at((t.first + i) * qd + head * d);
+                if limit[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
+                    std::slice::from_raw_parts_mut(o, d).fill(0.0);
+                    continue;
+                }
+                let inv = v::_mm256_set1_ps(1.0 / sums[q0 + qi]);
+                for c in 0..chunks {
+                    v::_mm256_storeu_ps(o.add(c * H), v::_mm256_mul_ps(acc[qi][c], inv));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,21 +779,30 @@ mod tests {
     /// under a tree's mask: the same bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
-    fn the_shuffle_transpose_moves_every_key() {
-        if !path_available(Path::Avx512) {
-            return;
-        }
+    fn the_shuffle_transposes_move_every_key() {
         let (d, total) = (48, 37);
         let keys = values(total * d, 9);
         for j0 in [0, 16, 32] {
-            let (mut a, mut b) = (vec![f32::NAN; d * KB], vec![f32::NAN; d * KB]);
+            let mut a = vec![f32::NAN; d * KB];
             transpose(&keys, d, j0, total, &mut a);
-            unsafe { x86_transpose(&keys, d, j0, total, &mut b) };
-            assert_eq!(
-                a.iter().map(|x| x.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
-            );
+            let want: Vec<u32> = a.iter().map(|x| x.to_bits()).collect();
+            if path_available(Path::Avx512) {
+                let mut b = vec![f32::NAN; d * KB];
+                unsafe { x86_transpose(&keys, d, j0, total, &mut b) };
+                assert_eq!(b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+            }
+            if path_available(Path::Avx2) {
+                let mut b = vec![f32::NAN; d * KB];
+                unsafe { avx2_transpose(&keys, d, j0, total, &mut b) };
+                assert_eq!(b.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), want);
+            }
         }
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn avx2_transpose(keys: &[f32], d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+        super::x86_avx2::transpose16(keys.as_ptr(), d, j0, total, kt)
     }
 
     #[cfg(target_arch = "x86_64")]
