@@ -38,7 +38,7 @@ from specdec_rs import _core
 from specdec_rs.measure.tables import markdown_table
 
 SETTLE = 0.01  # seconds after each timed call (spinning threads stop)
-FORMATS = {
+FORMATS_ALL = {
     "Q4_0": (2, 32, 18),
     "Q4_1": (3, 32, 20),
     "Q5_0": (6, 32, 22),
@@ -48,6 +48,7 @@ FORMATS = {
     "Q5_K": (13, 256, 176),
     "Q6_K": (14, 256, 210),
 }
+FORMATS = dict(FORMATS_ALL)
 # (out, in) shapes of a 0.4B model's projections, and SmolLM2's down
 # projection (rows of whole 256-blocks, so every format takes them)
 SHAPES = [(4096, 1024), (1024, 4096), (2816, 1024), (1024, 2816), (576, 1536)]
@@ -210,13 +211,14 @@ def default_files(work: Path) -> list[Path]:
     return [shipped, requantized, synthetic_llama(work)]
 
 
+# VmHWM, not ru_maxrss: a child's ru_maxrss starts at the forking parent's RSS
 RSS_SCRIPT = """
-import resource, sys, torch, specdec_rs as sd
+import sys, torch, specdec_rs as sd
 from specdec_rs.gguf import load_gguf
 model, _ = load_gguf(sys.argv[1], tokenizer=False)
 ids = torch.arange(64) * 7 % 1000
 sd.generate(model, sd.PromptLookup(), ids, max_new_tokens=32, temperature=0, eos_token_id=[], k=4)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)
+print(open("/proc/self/status").read().split("VmHWM:")[1].split()[0])  # kB
 """
 
 
@@ -305,7 +307,10 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-bench-formats"))
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--formats", default=",".join(FORMATS_ALL))
     args = ap.parse_args()
+    FORMATS.clear()
+    FORMATS.update({f: FORMATS_ALL[f] for f in args.formats.split(",")})
     report: dict[str, Any] = {"host": host()}
     report["host"]["read GB/s (2 threads)"] = _core.read_bandwidth(512 * 2**20, 2) / 1e9
     print(report["host"], flush=True)
