@@ -54,24 +54,6 @@ FORMATS = dict(FORMATS_ALL)
 SHAPES = [(4096, 1024), (1024, 4096), (2816, 1024), (1024, 2816), (576, 1536)]
 
 
-def host() -> dict[str, Any]:
-    """lscpu's vendor, family/model and the flags that matter."""
-    info = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(
-        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in info.splitlines())
-    )
-    flags = set(fields.get("Flags", "").split())
-    wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile")
-    return {
-        "vendor": fields.get("Vendor ID"),
-        "model name": fields.get("Model name"),
-        "family": fields.get("CPU family"),
-        "model": fields.get("Model"),
-        "flags": [f for f in wanted if f in flags],
-        "kernel path": _core.qlinear_path(),
-    }
-
-
 def random_blocks(kind: str, m: int, k: int, rng: np.random.Generator) -> np.ndarray:
     """m rows of random valid blocks of `kind` (modest float16 scales)."""
     _, elems, size = FORMATS[kind]
@@ -311,8 +293,9 @@ def main() -> None:
     args = ap.parse_args()
     FORMATS.clear()
     FORMATS.update({f: FORMATS_ALL[f] for f in args.formats.split(",")})
+    from bench_forward import host
+
     report: dict[str, Any] = {"host": host()}
-    report["host"]["read GB/s (2 threads)"] = _core.read_bandwidth(512 * 2**20, 2) / 1e9
     print(report["host"], flush=True)
     md = [f"Host: {report['host']}", ""]
     if not args.skip_kernels:

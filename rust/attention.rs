@@ -155,6 +155,86 @@ pub(crate) fn transpose(keys: &[f32], d: usize, j0: usize, total: usize, kt: &mu
     }
 }
 
+/// The 16 lanes of a softmax sum added pairwise (the documented order).
+#[inline(always)]
+fn pairwise(mut lanes: [f32; KB]) -> f32 {
+    let mut w = KB;
+    while w > 1 {
+        w /= 2;
+        for l in 0..w {
+            lanes[l] += lanes[l + w];
+        }
+    }
+    lanes[0]
+}
+
+/// A task's queries: each one's (row, head), vector, and the end of the
+/// keys it may see (`limit`: past the last one; 0 for none).
+#[cfg(target_arch = "x86_64")]
+struct Queries {
+    rows: Vec<(usize, usize)>,
+    qptr: Vec<*const f32>,
+    limit: Vec<usize>,
+}
+
+#[cfg(target_arch = "x86_64")]
+fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
+    let s = t.s;
+    let (d, group) = (s.head_dim, s.heads / s.kv_heads);
+    let width = (s.heads + 2 * s.kv_heads) * d;
+    let (mask, past) = (t.seg.mask, t.seg.cache.past);
+    let total = past + t.seg.n;
+    let mut q = Queries {
+        rows: vec![(0, 0); t.len],
+        qptr: vec![qkv.as_ptr(); t.len],
+        limit: vec![0; t.len],
+    };
+    for qi in 0..t.len {
+        let flat = t.q0 + qi;
+        let (i, head) = (flat / group, t.kv * group + flat % group);
+        q.rows[qi] = (i, head);
+        q.qptr[qi] = qkv[(t.first + i) * width + head * d..].as_ptr();
+        q.limit[qi] = match mask {
+            None => past + i + 1,
+            Some(_) => (0..total)
+                .rev()
+                .find(|&j| allowed(mask, total, past, i, j))
+                .map_or(0, |j| j + 1),
+        };
+    }
+    q
+}
+
+/// The lanes of key block `b` that query row i (its keys ending at
+/// `limit`) may see, as a 16-bit mask.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, limit: usize, b: usize) -> u16 {
+    if mask.is_none() {
+        let left = limit.saturating_sub(b * KB).min(KB);
+        return ((1u32 << left) - 1) as u16;
+    }
+    let mut bits = 0u16;
+    for lane in 0..KB {
+        let j = b * KB + lane;
+        if j < total && allowed(mask, total, past, i, j) {
+            bits |= 1 << lane;
+        }
+    }
+    bits
+}
+
+/// Keys 0..common every query of a value pass sees (causal: the fewest
+/// any sees; a mask: none assumed), and the end of those any sees.
+#[cfg(target_arch = "x86_64")]
+fn value_keys(mask: Option<&[u8]>, limits: &[usize]) -> (usize, usize) {
+    let last = limits.iter().copied().max().unwrap_or(0);
+    match mask {
+        None => (limits.iter().copied().min().unwrap_or(0), last),
+        Some(_) => (0, last),
+    }
+}
+
 /// One task (see the module docs), written lane-wise so that each path's
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
@@ -236,14 +316,7 @@ unsafe fn task(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
                 lanes[lane] += p;
             }
         }
-        let mut w = KB;
-        while w > 1 {
-            w /= 2;
-            for l in 0..w {
-                lanes[l] += lanes[l + w];
-            }
-        }
-        sums[qi] = lanes[0];
+        sums[qi] = pairwise(lanes);
     }
     // values: 4 queries a pass over the keys
     for q0 in (0..t.len).step_by(VB) {
@@ -308,19 +381,6 @@ mod x86 {
         v::_mm512_mask_mov_ps(y, high, v::_mm512_set1_ps(f32::INFINITY))
     }
 
-    /// The lanes of key block `b` that query row i may see (a 16-bit mask).
-    #[inline(always)]
-    fn lanes_seen(mask: Option<&[u8]>, total: usize, past: usize, i: usize, b: usize) -> u16 {
-        let mut bits = 0u16;
-        for lane in 0..KB {
-            let j = b * KB + lane;
-            if j < total && allowed(mask, total, past, i, j) {
-                bits |= 1 << lane;
-            }
-        }
-        bits
-    }
-
     /// Keys j0..j0 + 16 transposed into `kt` (d × 16), by 16 × 16 tiles of
     /// shuffles (d a multiple of 16; a partial block: `super::transpose`).
     #[inline(always)]
@@ -371,32 +431,14 @@ mod x86 {
     pub(super) unsafe fn task_avx512(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
         let s = t.s;
         let d = s.head_dim;
-        let group = s.heads / s.kv_heads;
-        let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-        let width = qd + 2 * kvd;
+        let qd = s.heads * d;
         let cache = &t.seg.cache;
         let mask = t.seg.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
-        // per query: its row, head, vector, and the keys it may see end at `limit`
-        let mut rows = vec![(0usize, 0usize); t.len];
-        let mut qptr = vec![qkv.as_ptr(); t.len];
-        let mut limit = vec![0usize; t.len];
-        for qi in 0..t.len {
-            let flat = t.q0 + qi;
-            let (i, head) = (flat / group, t.kv * group + flat % group);
-            rows[qi] = (i, head);
-            qptr[qi] = qkv.as_ptr().add((t.first + i) * width + head * d);
-            limit[qi] = match mask {
-                None => past + i + 1,
-                Some(_) => (0..total)
-                    .rev()
-                    .find(|&j| allowed(mask, total, past, i, j))
-                    .map_or(0, |j| j + 1),
-            };
-        }
+        let Queries { rows, qptr, limit } = queries(qkv, t);
         let top = limit.iter().copied().max().unwrap_or(0);
         let blocks = top.div_ceil(KB);
         let span = blocks * KB;
@@ -427,15 +469,7 @@ mod x86 {
                 continue; // attends to nothing (a padded row): zeros
             }
             let row = scores.as_mut_ptr().add(qi * span);
-            let seen = |b: usize| -> u16 {
-                match mask {
-                    None => {
-                        let left = limit[qi].saturating_sub(b * KB).min(KB);
-                        ((1u32 << left) - 1) as u16
-                    }
-                    Some(_) => lanes_seen(mask, total, past, i, b),
-                }
-            };
+            let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
             let mut best = v::_mm512_set1_ps(f32::NEG_INFINITY);
             for b in 0..blocks {
                 best = v::_mm512_mask_max_ps(best, seen(b), v::_mm512_loadu_ps(row.add(b * KB)), best);
@@ -450,27 +484,14 @@ mod x86 {
             }
             let mut l = [0.0f32; KB];
             v::_mm512_storeu_ps(l.as_mut_ptr(), lanes);
-            let mut w = KB;
-            while w > 1 {
-                w /= 2;
-                for k in 0..w {
-                    l[k] += l[k + w];
-                }
-            }
-            sums[qi] = l[0];
+            sums[qi] = pairwise(l);
         }
         // values: 4 queries a pass; keys every one of them sees, then the rest one by one
         let chunks = d / KB;
         for q0 in (0..t.len).step_by(VB) {
             let qn = VB.min(t.len - q0);
             let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
-            let (common, last) = match mask {
-                None => (
-                    (0..qn).map(|qi| limit[q0 + qi]).min().unwrap_or(0),
-                    (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0),
-                ),
-                Some(_) => (0, (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0)),
-            };
+            let (common, last) = value_keys(mask, &limit[q0..q0 + qn]);
             for j in 0..common {
                 let vj = values.add(j * d);
                 for c in 0..chunks {
@@ -593,32 +614,14 @@ mod x86_avx2 {
     pub(super) unsafe fn task_avx2(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
         let s = t.s;
         let d = s.head_dim;
-        let group = s.heads / s.kv_heads;
-        let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-        let width = qd + 2 * kvd;
+        let qd = s.heads * d;
         let cache = &t.seg.cache;
         let mask = t.seg.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
-        // per query: its row, head, vector, and the keys it may see end at `limit`
-        let mut rows = vec![(0usize, 0usize); t.len];
-        let mut qptr = vec![qkv.as_ptr(); t.len];
-        let mut limit = vec![0usize; t.len];
-        for qi in 0..t.len {
-            let flat = t.q0 + qi;
-            let (i, head) = (flat / group, t.kv * group + flat % group);
-            rows[qi] = (i, head);
-            qptr[qi] = qkv.as_ptr().add((t.first + i) * width + head * d);
-            limit[qi] = match mask {
-                None => past + i + 1,
-                Some(_) => (0..total)
-                    .rev()
-                    .find(|&j| allowed(mask, total, past, i, j))
-                    .map_or(0, |j| j + 1),
-            };
-        }
+        let Queries { rows, qptr, limit } = queries(qkv, t);
         let top = limit.iter().copied().max().unwrap_or(0);
         let blocks = top.div_ceil(KB);
         let span = blocks * KB;
@@ -653,24 +656,7 @@ mod x86_avx2 {
                 continue; // attends to nothing (a padded row): zeros
             }
             let row = scores.as_mut_ptr().add(qi * span);
-            let seen = |b: usize| -> u16 {
-                match mask {
-                    None => {
-                        let left = limit[qi].saturating_sub(b * KB).min(KB);
-                        ((1u32 << left) - 1) as u16
-                    }
-                    Some(_) => {
-                        let mut bits = 0u16;
-                        for lane in 0..KB {
-                            let j = b * KB + lane;
-                            if j < total && allowed(mask, total, past, i, j) {
-                                bits |= 1 << lane;
-                            }
-                        }
-                        bits
-                    }
-                }
-            };
+            let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
             let ninf = v::_mm256_set1_ps(f32::NEG_INFINITY);
             let mut best = ninf;
             for b in 0..blocks {
@@ -697,27 +683,14 @@ mod x86_avx2 {
             let mut l = [0.0f32; KB];
             v::_mm256_storeu_ps(l.as_mut_ptr(), sum[0]);
             v::_mm256_storeu_ps(l.as_mut_ptr().add(H), sum[1]);
-            let mut w = KB;
-            while w > 1 {
-                w /= 2;
-                for k in 0..w {
-                    l[k] += l[k + w];
-                }
-            }
-            sums[qi] = l[0];
+            sums[qi] = pairwise(l);
         }
         // values: 4 queries a pass; keys every one of them sees, then the rest one by one
         let chunks = d / H;
         for q0 in (0..t.len).step_by(VB) {
             let qn = VB.min(t.len - q0);
             let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
-            let (common, last) = match mask {
-                None => (
-                    (0..qn).map(|qi| limit[q0 + qi]).min().unwrap_or(0),
-                    (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0),
-                ),
-                Some(_) => (0, (0..qn).map(|qi| limit[q0 + qi]).max().unwrap_or(0)),
-            };
+            let (common, last) = value_keys(mask, &limit[q0..q0 + qn]);
             for j in 0..common {
                 let vj = values.add(j * d);
                 for c in 0..chunks {

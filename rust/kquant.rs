@@ -357,6 +357,37 @@ pub(crate) fn q8_portable(xk: &Q8KRows, p: &[u8], lay: Layout, t: Tile, sums: &m
     }
 }
 
+/// A K-quant as a const generic parameter of the tiles (each compiled for
+/// one format), and back: `by_kformat!(q, F => body)` runs `body` with the const F of `q`.
+#[cfg(target_arch = "x86_64")]
+macro_rules! by_kformat {
+    ($q:expr, $f:ident => $body:expr) => {
+        match $q {
+            QType::Q4_K => {
+                const $f: u8 = 0;
+                $body
+            }
+            QType::Q5_K => {
+                const $f: u8 = 1;
+                $body
+            }
+            _ => {
+                const $f: u8 = 2;
+                $body
+            }
+        }
+    };
+}
+
+#[cfg(target_arch = "x86_64")]
+const fn kformat(f: u8) -> QType {
+    match f {
+        0 => QType::Q4_K,
+        1 => QType::Q5_K,
+        _ => QType::Q6_K,
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     //! The AVX2 tile: a panel as two halves of 8 rows (also run on AVX-512
@@ -367,14 +398,6 @@ pub(crate) mod x86 {
     use super::*;
     use crate::kernels::x86::prefetch;
     use std::arch::x86_64 as v;
-
-    const fn kformat(f: u8) -> QType {
-        match f {
-            0 => QType::Q4_K,
-            1 => QType::Q5_K,
-            _ => QType::Q6_K,
-        }
-    }
 
     /// `n` (0..32) as a shift count.
     #[inline(always)]
@@ -457,30 +480,21 @@ pub(crate) mod x86 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn f32_avx2(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
-        macro_rules! rows {
-            ($f:literal) => {
-                for w in 0..t.w {
-                    for half in 0..2 {
-                        match t.xr {
-                            1 => half_256::<$f, 1>(x, p, lay, t, w, half, sums),
-                            2 => half_256::<$f, 2>(x, p, lay, t, w, half, sums),
-                            3 => half_256::<$f, 3>(x, p, lay, t, w, half, sums),
-                            4 => half_256::<$f, 4>(x, p, lay, t, w, half, sums),
-                            5 => half_256::<$f, 5>(x, p, lay, t, w, half, sums),
-                            6 => half_256::<$f, 6>(x, p, lay, t, w, half, sums),
-                            7 => half_256::<$f, 7>(x, p, lay, t, w, half, sums),
-                            8 => half_256::<$f, 8>(x, p, lay, t, w, half, sums),
-                            xr => unreachable!("{xr} x rows in an AVX2 tile"),
-                        }
-                    }
+        by_kformat!(lay.q, F => for w in 0..t.w {
+            for half in 0..2 {
+                match t.xr {
+                    1 => half_256::<F, 1>(x, p, lay, t, w, half, sums),
+                    2 => half_256::<F, 2>(x, p, lay, t, w, half, sums),
+                    3 => half_256::<F, 3>(x, p, lay, t, w, half, sums),
+                    4 => half_256::<F, 4>(x, p, lay, t, w, half, sums),
+                    5 => half_256::<F, 5>(x, p, lay, t, w, half, sums),
+                    6 => half_256::<F, 6>(x, p, lay, t, w, half, sums),
+                    7 => half_256::<F, 7>(x, p, lay, t, w, half, sums),
+                    8 => half_256::<F, 8>(x, p, lay, t, w, half, sums),
+                    xr => unreachable!("{xr} x rows in an AVX2 tile"),
                 }
-            };
-        }
-        match lay.q {
-            QType::Q4_K => rows!(0),
-            QType::Q5_K => rows!(1),
-            _ => rows!(2),
-        }
+            }
+        })
     }
 
     #[inline(always)]
@@ -565,34 +579,17 @@ pub(crate) mod x86_q8 {
 
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(crate) unsafe fn q8_avx2(xk: &Q8KRows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
-        macro_rules! rows {
-            ($f:literal) => {
-                for w in 0..t.w {
-                    for half in 0..2 {
-                        match t.xr {
-                            1 => half_256::<$f, 1>(xk, p, lay, t, w, half, sums),
-                            2 => half_256::<$f, 2>(xk, p, lay, t, w, half, sums),
-                            3 => half_256::<$f, 3>(xk, p, lay, t, w, half, sums),
-                            4 => half_256::<$f, 4>(xk, p, lay, t, w, half, sums),
-                            xr => unreachable!("{xr} x rows in an AVX2 q8 tile"),
-                        }
-                    }
+        by_kformat!(lay.q, F => for w in 0..t.w {
+            for half in 0..2 {
+                match t.xr {
+                    1 => half_256::<F, 1>(xk, p, lay, t, w, half, sums),
+                    2 => half_256::<F, 2>(xk, p, lay, t, w, half, sums),
+                    3 => half_256::<F, 3>(xk, p, lay, t, w, half, sums),
+                    4 => half_256::<F, 4>(xk, p, lay, t, w, half, sums),
+                    xr => unreachable!("{xr} x rows in an AVX2 q8 tile"),
                 }
-            };
-        }
-        match lay.q {
-            QType::Q4_K => rows!(0),
-            QType::Q5_K => rows!(1),
-            _ => rows!(2),
-        }
-    }
-
-    const fn kformat(f: u8) -> QType {
-        match f {
-            0 => QType::Q4_K,
-            1 => QType::Q5_K,
-            _ => QType::Q6_K,
-        }
+            }
+        })
     }
 
     #[inline(always)]
@@ -705,8 +702,8 @@ pub(crate) mod x86_q8 {
 mod tests {
     use super::*;
     use crate::linear::tests::data;
-    use crate::quant::tests::{bits, runs, weight};
-    use crate::quant::{pack, qlinear, Act};
+    use crate::quant::tests::{assert_every_path, weight};
+    use crate::quant::{pack, Act};
 
     /// The documented q8 order, from the row-major super-blocks and the q8_K rows.
     fn reference_q8(x: &[f32], q: QType, w: &[u8], n: usize, k: usize, m: usize) -> Vec<f32> {
@@ -752,15 +749,7 @@ mod tests {
                     x[..256].fill(0.0); // a super-block of zeros: d = 0
                     let packed = pack(&w, q, m, k).unwrap();
                     let want = reference_q8(&x, q, &w, n, k, m);
-                    for (threads, path) in runs() {
-                        let mut out = vec![f32::NAN; n * m];
-                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path, Act::Q8).unwrap();
-                        assert_eq!(
-                            bits(&out),
-                            bits(&want),
-                            "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
-                        );
-                    }
+                    assert_every_path(&x, &packed, q, (n, k, m), Act::Q8, &want);
                 }
             }
         }

@@ -930,6 +930,27 @@ pub(crate) mod tests {
         available.iter().flat_map(|&p| [(1, p), (2, p), (3, p)]).collect()
     }
 
+    /// `qlinear` of `x` (n, k) by `packed` (m rows) gives `want` bit for bit
+    /// on every (threads, path) this CPU runs.
+    pub(crate) fn assert_every_path(
+        x: &[f32],
+        packed: &[u8],
+        q: QType,
+        (n, k, m): (usize, usize, usize),
+        act: Act,
+        want: &[f32],
+    ) {
+        for (threads, path) in runs() {
+            let mut out = vec![f32::NAN; n * m];
+            qlinear(x, packed, q, &mut out, n, k, m, threads, path, act).unwrap();
+            assert_eq!(
+                bits(&out),
+                bits(want),
+                "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
+            );
+        }
+    }
+
     /// The documented f32 order, written out plainly on the dequantized weight.
     fn reference_f32(x: &[f32], wf: &[f32], n: usize, k: usize, m: usize) -> Vec<f32> {
         let mut out = vec![0.0f32; n * m];
@@ -1076,15 +1097,7 @@ pub(crate) mod tests {
                     let (x, w) = (data(n * k, 1), weight(q, m, k, 2));
                     let packed = pack(&w, q, m, k).unwrap();
                     let want = reference_f32(&x, &dequant(q, &w, m, k), n, k, m);
-                    for (threads, path) in runs() {
-                        let mut out = vec![f32::NAN; n * m];
-                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path, Act::F32).unwrap();
-                        assert_eq!(
-                            bits(&out),
-                            bits(&want),
-                            "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
-                        );
-                    }
+                    assert_every_path(&x, &packed, q, (n, k, m), Act::F32, &want);
                 }
             }
         }
@@ -1102,15 +1115,7 @@ pub(crate) mod tests {
                     }
                     let packed = pack(&w, q, m, k).unwrap();
                     let want = reference_q8(&x, q, &w, n, k, m);
-                    for (threads, path) in runs() {
-                        let mut out = vec![f32::NAN; n * m];
-                        qlinear(&x, &packed, q, &mut out, n, k, m, threads, path, Act::Q8).unwrap();
-                        assert_eq!(
-                            bits(&out),
-                            bits(&want),
-                            "{q:?} n={n} k={k} m={m} threads={threads} {path:?}"
-                        );
-                    }
+                    assert_every_path(&x, &packed, q, (n, k, m), Act::Q8, &want);
                 }
             }
         }

@@ -352,15 +352,19 @@ def _k_quant_bytes(w: np.ndarray, qtype: Any) -> np.ndarray:
     return raw.reshape(rows, -1)
 
 
-@pytest.fixture(scope="module")
-def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
-    """A Q4_K_M-like file (rows of 256): Q4_K, Q5_K and Q6_K projections
-    beside Q5_0, Q5_1 and Q8_0 ones, and its float32 twin."""
-    quantize = gguf.quantize
+def _with_k_quants(quantize: Any) -> Any:
+    """gguf-py's `quantize`, with random valid blocks for the K-quants it cannot write."""
 
     def quantize_k(w: np.ndarray, qtype: Any) -> np.ndarray:
         return _k_quant_bytes(w, qtype) if qtype.name.endswith("_K") else quantize(w, qtype)
 
+    return quantize_k
+
+
+@pytest.fixture(scope="module")
+def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
+    """A Q4_K_M-like file (rows of 256): Q4_K, Q5_K and Q6_K projections
+    beside Q5_0, Q5_1 and Q8_0 ones, and its float32 twin."""
     big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=2, seed=2)
     path = tmp_path_factory.mktemp("kquant") / "k.gguf"
     kinds = {
@@ -373,7 +377,7 @@ def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
         "blk.1.ffn_down.weight": "Q6_K",
     }
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(gguf, "quantize", quantize_k)
+        patch.setattr(gguf, "quantize", _with_k_quants(gguf.quantize))
         twin = write_llama(big, path, linear_type="Q4_K", types=kinds)
     return path, twin
 
@@ -426,12 +430,7 @@ def test_greedy_speculation_on_k_quants_is_the_targets(
 def test_other_formats_are_read_through_float32_with_a_notice(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    quantize = gguf.quantize
-
-    def quantize_k(w: np.ndarray, qtype: Any) -> np.ndarray:
-        return _k_quant_bytes(w, qtype) if qtype.name.endswith("_K") else quantize(w, qtype)
-
-    monkeypatch.setattr(gguf, "quantize", quantize_k)
+    monkeypatch.setattr(gguf, "quantize", _with_k_quants(gguf.quantize))
     big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=1, seed=2)
     path = tmp_path / "q2k.gguf"
     twin = write_llama(big, path, types={"blk.0.ffn_gate.weight": "Q2_K"})

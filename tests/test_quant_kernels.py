@@ -165,6 +165,16 @@ def product(x: np.ndarray, packed: np.ndarray, kind: str, m: int, **kw: object) 
     return out
 
 
+def assert_every_path(
+    x: np.ndarray, packed: np.ndarray, kind: str, m: int, want: np.ndarray, activations: str
+) -> None:
+    """The product equals `want` bit for bit on every path this CPU runs, on 1 and 2 threads."""
+    for path in available_paths():
+        for threads in (1, 2):
+            got = product(x, packed, kind, m, threads=threads, path=path, activations=activations)
+            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=path)
+
+
 def activations_x(n: int, k: int, seed: int) -> np.ndarray:
     """Rows with mixed magnitudes, an all-zero block and exact halves (ties)."""
     rng = np.random.default_rng(seed)
@@ -184,10 +194,7 @@ def test_float32_activations_equal_the_twin_on_every_path(
     packed = _core.pack_weight(raw, TYPES[kind], k)
     x = activations_x(n, k, seed=k)
     want = twin_f32(x, values)
-    for path in available_paths():
-        for threads in (1, 2):
-            got = product(x, packed, kind, m, threads=threads, path=path)
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=path)
+    assert_every_path(x, packed, kind, m, want, "f32")
 
 
 @pytest.mark.parametrize("kind", BLOCKS)
@@ -197,10 +204,7 @@ def test_q8_activations_equal_the_twin_on_every_path(kind: str, n: int, k: int, 
     packed = _core.pack_weight(raw, TYPES[kind], k)
     x = activations_x(n, k, seed=m)
     want = twin_q8(x, kind, raw)
-    for path in available_paths():
-        for threads in (1, 2):
-            got = product(x, packed, kind, m, threads=threads, path=path, activations="q8")
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=path)
+    assert_every_path(x, packed, kind, m, want, "q8")
 
 
 @pytest.mark.parametrize("kind", list(KQUANTS))
@@ -215,10 +219,7 @@ def test_kquants_equal_gguf_pys_values_and_the_float32_twin(
     np.testing.assert_array_equal(got_values.view(np.uint32), values.view(np.uint32))
     x = activations_x(n, k, seed=k)
     want = twin_f32(x, values)
-    for path in available_paths():
-        for threads in (1, 2):
-            got = product(x, packed, kind, m, threads=threads, path=path)
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=path)
+    assert_every_path(x, packed, kind, m, want, "f32")
     back = _core.unpack_rows(packed, KQUANTS[kind], k, m, np.arange(m)[::-1].copy())
     np.testing.assert_array_equal(back, raw[::-1])
 
@@ -318,10 +319,7 @@ def test_kquants_with_q8_activations_equal_the_twin_on_every_path(
     packed = _core.pack_weight(raw, KQUANTS[kind], k)
     x = activations_x(n, k, seed=m)
     want = twin_q8k(x, kind, raw)
-    for path in available_paths():
-        for threads in (1, 2):
-            got = product(x, packed, kind, m, threads=threads, path=path, activations="q8")
-            np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32), err_msg=path)
+    assert_every_path(x, packed, kind, m, want, "q8")
 
 
 def test_the_quantization_equals_ggmls() -> None:
