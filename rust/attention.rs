@@ -47,11 +47,39 @@ fn allowed(mask: Option<&[u8]>, total: usize, past: usize, i: usize, j: usize) -
     }
 }
 
+/// The (n, past + n) mask of a causal segment under a sliding window of
+/// `window` positions (row i at position past + i sees keys j with
+/// j <= past + i < j + window), or None where every earlier key is in it
+/// (`window` 0: no window; a tree's mask is the segment's own, checked by
+/// `llama::layer`).
+fn window_mask(seg: &Segment<'_>, window: usize) -> Option<Vec<u8>> {
+    let (past, n) = (seg.cache.past, seg.n);
+    let total = past + n;
+    if window == 0 || seg.mask.is_some() || total <= window {
+        return None;
+    }
+    let mut mask = vec![0u8; n * total];
+    for i in 0..n {
+        let at = past + i;
+        for j in (at + 1).saturating_sub(window)..=at {
+            mask[i * total + j] = 1;
+        }
+    }
+    Some(mask)
+}
+
 /// The attention of every segment: `qkv` (N, (heads + 2·kv) · d) the rows'
 /// queries (rotated), keys and values (already in the caches); `out` (N,
 /// heads · d).
 pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shape, threads: usize, path: Path) {
     let group = s.heads / s.kv_heads;
+    // a sliding window (`Shape::window`) is a mask of the keys each row of a causal segment sees
+    let windowed: Vec<Option<Vec<u8>>> = segments.iter().map(|seg| window_mask(seg, s.window)).collect();
+    let masks: Vec<Option<&[u8]>> = segments
+        .iter()
+        .zip(&windowed)
+        .map(|(seg, w)| w.as_deref().or(seg.mask))
+        .collect();
     // tasks: (segment, its first row, kv head, first query, queries); a query is (row, head) in order
     // a task transposes its keys once for all its queries: split a head's
     // queries only when there are many (the threads then share the work)
@@ -84,6 +112,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
         for &(g, first, kv, q0, len) in tasks.iter().skip(part).step_by(parts) {
             let t = Task {
                 seg: &segments[g],
+                mask: masks[g],
                 first,
                 kv,
                 q0,
@@ -105,6 +134,8 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
 #[derive(Clone, Copy)]
 struct Task<'a, 'b> {
     seg: &'a Segment<'b>,
+    /// The segment's mask, or its sliding window's (None: causal).
+    mask: Option<&'a [u8]>,
     first: usize,
     kv: usize,
     q0: usize,
@@ -182,7 +213,7 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
     let s = t.s;
     let (d, group) = (s.head_dim, s.heads / s.kv_heads);
     let width = (s.heads + 2 * s.kv_heads) * d;
-    let (mask, past) = (t.seg.mask, t.seg.cache.past);
+    let (mask, past) = (t.mask, t.seg.cache.past);
     let total = past + t.seg.n;
     let mut q = Queries {
         rows: vec![(0, 0); t.len],
@@ -245,7 +276,7 @@ unsafe fn task(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
     let (qd, kvd) = (s.heads * d, s.kv_heads * d);
     let width = qd + 2 * kvd;
     let cache = &t.seg.cache;
-    let mask = t.seg.mask;
+    let mask = t.mask;
     let (past, total) = (cache.past, cache.past + t.seg.n);
     let keys = &cache.keys[t.kv * cache.capacity * d..];
     let values = &cache.values[t.kv * cache.capacity * d..];
@@ -433,7 +464,7 @@ mod x86 {
         let d = s.head_dim;
         let qd = s.heads * d;
         let cache = &t.seg.cache;
-        let mask = t.seg.mask;
+        let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
@@ -616,7 +647,7 @@ mod x86_avx2 {
         let d = s.head_dim;
         let qd = s.heads * d;
         let cache = &t.seg.cache;
-        let mask = t.seg.mask;
+        let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
@@ -799,6 +830,7 @@ mod tests {
             head_dim,
             inter: 0,
             eps: 0.0,
+            window: 0,
         };
         let (d, capacity, past, n) = (s.head_dim, 64, 37, 5);
         let width = (s.heads + 2 * s.kv_heads) * d;
@@ -807,7 +839,8 @@ mod tests {
             values(s.kv_heads * capacity * d, 2),
             values(s.kv_heads * capacity * d, 3),
         );
-        let run = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>| {
+        let run_in = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>, window: usize| {
+            let s = Shape { window, ..s };
             let (mut k, mut v) = (keys.clone(), vals.clone());
             let m = rows.len();
             let seg = [Segment {
@@ -831,10 +864,59 @@ mod tests {
             );
             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
         };
+        let run = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>| {
+            run_in(rows, path, threads, mask, 0)
+        };
         let all = run(0..n, Path::Portable, 1, None);
+        // a sliding window of 20 positions: its own mask's bits, on every path and split;
+        // softmax over exactly the 20 keys up to each row (float64 reference)
+        let (window, total) = (20, past + n);
+        let mut band = vec![0u8; n * total];
+        for i in 0..n {
+            for j in past + i + 1 - window..=past + i {
+                band[i * total + j] = 1;
+            }
+        }
+        let windowed = run_in(0..n, Path::Portable, 1, None, window);
+        assert_eq!(windowed, run(0..n, Path::Portable, 1, Some(&band)));
+        assert_eq!(
+            run_in(0..n, Path::Portable, 1, None, total),
+            all,
+            "a window holding every key"
+        );
+        let group = s.heads / s.kv_heads;
+        for i in 0..n {
+            for head in 0..s.heads {
+                let kv = head / group;
+                let q = &qkv[i * width + head * d..i * width + (head + 1) * d];
+                let key = |j: usize| &keys[(kv * capacity + j) * d..(kv * capacity + j + 1) * d];
+                let seen: Vec<usize> = (past + i + 1 - window..=past + i).collect();
+                let scores: Vec<f64> = seen
+                    .iter()
+                    .map(|&j| q.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
+                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+                let p: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
+                let sum: f64 = p.iter().sum();
+                for c in 0..d {
+                    let want: f64 = seen
+                        .iter()
+                        .zip(&p)
+                        .map(|(&j, w)| w * vals[(kv * capacity + j) * d + c] as f64)
+                        .sum::<f64>()
+                        / sum;
+                    let got = f32::from_bits(windowed[(i * s.heads + head) * d + c]) as f64;
+                    assert!(
+                        (got - want).abs() < 1e-4,
+                        "row {i} head {head} lane {c}: {got} vs {want}"
+                    );
+                }
+            }
+        }
         for path in Path::all().into_iter().filter(|p| path_available(*p)) {
             for threads in [1, 2, 3] {
                 assert_eq!(run(0..n, path, threads, None), all, "{path:?} {threads}");
+                assert_eq!(run_in(0..n, path, threads, None, window), windowed, "window {path:?}");
             }
             for i in 0..n {
                 let one = run(i..i + 1, path, 1, None);

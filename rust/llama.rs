@@ -28,6 +28,9 @@ pub struct Shape {
     pub head_dim: usize,
     pub inter: usize,
     pub eps: f32,
+    /// A sliding window: a position sees the `window` positions up to
+    /// itself (0: every earlier one).
+    pub window: usize,
 }
 
 /// A packed weight (`quant::pack`) and its format.
@@ -90,6 +93,26 @@ pub struct Weights<'a> {
     pub down: Weight<'a>,
     pub attn_norm: &'a [f32],
     pub ffn_norm: &'a [f32],
+    /// The architecture's differences (`Extras::NONE` for a Llama layer).
+    pub extras: Extras<'a>,
+}
+
+/// What a layer adds to a Llama layer, each applied to the q, k, v rows
+/// right after their product and before RoPE: Qwen2's biases (heads·d +
+/// 2·kv_heads·d, in q, k, v order), Qwen3's RMS norms of each query head
+/// and each key head (d weights each, the layer's eps).
+#[derive(Clone, Copy, Default)]
+pub struct Extras<'a> {
+    pub qkv_bias: Option<&'a [f32]>,
+    pub qk_norms: Option<(&'a [f32], &'a [f32])>,
+}
+
+impl Extras<'_> {
+    /// A Llama layer's: none.
+    pub const NONE: Extras<'static> = Extras {
+        qkv_bias: None,
+        qk_norms: None,
+    };
 }
 
 /// One sequence's cache in a layer: keys and values (kv_heads, capacity,
@@ -162,6 +185,24 @@ pub fn layer(
     if w.attn_norm.len() != h || w.ffn_norm.len() != h {
         return Err(bad("norm weights of the wrong size".into()));
     }
+    if let Some(b) = w.extras.qkv_bias {
+        if b.len() != qd + 2 * kvd {
+            return Err(bad(format!(
+                "q, k, v biases of {} values; expected {}",
+                b.len(),
+                qd + 2 * kvd
+            )));
+        }
+    }
+    if let Some((qn, kn)) = w.extras.qk_norms {
+        if qn.len() != d || kn.len() != d {
+            return Err(bad(format!(
+                "q and k norms of {} and {} weights; expected the head size {d}",
+                qn.len(),
+                kn.len()
+            )));
+        }
+    }
     for (i, g) in segments.iter().enumerate() {
         let total = g.cache.past + g.n;
         let cache_len = s.kv_heads * g.cache.capacity * d;
@@ -173,6 +214,13 @@ pub fn layer(
             )));
         }
         if let Some(m) = g.mask {
+            if s.window > 0 && total > s.window {
+                return Err(bad(format!(
+                    "sequence {i}: a tree's mask over {total} positions under a sliding window of {}; \
+                     a tree or window drafter runs only while the context fits the window",
+                    s.window
+                )));
+            }
             if m.len() != g.n * total {
                 return Err(bad(format!(
                     "sequence {i}: mask of {} entries; expected n · (past + n) = {}",
@@ -190,6 +238,7 @@ pub fn layer(
     let row = qd + 2 * kvd;
     let mut qkv = vec![0.0f32; n * row];
     w.qkv.apply(&xn, &mut qkv, n, h, row, threads, path, act)?;
+    extras(&mut qkv, w.extras, s, path);
     laps.lap(1);
     let mut at = 0;
     for g in segments.iter_mut() {
@@ -320,6 +369,31 @@ pub fn forward(
     )
 }
 
+/// The extras (see `Extras`) on `qkv` (N, heads·d + 2·kv_heads·d) in place,
+/// each row alone: + bias, then each query head and key head RMS-normed.
+fn extras(qkv: &mut [f32], e: Extras<'_>, s: Shape, path: Path) {
+    let d = s.head_dim;
+    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
+    let row = qd + 2 * kvd;
+    if let Some(bias) = e.qkv_bias {
+        for r in qkv.chunks_exact_mut(row) {
+            for (v, b) in r.iter_mut().zip(bias) {
+                *v += b;
+            }
+        }
+    }
+    if let Some((qn, kn)) = e.qk_norms {
+        let mut heads = vec![0.0f32; qd.max(kvd)];
+        for r in qkv.chunks_exact_mut(row) {
+            for (range, weight) in [(0..qd, qn), (qd..qd + kvd, kn)] {
+                let src = &mut heads[..range.len()];
+                src.copy_from_slice(&r[range.clone()]);
+                crate::rowwise::rms_norm(path, src, weight, s.eps, &mut r[range], d);
+            }
+        }
+    }
+}
+
 /// RoPE in the half-split convention: x·cos + rotate_half(x)·sin.
 fn rope(x: &mut [f32], cos: &[f32], sin: &[f32]) {
     let half = x.len() / 2;
@@ -366,6 +440,7 @@ mod tests {
             head_dim: 8,
             inter: 24,
             eps: 1e-5,
+            window: 0,
         };
         let (h, d) = (s.hidden, s.head_dim);
         let (qkv, o, gu, down) = (weight(32, h, 1), weight(h, 16, 2), weight(48, h, 3), weight(h, 24, 4));
@@ -389,6 +464,7 @@ mod tests {
             },
             attn_norm: &norms.0,
             ffn_norm: &norms.1,
+            extras: Extras::NONE,
         };
         let (lengths, pasts, capacity) = ([3usize, 1, 2], [4usize, 0, 7], 16);
         let caches: Vec<Vec<f32>> = (0..3).map(|i| values(capacity * d, 10 + i)).collect();

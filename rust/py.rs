@@ -893,6 +893,8 @@ struct HeldLayer {
     weights: Vec<(Held<u8>, crate::quant::QType)>,
     attn_norm: Held<f32>,
     ffn_norm: Held<f32>,
+    qkv_bias: Option<Held<f32>>,
+    qk_norms: Option<(Held<f32>, Held<f32>)>,
     shape: crate::llama::Shape,
 }
 
@@ -912,12 +914,34 @@ struct LlamaStack {
 /// Two float32 matrices handed back to Python.
 type Arrays2<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>);
 
+/// (heads, kv heads, head size, intermediate size, eps, sliding window or 0).
+type Dims = (usize, usize, usize, usize, f32, usize);
+
+/// A layer's optional q, k, v biases and (q norm, k norm) weights.
+type ExtrasSpec<'py> = (
+    Option<Bound<'py, PyArray1<f32>>>,
+    Option<(Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>)>,
+);
+
 type LayerSpec<'py> = (
     Vec<(Bound<'py, PyArray1<u8>>, u32)>,
     Bound<'py, PyArray1<f32>>,
     Bound<'py, PyArray1<f32>>,
-    (usize, usize, usize, usize, f32),
+    Dims,
+    ExtrasSpec<'py>,
 );
+
+fn shape_of(hidden: usize, (heads, kv_heads, head_dim, inter, eps, window): Dims) -> crate::llama::Shape {
+    crate::llama::Shape {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        inter,
+        eps,
+        window,
+    }
+}
 
 #[pymethods]
 impl LlamaStack {
@@ -930,9 +954,7 @@ impl LlamaStack {
         vocab: usize,
     ) -> PyResult<Self> {
         let mut held = Vec::with_capacity(layers.len());
-        for (i, (weights, attn_norm, ffn_norm, (heads, kv_heads, head_dim, inter, eps))) in
-            layers.into_iter().enumerate()
-        {
+        for (i, (weights, attn_norm, ffn_norm, dims, (bias, norms))) in layers.into_iter().enumerate() {
             if weights.len() != 4 && weights.len() != 7 {
                 return Err(PyValueError::new_err(format!(
                     "LlamaStack: layer {i} has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
@@ -948,19 +970,24 @@ impl LlamaStack {
             }
             let attn_norm = Held::of(attn_norm, "LlamaStack: attn_norm")?;
             let ffn_norm = Held::of(ffn_norm, "LlamaStack: ffn_norm")?;
-            let hidden = attn_norm.len;
-            let shape = crate::llama::Shape {
-                hidden,
-                heads,
-                kv_heads,
-                head_dim,
-                inter,
-                eps,
+            let qkv_bias = match bias {
+                Some(b) => Some(Held::of(b, &format!("LlamaStack: layer {i} qkv_bias"))?),
+                None => None,
             };
+            let qk_norms = match norms {
+                Some((q, k)) => Some((
+                    Held::of(q, &format!("LlamaStack: layer {i} q_norm"))?,
+                    Held::of(k, &format!("LlamaStack: layer {i} k_norm"))?,
+                )),
+                None => None,
+            };
+            let shape = shape_of(attn_norm.len, dims);
             held.push(HeldLayer {
                 weights: ws,
                 attn_norm,
                 ffn_norm,
+                qkv_bias,
+                qk_norms,
                 shape,
             });
         }
@@ -1138,6 +1165,10 @@ fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
         down,
         attn_norm: l.attn_norm.slice(),
         ffn_norm: l.ffn_norm.slice(),
+        extras: crate::llama::Extras {
+            qkv_bias: l.qkv_bias.as_ref().map(|b| b.slice()),
+            qk_norms: l.qk_norms.as_ref().map(|(q, k)| (q.slice(), k.slice())),
+        },
     }
 }
 
@@ -1147,9 +1178,11 @@ fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
 /// capacity_s, head_dim) with `pasts[s]` positions filled (this step writes
 /// the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
 /// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
-/// types; `shape` (heads, kv_heads, head_dim, intermediate, eps).
+/// types; `shape` (heads, kv_heads, head_dim, intermediate, eps, sliding
+/// window or 0); `qkv_bias` (heads·d + 2·kv_heads·d) and `qk_norms` (q
+/// norm, k norm), (d,) each, where the architecture has them.
 #[pyfunction]
-#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32"))]
+#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32", qkv_bias=None, qk_norms=None))]
 #[allow(clippy::too_many_arguments)]
 fn llama_layer(
     py: Python<'_>,
@@ -1164,10 +1197,12 @@ fn llama_layer(
     weights: Vec<(PyReadonlyArray1<'_, u8>, u32)>,
     attn_norm: PyReadonlyArray1<'_, f32>,
     ffn_norm: PyReadonlyArray1<'_, f32>,
-    shape: (usize, usize, usize, usize, f32),
+    shape: Dims,
     threads: usize,
     path: Option<&str>,
     activations: &str,
+    qkv_bias: Option<PyReadonlyArray1<'_, f32>>,
+    qk_norms: Option<(PyReadonlyArray1<'_, f32>, PyReadonlyArray1<'_, f32>)>,
 ) -> PyResult<()> {
     let path = path_of(path)?;
     let act = act_of(activations)?;
@@ -1191,7 +1226,7 @@ fn llama_layer(
         ));
     }
     let hidden = x.shape()[1];
-    let (heads, kv_heads, head_dim, inter, eps) = shape;
+    let (heads, kv_heads, head_dim, inter, _, _) = shape;
     for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
         let capacity = k.shape()[1];
         if k.shape() != [kv_heads, capacity, head_dim] || v.shape() != k.shape() {
@@ -1228,15 +1263,18 @@ fn llama_layer(
         down,
         attn_norm: c_slice(&attn_norm, "llama_layer: attn_norm")?,
         ffn_norm: c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
+        extras: crate::llama::Extras {
+            qkv_bias: match &qkv_bias {
+                Some(b) => Some(c_slice(b, "llama_layer: qkv_bias")?),
+                None => None,
+            },
+            qk_norms: match &qk_norms {
+                Some((q, k)) => Some((c_slice(q, "llama_layer: q_norm")?, c_slice(k, "llama_layer: k_norm")?)),
+                None => None,
+            },
+        },
     };
-    let s = crate::llama::Shape {
-        hidden,
-        heads,
-        kv_heads,
-        head_dim,
-        inter,
-        eps,
-    };
+    let s = shape_of(hidden, shape);
     let (cs, ss) = (c_slice(&cos, "llama_layer: cos")?, c_slice(&sin, "llama_layer: sin")?);
     let ms = match &mask {
         Some(m) => Some(c_slice(m, "llama_layer: mask")?),

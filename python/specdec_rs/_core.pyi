@@ -110,7 +110,11 @@ class LlamaStack:
                 list[tuple[npt.NDArray[np.uint8], int]],
                 npt.NDArray[np.float32],
                 npt.NDArray[np.float32],
-                tuple[int, int, int, int, float],
+                tuple[int, int, int, int, float, int],
+                tuple[
+                    npt.NDArray[np.float32] | None,
+                    tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None,
+                ],
             ]
         ],
         norm: npt.NDArray[np.float32],
@@ -221,9 +225,11 @@ def llama_layer(
     weights: list[tuple[npt.NDArray[np.uint8], int]],
     attn_norm: npt.NDArray[np.float32],
     ffn_norm: npt.NDArray[np.float32],
-    shape: tuple[int, int, int, int, float],
+    shape: tuple[int, int, int, int, float, int],
     threads: int,
     path: str | None = None,
     activations: str = "f32",
+    qkv_bias: npt.NDArray[np.float32] | None = None,
+    qk_norms: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None,
 ) -> None: ...
 def qlinear_path() -> str: ...

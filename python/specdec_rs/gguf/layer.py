@@ -75,10 +75,14 @@ _ROTARY = _RotaryArrays()
 
 
 class FusedLlamaLayer(nn.Module):
-    """One decoder layer over GGUF weights. `weights` maps transformers'
-    parameter names (``self_attn.q_proj.weight``, ...) to (the QuantLinear
-    holding them, first row, rows): the view `identity.TargetPrint` and
-    `models.weight_rows` read."""
+    """One decoder layer over GGUF weights. `parts` holds the products
+    under transformers' names: q_proj, k_proj, v_proj (or qkv_proj, fused),
+    o_proj, gate_proj, up_proj (or gate_up_proj), down_proj. `extras`: an
+    architecture's differences (`architectures`): "qkv_bias" (qd + 2·kvd),
+    "q_norm" and "k_norm" (d). `config.specdec_sliding_window` (0: none).
+    `weights` maps transformers' parameter names (``self_attn.q_proj.weight``,
+    ...) to (the QuantLinear holding them, first row, rows): the view
+    `identity.TargetPrint` and `models.weight_rows` read."""
 
     def __init__(
         self,
@@ -87,42 +91,62 @@ class FusedLlamaLayer(nn.Module):
         parts: dict[str, QuantLinear],
         attn_norm: torch.Tensor,
         ffn_norm: torch.Tensor,
+        *,
+        extras: dict[str, torch.Tensor] | None = None,
     ):
         super().__init__()
         self.layer_idx = layer_idx
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
-        self.head_dim = config.head_dim
+        self.head_dim = d = config.head_dim
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
+        self.window = int(getattr(config, "specdec_sliding_window", 0) or 0)
+        inter = parts["down_proj"].in_features
         # q, k, v (and gate, up) as one product when they share a format
-        # (the usual case), else one each (files mix formats)
-        self.qkv = nn.ModuleList(_stacked([parts[n] for n in ("q_proj", "k_proj", "v_proj")]))
+        # (the usual case) or the file fuses them, else one each (files mix formats)
+        qkv = [
+            ("q_proj", self.heads * d),
+            ("k_proj", self.kv_heads * d),
+            ("v_proj", self.kv_heads * d),
+        ]
+        gate_up = [("gate_proj", inter), ("up_proj", inter)]
+        self.qkv = nn.ModuleList(_fused_or_stacked(parts, "qkv_proj", qkv))
         self.o_proj = parts["o_proj"]
-        self.gate_up = nn.ModuleList(_stacked([parts["gate_proj"], parts["up_proj"]]))
+        self.gate_up = nn.ModuleList(_fused_or_stacked(parts, "gate_up_proj", gate_up))
         self.down_proj = parts["down_proj"]
         self.attn_norm = nn.Parameter(attn_norm, requires_grad=False)
         self.ffn_norm = nn.Parameter(ffn_norm, requires_grad=False)
         self.weights = {
-            **_rows_of(
-                self.qkv,
-                [(f"self_attn.{n}.weight", parts[n]) for n in ("q_proj", "k_proj", "v_proj")],
-            ),
+            **_rows_of(self.qkv, [(f"self_attn.{n}.weight", rows) for n, rows in qkv]),
             "self_attn.o_proj.weight": (self.o_proj, 0, self.o_proj.out_features),
-            **_rows_of(
-                self.gate_up, [(f"mlp.{n}.weight", parts[n]) for n in ("gate_proj", "up_proj")]
-            ),
+            **_rows_of(self.gate_up, [(f"mlp.{n}.weight", rows) for n, rows in gate_up]),
             "mlp.down_proj.weight": (self.down_proj, 0, self.down_proj.out_features),
         }
         self.norms = {
             "input_layernorm.weight": self.attn_norm,
             "post_attention_layernorm.weight": self.ffn_norm,
         }
+        extras = extras or {}
+        self.qkv_bias = self.q_norm = self.k_norm = None
+        for name, value in extras.items():
+            setattr(self, name, nn.Parameter(value.float().contiguous(), requires_grad=False))
+        if self.qkv_bias is not None:
+            self.norms["self_attn.qkv.bias"] = self.qkv_bias
+        if self.q_norm is not None:
+            self.norms["self_attn.q_norm.weight"] = self.q_norm
+            self.norms["self_attn.k_norm.weight"] = self.k_norm
         self._weights = self._native_weights()
-        # (heads, kv heads, head size, intermediate size, eps) for `_core.llama_layer`
-        inter = self.down_proj.in_features
-        self._dims = (self.heads, self.kv_heads, self.head_dim, inter, self.eps)
+        # (heads, kv heads, head size, intermediate size, eps, window) for `_core.llama_layer`
+        self._dims = (self.heads, self.kv_heads, self.head_dim, inter, self.eps, self.window)
         # the norms' float32 arrays (views of the parameters) for every native call
         self._norms = (self.attn_norm.detach().numpy(), self.ffn_norm.detach().numpy())
+        bias = None if self.qkv_bias is None else self.qkv_bias.detach().numpy()
+        qk = (
+            None
+            if self.q_norm is None
+            else (self.q_norm.detach().numpy(), self.k_norm.detach().numpy())
+        )
+        self._extras = (bias, qk)  # (qkv_bias or None, (q_norm, k_norm) or None)
 
     def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
         """The layer's weights under transformers' names, as
@@ -201,15 +225,21 @@ class FusedLlamaLayer(nn.Module):
         d = self.head_dim
         x = F.rms_norm(hidden_states, (h,), self.attn_norm, self.eps)
         qkv = torch.cat([linear(p, x) for p in self.qkv], -1)
+        if self.qkv_bias is not None:
+            qkv = qkv + self.qkv_bias
         qkv = qkv.view(b, n, self.heads + 2 * self.kv_heads, d).transpose(1, 2)
         q, k, v = torch.split(qkv, [self.heads, self.kv_heads, self.kv_heads], dim=1)
+        if self.q_norm is not None:
+            q = F.rms_norm(q, (d,), self.q_norm, self.eps)
+            k = F.rms_norm(k, (d,), self.k_norm, self.eps)
         cos, sin = (t.unsqueeze(1) for t in position_embeddings)
         q, k = rotate(q, cos, sin), rotate(k, cos, sin)
         if cache is not None:
             k, v = cache.update(k, v, self.layer_idx)
-        mask, causal = attention_mask, False
-        if mask is None and n > 1:  # queries at the end of the keys, causal among themselves
-            total = k.shape[-2]
+        mask, causal, total = attention_mask, False, k.shape[-2]
+        if self.window and total > self.window:  # a query sees the window up to itself
+            mask = self._windowed(mask, n, total)
+        elif mask is None and n > 1:  # queries at the end of the keys, causal among themselves
             if total == n:
                 causal = True  # SDPA's own causal kernel
             else:
@@ -222,6 +252,27 @@ class FusedLlamaLayer(nn.Module):
         gate, up = torch.cat([linear(p, y) for p in self.gate_up], -1).chunk(2, dim=-1)
         out: torch.Tensor = hidden + linear(self.down_proj, F.silu(gate) * up)
         return out
+
+    def _windowed(self, mask: torch.Tensor | None, n: int, total: int) -> torch.Tensor:
+        """The (…, n, total) mask of n queries at the end of `total` keys
+        under the sliding window: row i (at total − n + i) sees key j when
+        j <= total − n + i < j + window, and what `mask` allows (a causal
+        or padding mask: positions one apart in the cache are one apart in
+        the text). ValueError for a tree's mask, whose rows' positions are not
+        their places."""
+        rows = torch.arange(total - n, total)[:, None]
+        keys = torch.arange(total)[None]
+        band = (keys <= rows) & (rows < keys + self.window)
+        if mask is None:
+            return band
+        allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        if _is_tree(allowed, n):
+            raise ValueError(
+                f"a tree's attention mask over {total} positions under a sliding window of "
+                f"{self.window}: a tree or window drafter runs only while the context fits "
+                "the window; use a chain drafter (prompt lookup, a draft model) past it"
+            )
+        return allowed & band
 
     def _native(
         self,
@@ -240,7 +291,10 @@ class FusedLlamaLayer(nn.Module):
             allowed = attention_mask[0, 0]
             if allowed.dtype != torch.bool:
                 allowed = allowed > torch.finfo(allowed.dtype).min / 2
-            mask = allowed.to(torch.uint8).contiguous().numpy()
+            total = allowed.shape[-1]
+            # a causal mask under a window is the Rust window's own (a tree's: refused there)
+            if not (self.window and total > self.window and not _is_tree(allowed, n)):
+                mask = allowed.to(torch.uint8).contiguous().numpy()
         self.forward_rows(x.numpy(), *_ROTARY.arrays(position_embeddings), [layer], [n], mask)
         return x.unsqueeze(0).to(hidden_states.dtype)
 
@@ -283,6 +337,8 @@ class FusedLlamaLayer(nn.Module):
             self._dims,
             self.o_proj.threads,
             activations=self.o_proj.activations,
+            qkv_bias=self._extras[0],
+            qk_norms=self._extras[1],
         )
         for layer, n in zip(layers, lengths, strict=True):
             layer.advance(n)
@@ -304,6 +360,32 @@ class FusedLlamaLayer(nn.Module):
         return [(w.packed, w.ggml_type) for w in order]
 
 
+def _is_tree(allowed: torch.Tensor, n: int) -> bool:
+    """Whether a (…, n, total) bool mask of n queries at the end of the keys
+    is a tree's: some query does not see an earlier query's token (a chain,
+    padded or not, sees every earlier token that is not padding)."""
+    own = allowed[..., -n:]
+    real = own.diagonal(dim1=-2, dim2=-1)[..., None, :]  # key j is a token, not padding
+    earlier = torch.ones(n, n, dtype=torch.bool).tril(-1)
+    return bool((earlier & ~own & real).any())
+
+
+def _fused_or_stacked(
+    parts: dict[str, QuantLinear], fused: str, named: list[tuple[str, int]]
+) -> list[QuantLinear]:
+    """[parts[fused]] where the file fuses the parts (its rows in `named`'s
+    order and sizes), else `_stacked` of the named parts."""
+    if fused in parts:
+        module = parts[fused]
+        if module.out_features != sum(rows for _, rows in named):
+            raise ValueError(
+                f"{fused} has {module.out_features} rows; expected "
+                + " + ".join(f"{rows} ({name})" for name, rows in named)
+            )
+        return [module]
+    return _stacked([parts[name] for name, _ in named])
+
+
 def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:
     """[one QuantLinear of all the parts' rows] when they share a format and
     row length and all but the last fill whole stripes of packed rows
@@ -323,18 +405,16 @@ def _stacked(parts: list[QuantLinear]) -> list[QuantLinear]:
     return [out]
 
 
-def _rows_of(
-    modules: Any, named: list[tuple[str, QuantLinear]]
-) -> dict[str, tuple[QuantLinear, int, int]]:
-    """name -> (module, first row, rows) of each part within `modules`
-    (one stacked module, or the parts themselves)."""
-    if len(modules) == 1 and len(named) > 1:
-        out, at = {}, 0
-        for name, part in named:
-            out[name] = (modules[0], at, part.out_features)
-            at += part.out_features
-        return out
-    return {
-        name: (module, 0, module.out_features)
-        for (name, _), module in zip(named, modules, strict=True)
-    }
+def _rows_of(modules: Any, named: list[tuple[str, int]]) -> dict[str, tuple[QuantLinear, int, int]]:
+    """name -> (module, first row, rows) of each named part (in order, of
+    `rows` rows) within `modules`: one stacked or fused module of all of
+    them, or one module each."""
+    out: dict[str, tuple[QuantLinear, int, int]] = {}
+    it = iter(modules)
+    module, at = next(it), 0
+    for name, rows in named:
+        if at == module.out_features:
+            module, at = next(it), 0
+        out[name] = (module, at, rows)
+        at += rows
+    return out

@@ -51,7 +51,7 @@ class Runner:
         layers = []
         for layer in base.layers:
             weights = [(np.asarray(p), int(t)) for p, t in layer._weights]
-            layers.append((weights, *layer._norms, layer._dims))
+            layers.append((weights, *layer._norms, layer._dims, layer._extras))
         self.norm = base.norm.weight.detach().float().contiguous()
         head = model.lm_head
         self.stack = _core.LlamaStack(
