@@ -23,6 +23,9 @@ runs), and fixed candidates (the head's confidence tree) verified with the iid
 rule at T = 1 1.247; on a target read from a GGUF file (Q4_1 linears, the
 Rust kernels), the off-by-one target row with a draft model under the
 adaptive γ 2.303 and continue-after-reject with early exit at top-p 0.196;
+on a Qwen2 target read from a GGUF file (q, k, v biases, another
+architecture's layer), the off-by-one row with a draft model 0.109 (1,100
+runs there: the bug escapes with probability 1.4e-5);
 with the suffix drafter (one object over all runs: its global index learns
 from every earlier run), resample-from-p at top-k/top-p 0.274 (9 cells) and
 its fixed-children trees verified by the iid rule at T = 1 1.244 (6,000 runs);
@@ -80,6 +83,8 @@ GATE_EFFECT = 0.273  # the gate's kept draft verified against the full q (8,000 
 FIXED_TREE_EFFECT = 1.247  # fixed candidates under the iid rule, EAGLE confidence trees (8,000)
 GGUF_DRAFT_EFFECT = 2.303  # the off-by-one target row, GGUF target, draft model (8,000 runs)
 GGUF_EARLY_EXIT_EFFECT = 0.196  # continue-after-reject, GGUF target, early exit, top-p (8,000)
+QWEN2_DRAFT_EFFECT = 0.109  # the off-by-one target row, Qwen2 GGUF target, draft model (8,000)
+QWEN2_RUNS = 1100  # its bug escapes 900 runs with probability 7e-4, 1,100 with 1.4e-5
 SUFFIX_EFFECT = 0.274  # resample-from-p, the suffix drafter at top-k/top-p (6,000 runs)
 SUFFIX_TREE_EFFECT = 1.244  # its fixed-children trees verified by the iid rule (6,000 runs)
 LOOKAHEAD_EFFECT = 0.182  # resample-from-p, lookahead at top-k/top-p (6,000 runs)
@@ -446,18 +451,18 @@ def test_first_two_tokens_follow_the_target(pair: tuple[Any, Any], name: str) ->
     follows_the_target(target, draft, SETTINGS[name])
 
 
-def follows_the_target(target: Any, draft: Any, setting: Setting) -> None:
+def follows_the_target(target: Any, draft: Any, setting: Setting, runs: int = RUNS) -> None:
     """The exact loop's pair law passes the test, the setting's bug fails it."""
     exact = exact_pairs(target, setting.config)
-    good = pair_counts(target, lambda: setting.exact(target, draft), setting, RUNS)
-    assert good.sum() == RUNS
+    good = pair_counts(target, lambda: setting.exact(target, draft), setting, runs)
+    assert good.sum() == runs
     p_good = chi2_pvalue(good, exact)
     assert p_good > SIGNIFICANCE, f"the exact loop failed: p = {p_good:.2e}"
     bad = pair_counts(
         target,
         lambda: setting.buggy(target, draft),
         setting,
-        RUNS,
+        runs,
         verifier=setting.buggy_verifier,
         stop_at=exact,
     )
@@ -513,3 +518,34 @@ def test_the_gguf_runs_give_the_stated_power() -> None:
 @pytest.mark.parametrize("name", GGUF_SETTINGS)
 def test_first_two_tokens_follow_a_gguf_target(pair: tuple[Any, Any], name: str) -> None:
     follows_the_target(gguf_target(), pair[1], GGUF_SETTINGS[name])
+
+
+@functools.cache
+def qwen2_gguf_target() -> Any:
+    """A Qwen2 of the GGUF target's sizes (q, k, v biases, rows unpermuted:
+    another architecture's layer) written as Q4_1 and read back."""
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_gguf
+    from specdec_rs.models import tiny_model
+
+    model = tiny_model("qwen2", vocab_size=V, hidden_size=32, num_layers=2, seed=3)
+    path = Path(tempfile.mkdtemp(prefix="specdec-law-qwen2-")) / "target.gguf"
+    write_gguf(model, path, linear_type="Q4_1", embed_type="Q8_0")
+    return load_gguf(path, tokenizer=False)[0]
+
+
+QWEN2_SETTING = Setting(
+    SamplingConfig(1.0),
+    lambda t, d: sd.DraftModel(d),
+    lambda t, d: sd.DraftModel(d),
+    Swerve,
+    5,
+    buggy_verifier("off_by_one"),
+    effect=QWEN2_DRAFT_EFFECT,
+)
+
+
+def test_first_two_tokens_follow_a_qwen2_gguf_target(pair: tuple[Any, Any]) -> None:
+    cells = int((exact_pairs(qwen2_gguf_target(), QWEN2_SETTING.config) > 0).sum())
+    assert power(QWEN2_SETTING.effect, cells, QWEN2_RUNS) > 1 - BUG_ESCAPES
+    follows_the_target(qwen2_gguf_target(), pair[1], QWEN2_SETTING, QWEN2_RUNS)

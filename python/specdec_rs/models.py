@@ -332,6 +332,75 @@ def tiny_llama(
     return model.eval()
 
 
+TINY_TYPES = ("llama", "llama3", "qwen2", "qwen3", "phi3")
+
+
+def tiny_model(
+    model_type: str,
+    *,
+    vocab_size: int = 64,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    seed: int = 0,
+    logit_scale: float = 8.0,
+    **config: Any,
+) -> PreTrainedModel:
+    """A random model of transformers' own class for `model_type` (no
+    download): "llama", "llama3" (a Llama with Llama 3's rope scaling),
+    "qwen2" (random q, k, v biases), "qwen3" (random q, k norms), "phi3";
+    4 heads over 2 key-value heads; `config` overrides its config's
+    keywords. For the GGUF architecture tests and benchmarks; eval mode."""
+    import torch
+    import transformers
+
+    _checks.choice(model_type, "model_type", TINY_TYPES)
+    classes = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "llama3": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    }
+    config_class, model_class = (getattr(transformers, n) for n in classes[model_type])
+    keywords: dict[str, Any] = {
+        "vocab_size": _checks.integer(vocab_size, "vocab_size", minimum=1, maximum=2**20),
+        "hidden_size": _checks.integer(hidden_size, "hidden_size", minimum=8, maximum=8192),
+        "intermediate_size": 2 * hidden_size,
+        "num_hidden_layers": _checks.integer(num_layers, "num_layers", minimum=1, maximum=128),
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+        "pad_token_id": None,
+        "tie_word_embeddings": False,
+    }
+    if model_type == "llama3":
+        keywords["rope_parameters"] = {
+            "rope_type": "llama3",
+            "rope_theta": 500000.0,
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        }
+    if model_type == "qwen3":
+        keywords["head_dim"] = hidden_size // 4
+    keywords |= config
+    torch.manual_seed(_checks.seed(seed) % 2**63)
+    model = model_class(config_class(**keywords)).float()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(_checks.real(logit_scale, "logit_scale"))
+        for name, param in model.named_parameters():  # the extras away from their init (0, 1)
+            if name.endswith((".bias", "q_norm.weight", "k_norm.weight")):
+                param.copy_(
+                    1 + 0.3 * torch.randn_like(param)
+                    if "norm" in name
+                    else 0.5 * torch.randn_like(param)
+                )
+    return model.eval()
+
+
 def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     """A model that runs only the first `num_layers` decoder layers of `model`,
     then its final norm and LM head. Shares every weight (no copy).

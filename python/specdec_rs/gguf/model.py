@@ -1,12 +1,15 @@
 """A transformers Llama whose weights stay at a GGUF file's precision.
 
 `load_gguf(path)` reads the file (`reader`), checks its metadata and every
-tensor against the Llama layout it describes, and builds a
-`LlamaForCausalLM` on the meta device whose linear layers are
-`QuantLinear`s over the file's own bytes (no copy, but for the query and key
-rows, which llama.cpp's converter stored permuted for its rotary layout:
-they are put back in transformers' order, as transformers' GGUF loader
-does) and whose input embedding is a `QuantEmbedding`. The norms are
+tensor against the layout its architecture (`architectures`: llama, qwen2,
+qwen3, phi3) describes, and builds a `LlamaForCausalLM` on the meta device
+whose decoder layers are `FusedLlamaLayer`s (the architecture's
+differences: biases, q/k norms, fused tensors, a sliding window) and whose
+linear layers are `QuantLinear`s over the file's own bytes (no copy, but for
+a Llama file's query and key rows, which llama.cpp's converter stored
+permuted for its rotary layout: they are put back in transformers' order,
+as transformers' GGUF loader does) and whose input embedding is a
+`QuantEmbedding`. Llama 3's `rope_freqs` divide the rotary's frequencies. The norms are
 float32. Formats without a native kernel (Q2_K, Q3_K, the IQ formats and
 the others gguf-py can read) are dequantized to float32 with a one-line
 notice naming the type. Everything else the project does (the loop, the
@@ -25,6 +28,13 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specdec_rs.gguf.architectures import (
+    ARCHITECTURES,
+    REFUSED,
+    Architecture,
+    layer_tensors,
+    supported,
+)
 from specdec_rs.gguf.layer import FusedLlamaLayer
 from specdec_rs.gguf.modules import NATIVE_TYPES, QuantEmbedding, QuantLinear
 from specdec_rs.gguf.reader import INTEGER_TYPES, GGUFFile, Tensor, read
@@ -33,44 +43,69 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 FIX = (
-    "the file does not describe a Llama model this loader can build; use a Llama-architecture GGUF"
+    "the file does not describe a model this loader can build; use a GGUF file of a supported "
+    "architecture as llama.cpp's converter writes it"
 )
 MAX_SIZE = 1 << 20
 
 
-def llama_config(f: GGUFFile) -> dict[str, Any]:
-    """The `LlamaConfig` keywords of a Llama-architecture file, checked."""
-    arch = f.text("general.architecture", fix=FIX)
-    if arch != "llama":
-        raise f.fail(
-            f"general.architecture is {arch!r}; this loader reads Llama-architecture files "
-            "('llama': Llama, SmolLM, Mistral-style dense models)"
-        )
+def architecture_of(f: GGUFFile) -> Architecture:
+    """The file's `general.architecture`, if supported (ValueError naming it and the list)."""
+    name = f.text("general.architecture", fix=FIX)
+    if name in ARCHITECTURES:
+        return ARCHITECTURES[name]
+    why = f" ({REFUSED[name]})" if name in REFUSED else ""
+    raise f.fail(
+        f"general.architecture is {name!r}{why}; this loader reads {supported()}",
+        "convert the model to one of these architectures, or run it with llama.cpp",
+    )
+
+
+def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any]:
+    """The `LlamaConfig` keywords of a file of a supported architecture,
+    checked (its differences are the layer's: `architectures`), with
+    `sliding_window` (0: none)."""
+    arch = arch or architecture_of(f)
+    prefix = arch.name
 
     def get(key: str, default: Any = None, kind: type = int) -> Any:
-        """llama.<key>, of its type (ValueError naming the file and the key)."""
+        """<arch>.<key>, of its type (ValueError naming the file and the key)."""
         if kind is int:
-            return f.integer(f"llama.{key}", default, minimum=1, maximum=MAX_SIZE - 1, fix=FIX)
-        return f.real(f"llama.{key}", default, fix=FIX)
+            return f.integer(f"{prefix}.{key}", default, minimum=1, maximum=MAX_SIZE - 1, fix=FIX)
+        return f.real(f"{prefix}.{key}", default, fix=FIX)
 
     hidden, heads = get("embedding_length"), get("attention.head_count")
     kv_heads = get("attention.head_count_kv", heads)
     head_dim = get("attention.key_length", hidden // heads)
+    value_dim = get("attention.value_length", head_dim)
     rope_dim = get("rope.dimension_count", head_dim)
     if (
         heads % kv_heads
         or rope_dim != head_dim
+        or value_dim != head_dim
         or hidden % heads
-        and "llama.attention.key_length" not in f.metadata
+        and f"{prefix}.attention.key_length" not in f.metadata
     ):
         raise f.fail(
-            f"{heads} heads over {kv_heads} key-value heads, head size {head_dim}, rotary size "
-            f"{rope_dim}: expected whole groups and the rotary over the whole head",
+            f"{heads} heads over {kv_heads} key-value heads, key and value head sizes {head_dim} "
+            f"and {value_dim}, rotary size {rope_dim}: expected whole groups, one head size and "
+            "the rotary over the whole head",
             FIX,
         )
-    scaling = f.text("llama.rope.scaling.type", "none", fix=FIX)
+    scaling = f.text(f"{prefix}.rope.scaling.type", "none", fix=FIX)
     if scaling != "none":
-        raise f.fail(f"rope scaling {scaling!r} is not supported (plain RoPE only)")
+        raise f.fail(
+            f"rope scaling {scaling!r} is not supported (plain RoPE, and Llama 3's rope_freqs)"
+        )
+    for name in f.tensors:
+        if name.startswith("rope_factors_"):
+            raise f.fail(
+                f"tensor {name}: LongRoPE (a 128k-context Phi-3) is not supported",
+                "use the 4k-context model",
+            )
+    window = f.integer(
+        f"{prefix}.attention.sliding_window", 0, minimum=0, maximum=MAX_SIZE - 1, fix=FIX
+    )
     embed = f.tensors.get("token_embd.weight")
     vocab = get("vocab_size", embed.rows if embed is not None else None)
 
@@ -104,6 +139,7 @@ def llama_config(f: GGUFFile) -> dict[str, Any]:
         "attention_bias": False,
         "mlp_bias": False,
         "hidden_act": "silu",
+        "specdec_sliding_window": window,  # not `sliding_window`: transformers' caches read that
     }
 
 
@@ -176,48 +212,52 @@ def _unpermute(rows: int, heads: int) -> np.ndarray:
     return order
 
 
-def check_tensors(f: GGUFFile, config: Any) -> None:
+def check_tensors(f: GGUFFile, config: Any, arch: Architecture) -> None:
     """Every tensor the metadata's sizes call for is in the file with its
     shape (the file's tensors bound the layer count first)."""
-    h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
-    heads, kv, vocab = config.num_attention_heads, config.num_key_value_heads, config.vocab_size
-    if 9 * config.num_hidden_layers + 2 > len(f.tensors):
+    h, vocab = config.hidden_size, config.vocab_size
+    shapes = _layer_shapes(config, arch)
+    if len(shapes) * config.num_hidden_layers + 2 > len(f.tensors):
         raise f.fail(
-            f"metadata llama.block_count = {config.num_hidden_layers}, but the file holds only "
-            f"{len(f.tensors)} tensors (9 a layer)",
+            f"metadata {arch.name}.block_count = {config.num_hidden_layers}, but the file holds "
+            f"only {len(f.tensors)} tensors ({len(shapes)} a layer)",
             FIX,
         )
     _expect(f, "token_embd.weight", (h, vocab))
     _expect(f, "output_norm.weight", (h,))
     if "output.weight" in f.tensors:
         _expect(f, "output.weight", (h, vocab))
-    shapes = {
-        "attn_norm": (h,),
-        "ffn_norm": (h,),
-        "attn_q": (h, heads * hd),
-        "attn_k": (h, kv * hd),
-        "attn_v": (h, kv * hd),
-        "attn_output": (heads * hd, h),
-        "ffn_gate": (h, inter),
-        "ffn_up": (h, inter),
-        "ffn_down": (inter, h),
-    }
+    if "rope_freqs.weight" in f.tensors:
+        _expect(f, "rope_freqs.weight", (config.head_dim // 2,))
     for i in range(config.num_hidden_layers):
         for key, shape in shapes.items():
-            _expect(f, f"blk.{i}.{key}.weight", shape)
+            _expect(f, f"blk.{i}.{key}", shape)
+
+
+def _layer_shapes(config: Any, arch: Architecture) -> dict[str, tuple[int, ...]]:
+    return layer_tensors(
+        arch,
+        config.hidden_size,
+        config.num_attention_heads,
+        config.num_key_value_heads,
+        config.head_dim,
+        config.intermediate_size,
+    )
 
 
 def build(f: GGUFFile) -> PreTrainedModel:
-    """The transformers `LlamaForCausalLM` of a read GGUF file (eval mode)."""
+    """The transformers `LlamaForCausalLM` of a read GGUF file (eval mode):
+    its layers `FusedLlamaLayer`s with the architecture's differences."""
     import torch
     from torch import nn
     from transformers import GenerationConfig, LlamaConfig, LlamaForCausalLM
     from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
 
-    config = LlamaConfig(**llama_config(f))
-    h, inter, hd = config.hidden_size, config.intermediate_size, config.head_dim
-    heads, kv = config.num_attention_heads, config.num_key_value_heads
-    check_tensors(f, config)  # before any model is built: a wrong count fails in microseconds
+    arch = architecture_of(f)
+    config = LlamaConfig(**llama_config(f, arch))
+    config.specdec_architecture = arch.name
+    h, hd = config.hidden_size, config.head_dim
+    check_tensors(f, config, arch)  # before any model is built: a wrong count fails in microseconds
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     embed = _linear(f, _expect(f, "token_embd.weight", (h, config.vocab_size)))
@@ -226,33 +266,27 @@ def build(f: GGUFFile) -> PreTrainedModel:
     model.lm_head = (
         embed if out is None else _linear(f, _expect(f, "output.weight", (h, config.vocab_size)))
     )
+    shapes = _layer_shapes(config, arch)
     layers = []
     for i in range(config.num_hidden_layers):
-        name = f"blk.{i}."
 
-        def part(
-            key: str, shape: tuple[int, int], rows: np.ndarray | None = None, name: str = name
-        ) -> QuantLinear:
-            return _linear(f, _expect(f, name + key + ".weight", shape), rows)
+        def tensor(key: str, i: int = i) -> Tensor:
+            return _expect(f, f"blk.{i}.{key}", shapes[key])
 
-        parts = {
-            "q_proj": part("attn_q", (h, heads * hd), _unpermute(heads * hd, heads)),
-            "k_proj": part("attn_k", (h, kv * hd), _unpermute(kv * hd, kv)),
-            "v_proj": part("attn_v", (h, kv * hd)),
-            "o_proj": part("attn_output", (heads * hd, h)),
-            "gate_proj": part("ffn_gate", (h, inter)),
-            "up_proj": part("ffn_up", (h, inter)),
-            "down_proj": part("ffn_down", (inter, h)),
-        }
-        norms = [
-            _float(f, _expect(f, name + key + ".weight", (h,))) for key in ("attn_norm", "ffn_norm")
-        ]
-        layers.append(FusedLlamaLayer(config, i, parts, *norms))
+        parts, extras = _layer_parts(f, config, arch, tensor)
+        norms = [_float(f, tensor(f"{key}.weight")) for key in ("attn_norm", "ffn_norm")]
+        layers.append(FusedLlamaLayer(config, i, parts, *norms, extras=extras))
     model.model.layers = nn.ModuleList(layers)
     model.model.norm.weight = nn.Parameter(
         _float(f, _expect(f, "output_norm.weight", (h,))), requires_grad=False
     )
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
+    if "rope_freqs.weight" in f.tensors:  # Llama 3's rope scaling: θ_i / f_i
+        factors = _float(f, _expect(f, "rope_freqs.weight", (hd // 2,)))
+        if not bool((factors > 0).all()):
+            raise f.fail("tensor rope_freqs.weight holds a factor that is not positive")
+        rotary = model.model.rotary_emb
+        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise f.fail(f"no tensor for {left[:3]}", FIX)
@@ -262,6 +296,41 @@ def build(f: GGUFFile) -> PreTrainedModel:
         pad_token_id=config.pad_token_id,
     )
     return model.eval()
+
+
+def _layer_parts(
+    f: GGUFFile, config: Any, arch: Architecture, tensor: Any
+) -> tuple[dict[str, QuantLinear], dict[str, Any]]:
+    """One layer's products under transformers' names (q_proj, ..., or
+    qkv_proj and gate_up_proj where the file fuses them) and its extras
+    (qkv_bias (qd + 2·kvd), q_norm and k_norm (d)) for `FusedLlamaLayer`."""
+    import torch
+
+    heads, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+
+    def part(key: str, rows: np.ndarray | None = None) -> QuantLinear:
+        return _linear(f, tensor(f"{key}.weight"), rows)
+
+    parts = {"o_proj": part("attn_output"), "down_proj": part("ffn_down")}
+    if arch.fused:
+        parts |= {"qkv_proj": part("attn_qkv"), "gate_up_proj": part("ffn_up")}
+    else:
+        q_rows = _unpermute(heads * hd, heads) if arch.permuted else None
+        k_rows = _unpermute(kv * hd, kv) if arch.permuted else None
+        parts |= {
+            "q_proj": part("attn_q", q_rows),
+            "k_proj": part("attn_k", k_rows),
+            "v_proj": part("attn_v"),
+            "gate_proj": part("ffn_gate"),
+            "up_proj": part("ffn_up"),
+        }
+    extras: dict[str, Any] = {}
+    if arch.qkv_bias:
+        extras["qkv_bias"] = torch.cat([_float(f, tensor(f"attn_{x}.bias")) for x in "qkv"])
+    if arch.qk_norms:
+        extras["q_norm"] = _float(f, tensor("attn_q_norm.weight"))
+        extras["k_norm"] = _float(f, tensor("attn_k_norm.weight"))
+    return parts, extras
 
 
 def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
@@ -375,7 +444,8 @@ def choose_threads(model: Any, *, repeats: int = 7) -> int:
 def load_gguf(
     path: Any, *, tokenizer: bool = True, activations: str = "f32"
 ) -> tuple[PreTrainedModel, Any]:
-    """(model, tokenizer or None) of a Llama-architecture GGUF file, its
+    """(model, tokenizer or None) of a GGUF file of a supported architecture
+    (`architectures`: llama, qwen2, qwen3, phi3), its
     weights at the file's precision (see the module docs), its products
     with `activations` "f32" (the reference) or "q8" (`set_activations`). ValueError for a
     file that is not one, is truncated or corrupt, or holds a tensor of an

@@ -1,19 +1,25 @@
-"""A transformers Llama written as a GGUF file with the `gguf` package, as
-llama.cpp's converter writes one (query and key rows permuted for its
-rotary layout, linear weights quantized by gguf-py): for the tests, which
-build tiny random models, and for a user who wants a model of their own at
-a file's precision. A tokenizer is copied from another GGUF file when one
-is named (`tokenizer=`), else none is written.
+"""A transformers model written as a GGUF file with the `gguf` package, as
+llama.cpp's converter writes one: for the tests, which build tiny random
+models, and for a user who wants a model of their own at a file's
+precision. Architectures (`architectures`): `LlamaForCausalLM` (query and
+key rows permuted for llama.cpp's rotary layout; Llama 3's rope scaling as
+a `rope_freqs` tensor), `Qwen2ForCausalLM` (q, k, v biases),
+`Qwen3ForCausalLM` (q, k norms), `Phi3ForCausalLM` (fused qkv and gate_up).
+Linear weights are quantized by gguf-py (the types in `TYPES`; llama.cpp's
+own quantizer writes the K-quants from such a file). A tokenizer is copied
+from another GGUF file when one is named (`tokenizer=`), else none is written.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
+WRITABLE = ("llama", "qwen2", "qwen3", "phi3")  # transformers' model_type = GGUF architecture
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -25,7 +31,71 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return out
 
 
-def write_llama(
+def llama3_rope_factors(config: Any) -> np.ndarray | None:
+    """The `rope_freqs` (d/2,) float32 of a Llama 3 rope scaling, as
+    llama.cpp's converter computes them (1 for short wavelengths, `factor`
+    for long ones, smoothed between); None for plain RoPE."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    if rope.get("rope_type") != "llama3":
+        return None
+    base, d = float(rope["rope_theta"]), config.head_dim
+    factor, low, high = rope["factor"], rope["low_freq_factor"], rope["high_freq_factor"]
+    old = rope["original_max_position_embeddings"]
+    low_wavelen, high_wavelen = old / low, old / high
+    factors = []
+    for i in range(0, d, 2):
+        wavelen = 2 * math.pi / (1.0 / base ** (i / d))
+        if wavelen < high_wavelen:
+            factors.append(1.0)
+        elif wavelen > low_wavelen:
+            factors.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            factors.append(1 / ((1 - smooth) / factor + smooth))
+    return np.asarray(factors, dtype=np.float32)
+
+
+def _names(config: Any, arch: str) -> dict[str, str]:
+    """transformers' parameter name -> the GGUF tensor name."""
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+    }
+    if not config.tie_word_embeddings:
+        names["lm_head.weight"] = "output.weight"
+    per_layer = {
+        "input_layernorm.weight": "attn_norm.weight",
+        "post_attention_layernorm.weight": "ffn_norm.weight",
+        "self_attn.o_proj.weight": "attn_output.weight",
+        "mlp.down_proj.weight": "ffn_down.weight",
+    }
+    if arch == "phi3":
+        per_layer |= {
+            "self_attn.qkv_proj.weight": "attn_qkv.weight",
+            "mlp.gate_up_proj.weight": "ffn_up.weight",
+        }
+    else:
+        per_layer |= {
+            "self_attn.q_proj.weight": "attn_q.weight",
+            "self_attn.k_proj.weight": "attn_k.weight",
+            "self_attn.v_proj.weight": "attn_v.weight",
+            "mlp.gate_proj.weight": "ffn_gate.weight",
+            "mlp.up_proj.weight": "ffn_up.weight",
+        }
+    if arch == "qwen2":
+        per_layer |= {f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in "qkv"}
+    if arch == "qwen3":
+        per_layer |= {
+            "self_attn.q_norm.weight": "attn_q_norm.weight",
+            "self_attn.k_norm.weight": "attn_k_norm.weight",
+        }
+    for i in range(config.num_hidden_layers):
+        for hf, gg in per_layer.items():
+            names[f"model.layers.{i}.{hf}"] = f"blk.{i}.{gg}"
+    return names
+
+
+def write_gguf(
     model: Any,
     path: str | Path,
     *,
@@ -34,59 +104,58 @@ def write_llama(
     types: dict[str, str] | None = None,
     tokenizer: str | Path | None = None,
 ) -> Any:
-    """Write the transformers Llama `model` to `path` with its linear weights
-    in `linear_type`, its embedding (and an untied LM head) in `embed_type`,
-    norms in F32 (`types` maps a GGUF tensor name to another type), and the
-    `tokenizer.*` keys of the GGUF file `tokenizer` if given. Returns
-    the dequantized float32 twin: a copy of `model` whose weights are the
-    file's values, the model the file describes."""
+    """Write the transformers model `model` (a Llama, Qwen2, Qwen3 or Phi-3)
+    to `path` with its linear weights in `linear_type`, its embedding (and
+    an untied LM head) in `embed_type`, norms and biases in F32 (`types`
+    maps a GGUF tensor name to another type), and the `tokenizer.*` keys
+    of the GGUF file `tokenizer` if given. Returns the dequantized float32
+    twin: a copy of `model` whose weights are the file's values, the model
+    the file describes."""
     import copy
 
     import torch
     from gguf import GGMLQuantizationType, GGUFWriter, dequantize, quantize
 
     config = model.config
+    arch = config.model_type
+    if arch not in WRITABLE:
+        raise ValueError(
+            f"write_gguf: model_type {arch!r}; the writer writes {', '.join(WRITABLE)}"
+        )
     heads, kv = config.num_attention_heads, config.num_key_value_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     twin = copy.deepcopy(model).float()
-    writer = GGUFWriter(str(path), "llama")
+    writer = GGUFWriter(str(path), arch)
     writer.add_block_count(config.num_hidden_layers)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    writer.add_rope_dimension_count(config.head_dim)
+    if head_dim != config.hidden_size // heads or arch == "qwen3":
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+    writer.add_rope_dimension_count(head_dim)
     rope = getattr(config, "rope_parameters", None) or {}
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
+    window = getattr(config, "sliding_window", None)
+    if window and arch == "phi3":  # Qwen's is off unless use_sliding_window (not written)
+        writer.add_sliding_window(int(window))
+    if arch == "phi3":
+        original = getattr(config, "original_max_position_embeddings", None)
+        writer.add_rope_scaling_orig_ctx_len(int(original or config.max_position_embeddings))
     if tokenizer is not None:
         _copy_tokenizer(writer, Path(tokenizer))
     for key, value in (("bos", config.bos_token_id), ("eos", config.eos_token_id)):
         if value is not None and tokenizer is None:
             writer.add_uint32(f"tokenizer.ggml.{key}_token_id", int(value))
-    names = {
-        "model.embed_tokens.weight": "token_embd.weight",
-        "model.norm.weight": "output_norm.weight",
-    }
-    if not config.tie_word_embeddings:
-        names["lm_head.weight"] = "output.weight"
-    per_layer = {
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-    }
-    for i in range(config.num_hidden_layers):
-        for hf, gg in per_layer.items():
-            names[f"model.layers.{i}.{hf}.weight"] = f"blk.{i}.{gg}.weight"
+    factors = llama3_rope_factors(config) if arch == "llama" else None
+    if factors is not None:
+        writer.add_tensor("rope_freqs.weight", factors)
     params = dict(twin.named_parameters())
-    for hf_name, gguf_name in names.items():
+    for hf_name, gguf_name in _names(config, arch).items():
         param = params[hf_name]
         w = param.detach().cpu().numpy().astype(np.float32)
         if w.ndim == 1:
@@ -96,10 +165,10 @@ def write_llama(
         else:
             kind = linear_type
         kind = (types or {}).get(gguf_name, kind)
-        if ".attn_q." in gguf_name:
-            w = _permute(w, heads)
-        elif ".attn_k." in gguf_name:
-            w = _permute(w, kv)
+        permuted = arch == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
+        group = heads if ".attn_q." in gguf_name else kv
+        if permuted:
+            w = _permute(w, group)
         qtype = GGMLQuantizationType[kind]
         data = quantize(w, qtype) if kind != "F32" else w
         if data.dtype == np.uint8:  # bytes: the writer needs the type to read their shape
@@ -107,10 +176,10 @@ def write_llama(
         else:
             writer.add_tensor(gguf_name, data)
         values = dequantize(data, qtype).reshape(w.shape).astype(np.float32)
-        if ".attn_q." in gguf_name or ".attn_k." in gguf_name:
+        if permuted:
             from specdec_rs.gguf.model import _unpermute
 
-            values = values[_unpermute(w.shape[0], heads if ".attn_q." in gguf_name else kv)]
+            values = values[_unpermute(w.shape[0], group)]
         with torch.no_grad():
             param.copy_(torch.from_numpy(np.ascontiguousarray(values)))
     writer.write_header_to_file()
@@ -118,6 +187,9 @@ def write_llama(
     writer.write_tensors_to_file()
     writer.close()
     return twin.eval()
+
+
+write_llama = write_gguf  # the name of its first architecture, kept for callers
 
 
 def _copy_tokenizer(writer: Any, source: Path) -> None:

@@ -1,0 +1,248 @@
+"""The GGUF architectures against llama.cpp (issue 35): files written by the
+project's writer, read by llama-cpp-python and by specdec_rs.
+
+1. Per architecture (Llama with Llama 3's rope scaling, Qwen2, Qwen3,
+   Phi-3): a random 2-layer model of transformers' own class (hidden 256,
+   SmolLM2's vocabulary and tokenizer) written in F32. llama.cpp must load
+   it; its greedy text over 24 tokens (its own logits, argmax) is compared
+   with ours (float32 activations: the reference function), and the file
+   requantized to Q4_K_M by llama.cpp's quantizer is read natively (its
+   tensor types) and compared again (q8 activations, llama.cpp's
+   arithmetic).
+2. A synthetic same-family pair in Qwen2.5-0.5B's shape (hidden 896, 24
+   layers, 14 heads over 2 KV heads, MLP 4864, tied embedding; SmolLM2's
+   49,152-token vocabulary, so not Qwen's 151,936) and a 2-layer draft of
+   the same widths, written in F16 and quantized to Q4_K_M by llama.cpp
+   (rows of 896 are not whole super-blocks: its quantizer falls back to
+   Q5_0 / Q8_0 for those, as in the real file). Target-only step and v(5)
+   against llama.cpp (`bench_formats.file_rows`), peak RSS, and the
+   draft model's speculation: tokens/s, α and c. Random weights give a
+   random α: the figures of interest are the costs (c, v(n)), not the speed-up.
+
+    python benchmarks/bench_architectures.py --out benchmarks/results/bench-architectures
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+ARCHITECTURES = ("llama3", "qwen2", "qwen3", "phi3")
+
+
+def llama_cpp_greedy(path: Path, ids: list[int], new: int) -> tuple[list[int], Any]:
+    """llama.cpp's greedy continuation of `ids` (argmax of its own logits),
+    and its logits over the prompt (len(ids), V)."""
+    import numpy as np
+    from llama_cpp import Llama
+
+    llm = Llama(str(path), n_threads=2, n_ctx=512, logits_all=True, verbose=False)
+    llm.eval(ids)
+    prompt = np.array(llm.scores[: len(ids)])
+    out = []
+    for _ in range(new):
+        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        out.append(token)
+        llm.eval([token])
+    del llm
+    return out, prompt
+
+
+def ours_greedy(path: Path, ids: list[int], new: int, activations: str) -> tuple[list[int], Any]:
+    """Our greedy continuation and prompt logits, as `llama_cpp_greedy`."""
+    import specdec_rs as sd
+    import torch
+    from specdec_rs.gguf import load_gguf
+
+    model, _ = load_gguf(path, tokenizer=False, activations=activations)
+    out = sd.generate(
+        model, None, torch.tensor(ids), max_new_tokens=new, temperature=0, eos_token_id=[]
+    )
+    with torch.inference_mode():
+        prompt = model(torch.tensor([ids])).logits[0].numpy()
+    return list(out.tokens), prompt
+
+
+def agreement(path: Path, ids: list[int], new: int, activations: str) -> str:
+    """'yes' or where the greedy texts first differ, with the prompt logits'
+    largest difference and llama.cpp's top-2 margin where they differ."""
+    import numpy as np
+
+    ours, a = ours_greedy(path, ids, new, activations)
+    theirs, b = llama_cpp_greedy(path, ids, new)
+    gap = f"max |Δ logit| {np.abs(a - b).max():.3g} of {np.abs(b).max():.3g}"
+    for i, (x, y) in enumerate(zip(ours, theirs, strict=True)):
+        if x != y:
+            top = np.sort(b[-1])[-2:] if i == 0 else None
+            margin = f", its top-2 margin {top[1] - top[0]:.3g}" if top is not None else ""
+            return f"no: first divergence at token {i} ({gap}{margin})"
+    return f"yes ({gap})"
+
+
+def architecture_rows(work: Path, new: int) -> list[dict[str, Any]]:
+    from collections import Counter
+
+    from bench_formats import llama_cpp_quantize
+    from specdec_rs import models
+    from specdec_rs.gguf.reader import read
+    from specdec_rs.gguf.writer import write_gguf
+
+    rows = []
+    ids = [(i * 613 + 7) % 49152 for i in range(24)]
+    for arch in ARCHITECTURES:
+        model = models.tiny_model(arch, vocab_size=49152, hidden_size=256, seed=11)
+        f32 = work / f"{arch}-F32.gguf"
+        write_gguf(model, f32, linear_type="F32", embed_type="F32", tokenizer=models.smollm2_gguf())
+        k = work / f"{arch}-Q4_K_M.gguf"
+        llama_cpp_quantize(f32, k)
+        types = Counter(t.type_name for t in read(k).tensors.values() if len(t.shape) > 1)
+        row = {
+            "architecture": arch,
+            "llama.cpp loads the F32 file": "yes",
+            "F32, f32 activations: same greedy text as llama.cpp": agreement(f32, ids, new, "f32"),
+            "Q4_K_M types (llama.cpp's quantizer)": " ".join(
+                f"{t}×{c}" for t, c in sorted(types.items())
+            ),
+            "Q4_K_M, q8 activations: same greedy text as llama.cpp": agreement(k, ids, new, "q8"),
+        }
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
+def qwen2_pair(work: Path) -> tuple[Path, Path]:
+    """The synthetic Qwen2.5-0.5B-shaped target and its 2-layer draft, Q4_K_M."""
+    import torch
+    from bench_formats import llama_cpp_quantize
+    from specdec_rs import models
+    from specdec_rs.gguf.writer import write_gguf
+
+    out = []
+    for name, layers in (("qwen2-0.5b", 24), ("qwen2-draft", 2)):
+        path = work / f"{name}-Q4_K_M.gguf"
+        out.append(path)
+        if path.exists():
+            continue
+        model = models.tiny_model(
+            "qwen2",
+            vocab_size=49152,
+            hidden_size=896,
+            num_layers=layers,
+            seed=layers,
+            logit_scale=1.0,
+            intermediate_size=4864,
+            num_attention_heads=14,
+            num_key_value_heads=2,
+            max_position_embeddings=4096,
+            tie_word_embeddings=True,
+            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+        )
+        with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
+            model.model.embed_tokens.weight.mul_(20.0)
+        f16 = work / f"{name}-F16.gguf"
+        write_gguf(model, f16, linear_type="F16", embed_type="F16", tokenizer=models.smollm2_gguf())
+        del model
+        llama_cpp_quantize(f16, path)
+        f16.unlink()
+    return out[0], out[1]
+
+
+def speculation_rows(target_path: Path, draft_path: Path, rounds: int) -> list[dict[str, Any]]:
+    """Target-only and the draft model (k = 4), greedy, interleaved: tokens/s, α, c."""
+    import specdec_rs as sd
+    import torch
+    from specdec_rs.gguf import load_gguf
+
+    rows = []
+    for activations in ("f32", "q8"):
+        target, _ = load_gguf(target_path, tokenizer=False, activations=activations)
+        draft = sd.drafters.DraftModel.from_spec(str(draft_path), target, None, False)
+        ids = torch.arange(64) * 37 % 49152
+        times: dict[str, list[float]] = {"target-only": [], "draft model k=4": []}
+        last: dict[str, Any] = {}
+        for _ in range(rounds):
+            for name, drafter in (("target-only", None), ("draft model k=4", draft)):
+                kw = {"k": 4} if drafter is not None else {}
+                start = time.perf_counter()
+                out = sd.generate(
+                    target, drafter, ids, max_new_tokens=64, temperature=0, eos_token_id=[], **kw
+                )
+                times[name].append(64 / (time.perf_counter() - start))
+                last[name] = out
+        plain, spec = last["target-only"], last["draft model k=4"]
+        rows.append(
+            {
+                "activations": activations,
+                "target-only tok/s": statistics.median(times["target-only"]),
+                "draft model tok/s": statistics.median(times["draft model k=4"]),
+                "ratio": statistics.median(times["draft model k=4"])
+                / statistics.median(times["target-only"]),
+                "α (accepted / drafted)": spec.accepted / max(spec.drafted, 1),
+                "same text": "yes" if spec.tokens == plain.tokens else "NO",
+                "c (draft step / target step)": draft_cost(target, draft_path),
+            }
+        )
+        print(rows[-1], flush=True)
+    return rows
+
+
+def draft_cost(target: Any, draft_path: Path) -> float:
+    """c: one draft-model step over one target step (medians of 15, after 64 positions)."""
+    import torch
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.models import new_cache
+
+    draft, _ = load_gguf(draft_path, tokenizer=False, activations=target.config.specdec_activations)
+
+    def step(model: Any) -> float:
+        cache = new_cache(model, 128)
+        with torch.inference_mode():
+            model(torch.arange(64)[None], cache=cache, use_cache=True)
+            samples = []
+            for i in range(15):
+                start = time.perf_counter()
+                model(torch.tensor([[i + 5]]), cache=cache, use_cache=True)
+                samples.append(time.perf_counter() - start)
+        return statistics.median(samples)
+
+    return step(draft) / step(target)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-bench-architectures"))
+    ap.add_argument("--new", type=int, default=24, help="greedy tokens compared with llama.cpp")
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--skip-pair", action="store_true")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    args.work.mkdir(parents=True, exist_ok=True)
+    from bench_formats import file_rows, table
+    from bench_forward import host
+
+    report: dict[str, Any] = {"host": host()}
+    print(report["host"], flush=True)
+    report["architectures"] = architecture_rows(args.work, args.new)
+    md = [f"Host: {report['host']}", "", table(report["architectures"]), ""]
+    if not args.skip_pair:
+        target, draft = qwen2_pair(args.work)
+        report["qwen2 files"] = file_rows([str(target), str(draft)], args.work, 9)
+        report["qwen2 speculation"] = speculation_rows(target, draft, args.rounds)
+        md += [table(report["qwen2 files"]), "", table(report["qwen2 speculation"]), ""]
+    text = "\n".join(md)
+    print(text)
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "report.json").write_text(json.dumps(report, indent=2, default=str))
+        (args.out / "report.md").write_text(text)
+
+
+if __name__ == "__main__":
+    main()

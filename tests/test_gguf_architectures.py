@@ -1,0 +1,187 @@
+"""The GGUF architectures beyond Llama (`gguf.architectures`): a tiny random
+model of each, built by transformers' own class (Llama with Llama 3's rope
+scaling, Qwen2, Qwen3, Phi-3), written by the project's writer in Q4_K_M-like
+types (Q4_K, Q6_K for attn_v and ffn_down, a Q8_0 embedding) and read back:
+logits against transformers' forward of the dequantized twin, greedy text
+against the twin's, speculation against target-only for the drafters and a
+GGUF draft model, batches against lone rows; a sliding window; files that
+are refused. p = target, q = draft, k = γ."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import specdec_rs as sd
+from specdec_rs import models
+from specdec_rs.gguf import load_gguf
+from specdec_rs.gguf.writer import write_gguf
+from test_gguf import _corrupt, _with_k_quants
+
+torch = pytest.importorskip("torch")
+gguf = pytest.importorskip("gguf")
+
+V = 96
+ARCHITECTURES = ["llama3", "qwen2", "qwen3", "phi3"]
+# Q4_K_M-like: Q4_K linears, Q6_K value and down projections, a Q8_0 embedding
+Q4_K_M = {f"blk.{i}.{name}.weight": "Q6_K" for i in range(2) for name in ("attn_v", "ffn_down")}
+
+
+def written(model: Any, path: Path, **kw: Any) -> Any:
+    """write_gguf with random valid K-quant blocks (gguf-py cannot write them)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(gguf, "quantize", _with_k_quants(gguf.quantize))
+        return write_gguf(model, path, **kw)
+
+
+@pytest.fixture(scope="module", params=ARCHITECTURES)
+def arch_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """(architecture, its Q4_K_M-like file, the float32 twin transformers runs)."""
+    arch = request.param
+    model = models.tiny_model(arch, vocab_size=V, hidden_size=256, num_layers=2, seed=7)
+    path = tmp_path_factory.mktemp(arch) / f"{arch}.gguf"
+    twin = written(model, path, linear_type="Q4_K", embed_type="Q8_0", types=Q4_K_M)
+    return arch, path, twin
+
+
+def prompt(seed: int, n: int = 7) -> Any:
+    return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def test_logits_match_transformers_forward_of_the_twin(
+    arch_file: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    arch, path, twin = arch_file
+    model, _ = load_gguf(path, tokenizer=False)
+    assert "no native kernel" not in capsys.readouterr().err
+    assert model.config.specdec_architecture == ("llama" if arch == "llama3" else arch)
+    assert type(twin).__name__.lower().startswith(arch.rstrip("3") if arch == "llama3" else arch)
+    ids = prompt(1, 11)[None]
+    with torch.inference_mode():
+        want = twin(ids).logits
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+
+
+def test_greedy_text_is_the_twins(arch_file: Any) -> None:
+    _, path, twin = arch_file
+    model, _ = load_gguf(path, tokenizer=False)
+    for seed in range(2):
+        ids = prompt(seed)
+        want = sd.generate(twin, None, ids, max_new_tokens=32, temperature=0, eos_token_id=[])
+        got = sd.generate(model, None, ids, max_new_tokens=32, temperature=0, eos_token_id=[])
+        assert got.tokens == want.tokens, seed
+
+
+@pytest.mark.parametrize("activations", ["f32", "q8"])
+def test_speculation_is_the_targets_on_every_architecture(
+    arch_file: Any, activations: str, tmp_path: Path
+) -> None:
+    arch, path, _ = arch_file
+    model, _ = load_gguf(path, tokenizer=False, activations=activations)
+    draft_path = tmp_path / "draft.gguf"
+    write_gguf(
+        models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=1, seed=8),
+        draft_path,
+        linear_type="Q8_0",
+    )
+    draft = sd.drafters.DraftModel.from_spec(str(draft_path), model, None, False)
+    ids = torch.cat([prompt(3), prompt(3)[:4]])  # a repeat for the lookup to find
+    plain = sd.generate(model, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
+    for name, drafter, kw in (
+        ("prompt lookup", sd.PromptLookup(), {"k": 4}),
+        ("early exit", sd.EarlyExit(model, 1), {"k": 3}),
+        ("lookup tree", sd.PromptLookup(), {"tree": 6}),
+        ("gguf draft model", draft, {"k": 3}),
+    ):
+        out = sd.generate(
+            model, drafter, ids, max_new_tokens=20, temperature=0, eos_token_id=[], **kw
+        )
+        assert out.tokens == plain.tokens, name
+        assert out.drafted > 0, name
+    # a batch of prompts: each row's greedy text is its lone run's
+    rows = [prompt(4), prompt(5, 9)]
+    batch = sd.generate_batch(
+        model, sd.PromptLookup, rows, max_new_tokens=12, k=3, temperature=0, eos_token_id=[]
+    )
+    assert batch.steps, "the batch ran rounds"
+    for row, out in zip(rows, batch.results, strict=True):
+        lone = sd.generate(model, None, row, max_new_tokens=12, temperature=0, eos_token_id=[])
+        assert out is not None and out.tokens == lone.tokens
+
+
+@pytest.fixture(scope="module")
+def windowed(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A Phi-3 of a sliding window of 8 positions: its file, its twin, and
+    a file of the same weights without the window."""
+    import copy
+
+    model = models.tiny_model("phi3", vocab_size=V, hidden_size=64, seed=9, sliding_window=8)
+    folder = tmp_path_factory.mktemp("window")
+    twin = write_gguf(model, folder / "window.gguf", linear_type="Q8_0")
+    plain = copy.deepcopy(model)
+    plain.config.sliding_window = None
+    write_gguf(plain, folder / "plain.gguf", linear_type="Q8_0")
+    return folder / "window.gguf", twin, folder / "plain.gguf"
+
+
+def test_a_sliding_window_is_applied_as_transformers_does(windowed: Any) -> None:
+    path, twin, plain_path = windowed
+    model, _ = load_gguf(path, tokenizer=False)
+    unwindowed, _ = load_gguf(plain_path, tokenizer=False)
+    assert (model.config.specdec_sliding_window, unwindowed.config.specdec_sliding_window) == (8, 0)
+    ids = prompt(2, 20)[None]
+    with torch.inference_mode():
+        want = twin(ids).logits
+        got = model(ids).logits
+        far = unwindowed(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    # the window changes the positions past it and none before
+    torch.testing.assert_close(far[0, :8], got[0, :8], rtol=0, atol=1e-5 * float(want.abs().max()))
+    assert not torch.allclose(far[0, 10:], got[0, 10:], atol=1e-2)
+    # decoding past the window: speculative (chain) and target-only agree, and match the twin
+    ids = torch.cat([prompt(6, 12), prompt(6, 12)[:5]])
+    plain = sd.generate(model, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
+    twin_text = sd.generate(twin, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
+    assert plain.tokens == twin_text.tokens
+    out = sd.generate(
+        model, sd.PromptLookup(), ids, max_new_tokens=16, k=4, temperature=0, eos_token_id=[]
+    )
+    assert out.tokens == plain.tokens and out.drafted > 0
+    # a tree past the window is refused (its rows' positions are not their places)
+    with pytest.raises(ValueError, match="sliding window"):
+        sd.generate(
+            model, sd.PromptLookup(), ids, max_new_tokens=8, tree=6, temperature=0, eos_token_id=[]
+        )
+
+
+def _renamed(path: Path, to: Path, old: bytes, new: bytes) -> Path:
+    """A copy of the file with the first `old` (a key or tensor name) spelled `new` (as long)."""
+    assert len(old) == len(new)
+    return _corrupt(
+        path, to, lambda b: b.__setitem__(slice(b.find(old), b.find(old) + len(old)), new)
+    )
+
+
+def test_other_architectures_rope_scalings_and_missing_extras_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(models.tiny_model("qwen2", vocab_size=V, num_layers=1), path, linear_type="Q8_0")
+    gemma = _renamed(path, tmp_path / "gemma.gguf", b"qwen2", b"gemma")
+    with pytest.raises(
+        ValueError, match=r"gemma.gguf.*'gemma' \(Gemma.*\); this loader reads llama .*phi3"
+    ):
+        load_gguf(gemma, tokenizer=False)
+    other = _renamed(path, tmp_path / "other.gguf", b"qwen2", b"mamba")
+    with pytest.raises(
+        ValueError, match=r"'mamba'; this loader reads llama \(.*qwen2 .*qwen3 .*phi3"
+    ):
+        load_gguf(other, tokenizer=False)
+    # a bias tensor renamed: the file and the missing tensor are named
+    no_bias = _renamed(path, tmp_path / "bias.gguf", b"blk.0.attn_k.bias", b"blk.0.attn_k.bixs")
+    with pytest.raises(ValueError, match=r"bias.gguf.*tensor blk.0.attn_k.bias is missing"):
+        load_gguf(no_bias, tokenizer=False)
+    # LongRoPE factors (a 128k Phi-3)
+    long = _renamed(path, tmp_path / "long.gguf", b"output_norm.weight", b"rope_factors_short")
+    with pytest.raises(ValueError, match="LongRoPE"):
+        load_gguf(long, tokenizer=False)
