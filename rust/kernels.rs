@@ -47,23 +47,9 @@ const fn format(f: u8) -> QType {
     }
 }
 
-/// `$body` with the const F of `q` (`wide:` the formats with AVX-512
-/// tiles; the others never reach them, see `quant::tile_path`).
+/// `$body` with the const F of `q` (the K-quants have their own tiles, `kquant.rs`).
 macro_rules! by_format {
     ($q:expr, $f:ident => $body:expr) => {
-        match $q {
-            QType::Q5_0 => {
-                const $f: u8 = 6;
-                $body
-            }
-            QType::Q5_1 => {
-                const $f: u8 = 7;
-                $body
-            }
-            q => by_format!(wide: q, $f => $body),
-        }
-    };
-    (wide: $q:expr, $f:ident => $body:expr) => {
         match $q {
             QType::Q8_0 => {
                 const $f: u8 = 0;
@@ -89,7 +75,15 @@ macro_rules! by_format {
                 const $f: u8 = 5;
                 $body
             }
-            q => unreachable!("{q:?} has no AVX-512 tile (quant::tile_path)"),
+            QType::Q5_0 => {
+                const $f: u8 = 6;
+                $body
+            }
+            QType::Q5_1 => {
+                const $f: u8 = 7;
+                $body
+            }
+            q => unreachable!("{q:?} has its own tiles (kquant.rs)"),
         }
     };
 }
@@ -260,9 +254,17 @@ pub(crate) mod x86 {
 
     /// Element e of a block format's 16 rows (the group just loaded) as
     /// float32, gguf-py's operations lane-wise; `g` holds bytes 4⌊e'/4⌋.. of
-    /// each row where e' is e's byte (Q8_0: e; Q4: e mod 16).
+    /// each row where e' is e's byte (Q8_0: e; Q4, Q5: e mod 16); `qh` the
+    /// rows' qh words (Q5; else unused).
     #[inline(always)]
-    unsafe fn block_value_512(q: QType, g: v::__m512i, e: usize, d: v::__m512, m: v::__m512) -> v::__m512 {
+    unsafe fn block_value_512(
+        q: QType,
+        g: v::__m512i,
+        qh: v::__m512i,
+        e: usize,
+        d: v::__m512,
+        m: v::__m512,
+    ) -> v::__m512 {
         match q {
             QType::Q8_0 => {
                 let left = v::_mm512_sll_epi32(g, v::_mm_cvtsi32_si128((24 - 8 * (e % 4)) as i32));
@@ -271,17 +273,36 @@ pub(crate) mod x86 {
             }
             _ => {
                 let shift = 8 * (e % 4) + 4 * (e / 16);
-                let nib = v::_mm512_and_si512(
+                let mut nib = v::_mm512_and_si512(
                     v::_mm512_srl_epi32(g, v::_mm_cvtsi32_si128(shift as i32)),
                     v::_mm512_set1_epi32(0x0f),
                 );
-                if q == QType::Q4_0 {
-                    let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(8));
-                    v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
-                } else {
-                    v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m)
+                if q.high_bits() {
+                    let bit = v::_mm512_and_si512(
+                        v::_mm512_srl_epi32(qh, v::_mm_cvtsi32_si128(e as i32)),
+                        v::_mm512_set1_epi32(1),
+                    );
+                    nib = v::_mm512_or_si512(nib, v::_mm512_slli_epi32::<4>(bit));
+                }
+                match q {
+                    QType::Q4_0 | QType::Q5_0 => {
+                        let offset = if q == QType::Q4_0 { 8 } else { 16 };
+                        let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(offset));
+                        v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
+                    }
+                    _ => v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m),
                 }
             }
+        }
+    }
+
+    /// The qh words of a panel block's 16 rows (Q5; else zeros).
+    #[inline(always)]
+    unsafe fn qh_512(base: *const u8, lay: Layout) -> v::__m512i {
+        if lay.q.high_bits() {
+            v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
+        } else {
+            v::_mm512_setzero_si512()
         }
     }
 
@@ -301,7 +322,7 @@ pub(crate) mod x86 {
     #[inline(always)]
     unsafe fn scales_512(base: *const u8, q: QType) -> (v::__m512, v::__m512) {
         let d = v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base as *const v::__m256i));
-        let m = if q == QType::Q4_1 {
+        let m = if q.with_min() {
             v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base.add(32) as *const v::__m256i))
         } else {
             v::_mm512_setzero_ps()
@@ -318,7 +339,7 @@ pub(crate) mod x86 {
             let e = j % QK;
             let byte = if q == QType::Q8_0 { e } else { e % 16 };
             let g = v::_mm512_loadu_si512(base.add(lay.qs + (byte / 4) * GROUP) as *const v::__m512i);
-            block_value_512(q, g, e, d, m)
+            block_value_512(q, g, qh_512(base, lay), e, d, m)
         } else {
             float_value_512(q, p.as_ptr().add(lay.base(panel, j)))
         };
@@ -327,12 +348,18 @@ pub(crate) mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     pub(super) unsafe fn f32_avx512(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        by_format!(lay.q, F => f32_format_512::<F>(x, p, lay, t, sums))
+    }
+
+    // one function per format (see `q8_format_512`)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn f32_format_512<const F: u8>(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         macro_rules! shapes {
             ($($w:literal => [$($xr:literal)*]),*) => {
-                by_format!(wide: lay.q, F => match (t.w, t.xr) {
+                match (t.w, t.xr) {
                     $($(($w, $xr) => f32_tile_512::<F, $w, $xr>(x, p, lay, t, sums),)*)*
                     _ => unreachable!("tile shape {}x{}", t.w, t.xr),
-                })
+                }
             };
         }
         shapes!(
@@ -359,19 +386,21 @@ pub(crate) mod x86 {
                 let mut bases = [p.as_ptr(); W];
                 let mut d = [v::_mm512_setzero_ps(); W];
                 let mut m = [v::_mm512_setzero_ps(); W];
+                let mut qh = [v::_mm512_setzero_si512(); W];
                 if t.lead {
                     prefetch(p.as_ptr().add(lay.base(t.panel, b)), lay);
                 }
                 for w in 0..W {
                     bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
                     (d[w], m[w]) = scales_512(bases[w], q);
+                    qh[w] = qh_512(bases[w], lay);
                 }
                 for e in 0..QK {
                     let byte = if q == QType::Q8_0 { e } else { e % 16 };
                     for w in 0..W {
                         let at = bases[w].add(lay.qs + (byte / 4) * GROUP);
                         let g = v::_mm512_loadu_si512(at as *const v::__m512i);
-                        let wv = block_value_512(q, g, e, d[w], m[w]);
+                        let wv = block_value_512(q, g, qh[w], e, d[w], m[w]);
                         for r in 0..XR {
                             let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK + e));
                             acc[w][r] = v::_mm512_fmadd_ps(wv, xv, acc[w][r]);
@@ -415,29 +444,47 @@ pub(crate) mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
     pub(super) unsafe fn q8_avx512(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
-        q8_shapes_512::<false>(xq, p, lay, t, sums)
+        by_format!(lay.q, F => q8_format_512::<F>(xq, p, lay, t, sums))
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
     pub(super) unsafe fn q8_avx512_vnni(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
-        q8_shapes_512::<true>(xq, p, lay, t, sums)
+        by_format!(lay.q, F => q8_format_512_vnni::<F>(xq, p, lay, t, sums))
+    }
+
+    // one function per format and path (not one inlined body of every
+    // format's shapes: an unoptimized build's frame would outgrow a thread's stack)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn q8_format_512<const F: u8>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<false, F>(xq, p, lay, t, sums)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q8_format_512_vnni<const F: u8>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<true, F>(xq, p, lay, t, sums)
     }
 
     #[inline(always)]
-    unsafe fn q8_shapes_512<const VNNI: bool>(xq: &Q8Rows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+    unsafe fn q8_shapes_512<const VNNI: bool, const F: u8>(
+        xq: &Q8Rows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        sums: &mut Sums,
+    ) {
         macro_rules! shapes {
             ($($w:literal => [$($xr:literal)*]),*) => {
-                by_format!(wide: lay.q, F => match (t.w, t.xr) {
+                match (t.w, t.xr) {
                     $($(($w, $xr) => q8_tile_512::<VNNI, F, $w, $xr>(xq, p, lay, t, sums),)*)*
                     _ => unreachable!("tile shape {}x{}", t.w, t.xr),
-                })
+                }
             };
         }
         shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2], 3 => [1], 4 => [1])
     }
 
-    /// The q8 tile: per panel block, the 8 operands (Q4: each group's low
-    /// and high nibbles; Q8_0: each group), then per x row the block's
+    /// The q8 tile: per panel block, the 8 operands (Q4, Q5: each group's low
+    /// and high nibbles, Q5's fifth bits or-ed in; Q8_0: each group), then per x row the block's
     /// integer dot product (two chains, added: exact), its correction, and
     /// the scaled sum. Q8_0 and Q4_0 codes are signed; the unsigned operand
     /// is then the code + 128 (Q8_0, `vpdpbusd`), or |code| with the x byte
@@ -463,6 +510,11 @@ pub(crate) mod x86 {
             for w in 0..W {
                 let base = p.as_ptr().add(lay.base(t.panel + w, b));
                 let (d, m) = scales_512(base, q);
+                let qh = if q.high_bits() {
+                    v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
+                } else {
+                    v::_mm512_setzero_si512()
+                };
                 let mut ops = [v::_mm512_setzero_si512(); 8];
                 for (i, op) in ops.iter_mut().enumerate() {
                     let g = if q == QType::Q8_0 { i } else { i % 4 };
@@ -473,6 +525,9 @@ pub(crate) mod x86 {
                         _ if i < 4 => v::_mm512_and_si512(raw, low),
                         _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
                     };
+                    if q.high_bits() {
+                        *op = v::_mm512_or_si512(*op, fifth_bits_512(qh, i));
+                    }
                 }
                 let magnitude = if sign_trick {
                     ops.map(|o| v::_mm512_abs_epi8(o))
@@ -502,11 +557,12 @@ pub(crate) mod x86 {
                     match q {
                         QType::Q8_0 if !sign_trick => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum)),
                         QType::Q4_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(8 * sum)),
+                        QType::Q5_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(16 * sum)),
                         _ => {}
                     }
                     let scale = v::_mm512_mul_ps(d, v::_mm512_set1_ps(*xq.d.get_unchecked(row * nb + b)));
                     acc[w][r] = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s), acc[w][r]);
-                    if q == QType::Q4_1 {
+                    if q.with_min() {
                         acc[w][r] =
                             v::_mm512_fmadd_ps(m, v::_mm512_set1_ps(*xq.s.get_unchecked(row * nb + b)), acc[w][r]);
                     }
@@ -518,6 +574,18 @@ pub(crate) mod x86 {
                 v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[w][r]);
             }
         }
+    }
+
+    /// `fifth_bits_256` on 16 rows: bit 4i + j of each row's qh word as bit 4
+    /// of the lane's byte j.
+    #[inline(always)]
+    unsafe fn fifth_bits_512(qh: v::__m512i, i: usize) -> v::__m512i {
+        let four = v::_mm512_and_si512(
+            v::_mm512_srl_epi32(qh, v::_mm_cvtsi32_si128(4 * i as i32)),
+            v::_mm512_set1_epi32(15),
+        );
+        let spread = v::_mm512_mullo_epi32(four, v::_mm512_set1_epi32(0x0020_4081));
+        v::_mm512_slli_epi32::<4>(v::_mm512_and_si512(spread, v::_mm512_set1_epi32(0x0101_0101)))
     }
 
     // ---- AVX2: a panel as two halves of 8 rows, each its own pass over k

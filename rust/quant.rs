@@ -764,11 +764,11 @@ impl Quantized<'_> {
     }
 }
 
-/// The path a format's tiles run on: the formats without AVX-512 tiles yet
-/// (Q5_0, Q5_1 and the K-quants) run their AVX2 tiles on an AVX-512 CPU
-/// (the same bits on every path; only the speed differs).
+/// The path a format's tiles run on: the tiles not written for AVX-512 yet
+/// (the K-quants') run their AVX2 tiles on an AVX-512 CPU (the same bits
+/// on every path; only the speed differs).
 pub(crate) fn tile_path(q: QType, path: Path) -> Path {
-    if path.avx512() && (q.high_bits() || q.kquant()) {
+    if path.avx512() && q.kquant() {
         Path::Avx2
     } else {
         path
