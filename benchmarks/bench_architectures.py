@@ -118,40 +118,44 @@ def architecture_rows(work: Path, new: int) -> list[dict[str, Any]]:
 
 
 def qwen2_pair(work: Path) -> tuple[Path, Path]:
-    """The synthetic Qwen2.5-0.5B-shaped target and its 2-layer draft, Q4_K_M."""
+    """The synthetic Qwen2.5-0.5B-shaped target and its draft (the target's
+    embedding, first 2 layers and final norm: a same-family pair that agrees
+    on part of the text), both Q4_K_M by llama.cpp's quantizer."""
+    import copy
+
     import torch
     from bench_formats import llama_cpp_quantize
     from specdec_rs import models
     from specdec_rs.gguf.writer import write_gguf
 
-    out = []
-    for name, layers in (("qwen2-0.5b", 24), ("qwen2-draft", 2)):
-        path = work / f"{name}-Q4_K_M.gguf"
-        out.append(path)
-        if path.exists():
-            continue
-        model = models.tiny_model(
-            "qwen2",
-            vocab_size=49152,
-            hidden_size=896,
-            num_layers=layers,
-            seed=layers,
-            logit_scale=1.0,
-            intermediate_size=4864,
-            num_attention_heads=14,
-            num_key_value_heads=2,
-            max_position_embeddings=4096,
-            tie_word_embeddings=True,
-            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
-        )
-        with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
-            model.model.embed_tokens.weight.mul_(20.0)
-        f16 = work / f"{name}-F16.gguf"
+    target_path, draft_path = work / "qwen2-0.5b-Q4_K_M.gguf", work / "qwen2-draft-Q4_K_M.gguf"
+    if target_path.exists() and draft_path.exists():
+        return target_path, draft_path
+    target = models.tiny_model(
+        "qwen2",
+        vocab_size=49152,
+        hidden_size=896,
+        num_layers=24,
+        seed=24,
+        logit_scale=1.0,
+        intermediate_size=4864,
+        num_attention_heads=14,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+    )
+    with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
+        target.model.embed_tokens.weight.mul_(8.0)
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    for model, path in ((target, target_path), (draft, draft_path)):
+        f16 = path.with_name(path.name.replace("Q4_K_M", "F16"))
         write_gguf(model, f16, linear_type="F16", embed_type="F16", tokenizer=models.smollm2_gguf())
-        del model
         llama_cpp_quantize(f16, path)
         f16.unlink()
-    return out[0], out[1]
+    return target_path, draft_path
 
 
 def speculation_rows(target_path: Path, draft_path: Path, rounds: int) -> list[dict[str, Any]]:
@@ -184,7 +188,8 @@ def speculation_rows(target_path: Path, draft_path: Path, rounds: int) -> list[d
                 "draft model tok/s": statistics.median(times["draft model k=4"]),
                 "ratio": statistics.median(times["draft model k=4"])
                 / statistics.median(times["target-only"]),
-                "α (accepted / drafted)": spec.accepted / max(spec.drafted, 1),
+                "α": spec.alpha,
+                "tokens per pass": spec.tokens_per_pass,
                 "same text": "yes" if spec.tokens == plain.tokens else "NO",
                 "c (draft step / target step)": draft_cost(target, draft_path),
             }
@@ -202,7 +207,7 @@ def draft_cost(target: Any, draft_path: Path) -> float:
     draft, _ = load_gguf(draft_path, tokenizer=False, activations=target.config.specdec_activations)
 
     def step(model: Any) -> float:
-        cache = new_cache(model, 128)
+        cache = new_cache(model)
         with torch.inference_mode():
             model(torch.arange(64)[None], cache=cache, use_cache=True)
             samples = []

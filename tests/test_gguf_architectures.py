@@ -185,3 +185,51 @@ def test_other_architectures_rope_scalings_and_missing_extras_are_refused(tmp_pa
     long = _renamed(path, tmp_path / "long.gguf", b"output_norm.weight", b"rope_factors_short")
     with pytest.raises(ValueError, match="LongRoPE"):
         load_gguf(long, tokenizer=False)
+
+
+def test_the_float32_reference_is_transformers_own_class_on_the_files_values(
+    arch_file: Any,
+) -> None:
+    """`gguf.twin.float32_twin` (`--weights float32`): the writer's twin again, read
+    back from the file alone (Llama 3's rope_freqs, a Llama's unpermuted rows)."""
+    from specdec_rs.gguf.twin import float32_twin
+
+    _, path, twin = arch_file
+    reference = float32_twin(path)
+    assert type(reference) is type(twin)
+    ids = prompt(4, 13)[None]
+    with torch.inference_mode():
+        want, got = twin(ids).logits, reference(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
+
+
+def test_the_command_line_runs_a_qwen2_file_in_every_weights_mode(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`specdec generate --model FILE.gguf` at the file's precision (both
+    activation modes, speculative == target-only) and `--weights float32`
+    (transformers' Qwen2 on the file's values), with the file's own tokenizer."""
+    import json
+
+    from specdec_rs.cli import main
+
+    model = models.tiny_model("qwen2", vocab_size=49152, hidden_size=64, num_layers=1, seed=5)
+    path = tmp_path / "qwen2.gguf"
+    write_gguf(model, path, linear_type="Q8_0", tokenizer=models.smollm2_gguf())
+    args = ["generate", "def f(x): return x + 1", "--model", str(path), "--json"]
+    args += ["--max-new-tokens", "10", "--temperature", "0"]
+    texts = {}
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "prompt-lookup", "--k", "3"],
+        ["--activations", "q8", "--drafter", "none"],
+        ["--activations", "q8", "--drafter", "prompt-lookup", "--k", "3"],
+        ["--weights", "float32", "--drafter", "none"],
+    ):
+        assert main([*args, *extra]) == 0, extra
+        texts[" ".join(extra)] = json.loads(capsys.readouterr().out)["text"]
+    values = list(texts.values())
+    assert values[0] == values[1] and values[2] == values[3], texts
+    assert values[4] == values[0], texts  # the reference's greedy text is the file's
+    assert main([*args, "--weights", "float32", "--activations", "q8"]) == 2
+    assert "--weights float32 has float weights" in capsys.readouterr().err

@@ -229,6 +229,24 @@ def check_activations(activations: Any, gguf: bool, other: str) -> str:
     return str(activations)
 
 
+def load_gguf_float32(
+    path: str | Path, *, dtype: Any = "float32", device: Any = "cpu", linear: str = "auto"
+) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """(model, tokenizer) of a GGUF file's dequantized float32 reference
+    (`gguf.twin.float32_twin`: transformers' own class for its
+    architecture, every weight gguf-py's value) in `dtype` on `device`, its
+    linear layers set by `linear` (as in `load_smollm2`), and the file's
+    tokenizer. ValueError for a file `load_gguf` would refuse."""
+    from specdec_rs.gguf.model import tokenizer_for
+    from specdec_rs.gguf.twin import float32_twin
+
+    dtype, device = torch_dtype(dtype), torch_device(device)
+    kernels.check_linear_choice(linear)
+    model = float32_twin(path).to(device=device, dtype=dtype)
+    kernels.apply_linear_choice(model, linear)
+    return model, tokenizer_for(Path(path), cache_dir())
+
+
 def load_local(
     path: str | Path,
     *,

@@ -88,10 +88,8 @@ def _load(
             dtype=dtype, device=device, linear=linear, weights=weights, activations=activations
         )
     if weights == "float32" and str(path).lower().endswith(".gguf"):
-        raise ValueError(
-            f"--model {path} is a GGUF file, read at its own precision; --weights float32 "
-            "applies to SmolLM2 (or convert the file to a transformers folder)"
-        )
+        # the dequantized reference: transformers' own class holding the file's float32 values
+        return models.load_gguf_float32(path, dtype=dtype, device=device, linear=linear)
     return models.load_local(
         path, dtype=dtype, device=device, linear=linear, activations=activations
     )
@@ -107,5 +105,7 @@ def check_model_flags(args: argparse.Namespace) -> None:
         models.check_activations(activations, weights == "gguf", "SmolLM2 with --weights float32")
     else:
         gguf = str(args.model).lower().endswith(".gguf")
-        models.check_activations(activations, gguf, f"--model {args.model}")
+        reference = gguf and getattr(args, "weights", "auto") == "float32"
+        what = f"--model {args.model}" + (" with --weights float32" if reference else "")
+        models.check_activations(activations, gguf and not reference, what)
     _checks.seed(args.seed, "--seed")

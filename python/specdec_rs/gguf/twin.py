@@ -1,0 +1,93 @@
+"""The dequantized float32 reference of a GGUF file: transformers' own
+model class for its architecture (`LlamaForCausalLM`, `Qwen2ForCausalLM`,
+`Qwen3ForCausalLM`, `Phi3ForCausalLM`) holding gguf-py's float32 value of
+every weight, read and checked by this package's reader (Llama 3's
+`rope_freqs` applied, a Llama file's q/k rows put back in transformers'
+order). transformers' own GGUF loader is not used: it ignores `rope_freqs`
+and refuses some Qwen3 files.
+
+It is the independent function a file's `load_gguf` model is checked
+against (transformers' attention, rotary and norms; `--weights float32`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel
+
+
+def float32_twin(path: str | Path) -> PreTrainedModel:
+    """transformers' model of the GGUF file at `path`, every weight its
+    float32 value (eval mode). ValueError as `load_gguf` for a file it
+    cannot read."""
+    import torch
+    import transformers
+    from transformers import GenerationConfig
+
+    from specdec_rs.gguf.model import _unpermute, architecture_of, check_tensors, llama_config
+    from specdec_rs.gguf.reader import read
+    from specdec_rs.gguf.writer import _names
+
+    f = read(path)
+    arch = architecture_of(f)
+    kw = llama_config(f, arch)
+    window = kw.pop("specdec_sliding_window")
+    check_tensors(f, transformers.LlamaConfig(**kw), arch)
+    for key in ("attention_bias", "mlp_bias"):
+        kw.pop(key)
+    names = {
+        "llama": ("LlamaConfig", "LlamaForCausalLM"),
+        "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
+        "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
+        "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+    }[arch.name]
+    config_class, model_class = (getattr(transformers, n) for n in names)
+    if arch.name == "phi3":
+        kw["sliding_window"] = window or None
+    elif window:
+        raise f.fail(f"a sliding window on a {arch.name} file has no transformers twin here")
+    config = config_class(**kw)
+    model = model_class(config).float()
+    state = {}
+    for hf_name, gguf_name in _names(config, arch.name).items():
+        values = _values(f.tensors[gguf_name])
+        if arch.permuted and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
+            heads = (
+                config.num_attention_heads
+                if ".attn_q." in gguf_name
+                else config.num_key_value_heads
+            )
+            values = values[_unpermute(values.shape[0], heads)]
+        state[hf_name] = torch.from_numpy(np.ascontiguousarray(values))
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    left = [n for n in missing if not (n == "lm_head.weight" and config.tie_word_embeddings)]
+    if left or unexpected:
+        raise f.fail(
+            f"the twin's weights {left[:3]} have no tensor (and {unexpected[:3]} no place)"
+        )
+    if config.tie_word_embeddings:
+        model.tie_weights()
+    if "rope_freqs.weight" in f.tensors:
+        factors = torch.from_numpy(_values(f.tensors["rope_freqs.weight"]).copy())
+        rotary = model.model.rotary_emb
+        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
+    model.generation_config = GenerationConfig(
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+    )
+    return model.eval()
+
+
+def _values(t: Any) -> np.ndarray:
+    """A tensor's float32 values (gguf-py's dequantize), (rows, row length) or (n,)."""
+    from gguf import GGMLQuantizationType, dequantize
+
+    values = dequantize(t.data, GGMLQuantizationType(t.ggml_type)).astype(np.float32)
+    out: np.ndarray = values.reshape(-1) if len(t.shape) == 1 else values.reshape(t.rows, -1)
+    return out
