@@ -637,3 +637,25 @@ def test_a_gguf_draft_model_speculates_exactly(
     drafter = sd.drafters.DraftModel.from_spec(str(other), target, None, False)
     with pytest.raises(ValueError, match="LM head has 64 rows and the drafter's 80"):
         sd.generate(target, drafter, prompt(1), max_new_tokens=4, temperature=0, k=2)
+
+
+def test_string_arrays_are_decoded_on_demand(tmp_path: Path) -> None:
+    """`GGUFFile.strings` gives a string array's items (the metadata holds its
+    length), non-ASCII included; a numeric array's item type is kept."""
+    from specdec_rs.gguf.reader import read
+
+    words = ["a", "", "Ġhello", "日本", "x" * 300]
+    writer = gguf.GGUFWriter(str(tmp_path / "s.gguf"), "llama")
+    writer.add_array("tokenizer.ggml.tokens", words)
+    writer.add_array("tokenizer.ggml.token_type", [1, 2, 3, 4, 5])
+    writer.add_tensor("x", np.zeros(32, np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = read(tmp_path / "s.gguf")
+    assert f.metadata["tokenizer.ggml.tokens"] == len(words)
+    assert f.strings("tokenizer.ggml.tokens") == words
+    assert f.items["tokenizer.ggml.token_type"] == gguf.GGUFValueType.INT32
+    with pytest.raises(KeyError):
+        f.strings("tokenizer.ggml.token_type")

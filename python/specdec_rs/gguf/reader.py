@@ -149,14 +149,33 @@ TYPE_NAMES = {
 @dataclass(frozen=True)
 class GGUFFile:
     """A read GGUF file: its metadata (key -> value; numeric arrays as
-    read-only NumPy arrays, string arrays as their length), each key's GGUF
-    value type (`types`), and tensors (name -> `Tensor`)."""
+    read-only NumPy arrays, string arrays as their length, decoded on
+    demand by `strings`), each key's GGUF value type (`types`; an array's
+    item type in `items`), and tensors (name -> `Tensor`)."""
 
     path: Path
     version: int
     metadata: dict[str, Any]
     tensors: dict[str, Tensor] = field(repr=False)
     types: dict[str, int] = field(default_factory=dict, repr=False)
+    items: dict[str, int] = field(default_factory=dict, repr=False)
+    _string_at: dict[str, int] = field(default_factory=dict, repr=False)
+
+    def strings(self, key: str) -> list[str]:
+        """The string array `key`, decoded from the file (its bounds were
+        checked when it was read); KeyError if `key` is not one."""
+        at, count = self._string_at[key], int(self.metadata[key])
+        buf = np.memmap(self.path, mode="r", dtype=np.uint8)
+        view = memoryview(buf)  # type: ignore[arg-type]  # a memmap is a buffer
+        out = []
+        for i in range(count):
+            n = struct.unpack_from("<Q", view, at)[0]
+            try:
+                out.append(bytes(view[at + 8 : at + 8 + n]).decode("utf-8"))
+            except UnicodeDecodeError:
+                raise self.fail(f"string {i} of {key} is not UTF-8", "replace the file") from None
+            at += 8 + n
+        return out
 
     def fail(self, what: str, fix: str = "") -> ValueError:
         return ValueError(f"GGUF file {self.path}: {what}" + (f"; {fix}" if fix else ""))
@@ -218,6 +237,8 @@ class _Cursor:
     def __init__(self, buf: np.ndarray, path: Path):
         self.buf, self.path, self.at = buf, path, 0
         self.view = memoryview(buf)  # type: ignore[arg-type]  # a memmap is a buffer
+        self.items: dict[str, int] = {}  # an array's item type, by what it is
+        self.strings_at: dict[str, int] = {}  # a string array's first byte
 
     def fail(self, what: str) -> ValueError:
         return ValueError(
@@ -259,6 +280,7 @@ class _Cursor:
             raise self.fail(f"{what} has value type {kind}, which GGUF does not define")
         item = self.u32(f"{what}'s item type")
         count = self.u64(f"{what}'s length")
+        self.items[what] = item
         if item in _NUMPY:
             size = np.dtype(_NUMPY[item]).itemsize
             if count * size > len(self.buf) - self.at:
@@ -269,6 +291,7 @@ class _Cursor:
             return values  # a read-only view of the map: no copy
         if item == 8:  # a string array: skipped over, its length kept
             end, at = len(self.buf), self.at
+            self.strings_at[what] = at
             if count > (end - at) // 8:
                 raise self.fail(f"{what} ({count:,} strings) runs past the end")
             for _ in range(count):
@@ -337,7 +360,7 @@ def read(path: Any) -> GGUFFile:
             raise ValueError(f"GGUF file {p}: tensor {name} appears twice; replace the file")
         tensors[name] = _tensor(p, buf, name, shape, ggml_type, start + offset)
     _no_overlaps(p, list(tensors.values()))
-    return GGUFFile(p, version, metadata, tensors, types)
+    return GGUFFile(p, version, metadata, tensors, types, c.items, c.strings_at)
 
 
 def _no_overlaps(p: Path, tensors: list[Tensor]) -> None:

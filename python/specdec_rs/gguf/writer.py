@@ -193,12 +193,20 @@ write_llama = write_gguf  # the name of its first architecture, kept for callers
 
 
 def _copy_tokenizer(writer: Any, source: Path) -> None:
-    """Every `tokenizer.*` key of the GGUF file `source`, with its type."""
-    from gguf import GGUFReader, GGUFValueType
+    """Every `tokenizer.*` key of the GGUF file `source`, with its type
+    (read by this package's reader: gguf-py's parses every tensor first)."""
+    from gguf import GGUFValueType
 
-    for name, field in GGUFReader(str(source)).fields.items():
+    from specdec_rs.gguf.reader import read
+
+    f = read(source)
+    for name, value in f.metadata.items():
         if not name.startswith("tokenizer."):
             continue
-        kind = GGUFValueType(field.types[0])
-        sub = GGUFValueType(field.types[-1]) if kind == GGUFValueType.ARRAY else None
-        writer.add_key_value(name, field.contents(), kind, sub_type=sub)
+        kind = GGUFValueType(f.types[name])
+        if kind != GGUFValueType.ARRAY:
+            writer.add_key_value(name, value, kind)
+            continue
+        sub = GGUFValueType(f.items[name])
+        items = f.strings(name) if sub == GGUFValueType.STRING else value.tolist()
+        writer.add_key_value(name, items, kind, sub_type=sub)
