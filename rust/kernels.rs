@@ -88,8 +88,11 @@ macro_rules! by_format {
     };
 }
 
-/// The most x rows one pass of a tile takes on `path` (registers).
-pub(crate) fn x_rows(path: Path, q8: bool) -> usize {
+/// The most x rows one pass of a tile of format `q` takes on `path` (registers).
+pub(crate) fn x_rows(path: Path, q8: bool, q: QType) -> usize {
+    if path.avx512() && q8 && q.kquant() {
+        return 8; // its integer sums and accumulators: 2 · 8 of the 32 registers
+    }
     match (path.avx512(), path.vector(), q8) {
         (true, _, false) => XMAX,
         (true, _, true) => XMAX,
@@ -116,7 +119,7 @@ pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
 /// The tile's sums into `sums[panel][x row][lane]`.
 pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
     debug_assert!(t.w <= WMAX && t.xr <= XMAX);
-    debug_assert_eq!(path, crate::quant::tile_path(lay.q, path));
+    debug_assert_eq!(path, crate::quant::tile_path(lay.q, path, xq.any()));
     if lay.q.kquant() {
         return kquant_tile(x, xq, p, lay, t, path, sums);
     }
@@ -140,6 +143,11 @@ pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile,
 
 /// A K-quant's tile (`kquant.rs`): float32 or q8_K activations.
 fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
+    #[cfg(target_arch = "x86_64")]
+    if let (true, Some(xk)) = (path.avx512(), xq.q8k) {
+        // SAFETY: the AVX-512 path is available (checked by qlinear).
+        return unsafe { crate::kquant::x86_q8::q8_avx512(xk, p, lay, t, sums, path == Path::Avx512Vnni) };
+    }
     match (path.vector(), xq.q8k) {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: the path (AVX2 or wider) is available (checked by qlinear).
@@ -154,7 +162,7 @@ fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, pat
 
 /// Element j of a panel's 16 rows as float32 (gguf-py's values), on `path`.
 pub(crate) fn panel_values(p: &[u8], lay: Layout, panel: usize, j: usize, path: Path, out: &mut [f32; PANEL]) {
-    let path = crate::quant::tile_path(lay.q, path);
+    let path = crate::quant::tile_path(lay.q, path, false);
     #[cfg(target_arch = "x86_64")]
     if lay.q.kquant() && path.vector() {
         // SAFETY: the path is available (callers take it from best_path); j < k.

@@ -696,6 +696,207 @@ pub(crate) mod x86_q8 {
             v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
         }
     }
+
+    // ---- AVX-512: a panel's 16 rows in one vector, the same operations lane-wise
+
+    /// 16 bytes (one per row) as int32 lanes holding the value in both int16 halves.
+    #[inline(always)]
+    unsafe fn pair_scales_512(at: *const u8, signed: bool) -> v::__m512i {
+        let wide = widen_512(at, signed);
+        let low = v::_mm512_and_si512(wide, v::_mm512_set1_epi32(0xffff));
+        v::_mm512_or_si512(low, v::_mm512_slli_epi32::<16>(wide))
+    }
+
+    /// 16 bytes as int32 lanes, sign- or zero-extended.
+    #[inline(always)]
+    unsafe fn widen_512(at: *const u8, signed: bool) -> v::__m512i {
+        let raw = v::_mm_loadu_si128(at as *const v::__m128i);
+        if signed {
+            v::_mm512_cvtepi8_epi32(raw)
+        } else {
+            v::_mm512_cvtepu8_epi32(raw)
+        }
+    }
+
+    /// Two 16-byte runs (16 rows) as int32 lanes holding (a, b) as int16s.
+    #[inline(always)]
+    unsafe fn interleaved_512(a: *const u8, b: *const u8, signed: bool) -> v::__m512i {
+        let low = v::_mm512_and_si512(widen_512(a, signed), v::_mm512_set1_epi32(0xffff));
+        v::_mm512_or_si512(low, v::_mm512_slli_epi32::<16>(widen_512(b, signed)))
+    }
+
+    /// The AVX-512 q8 tile (`vnni`: the CPU has AVX-512 VNNI).
+    pub(crate) unsafe fn q8_avx512(xk: &Q8KRows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums, vnni: bool) {
+        if vnni {
+            by_kformat!(lay.q, F => q8_format_512_vnni::<F>(xk, p, lay, t, sums))
+        } else {
+            by_kformat!(lay.q, F => q8_format_512::<F>(xk, p, lay, t, sums))
+        }
+    }
+
+    // one function per format and path (an unoptimized build's frame stays small)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn q8_format_512<const F: u8>(xk: &Q8KRows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<false, F>(xk, p, lay, t, sums)
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
+    unsafe fn q8_format_512_vnni<const F: u8>(xk: &Q8KRows, p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        q8_shapes_512::<true, F>(xk, p, lay, t, sums)
+    }
+
+    #[inline(always)]
+    unsafe fn q8_shapes_512<const VNNI: bool, const F: u8>(
+        xk: &Q8KRows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        sums: &mut Sums,
+    ) {
+        for w in 0..t.w {
+            match t.xr {
+                1 => panel_512::<VNNI, F, 1>(xk, p, lay, t, w, sums),
+                2 => panel_512::<VNNI, F, 2>(xk, p, lay, t, w, sums),
+                3 => panel_512::<VNNI, F, 3>(xk, p, lay, t, w, sums),
+                4 => panel_512::<VNNI, F, 4>(xk, p, lay, t, w, sums),
+                5 => panel_512::<VNNI, F, 5>(xk, p, lay, t, w, sums),
+                6 => panel_512::<VNNI, F, 6>(xk, p, lay, t, w, sums),
+                7 => panel_512::<VNNI, F, 7>(xk, p, lay, t, w, sums),
+                8 => panel_512::<VNNI, F, 8>(xk, p, lay, t, w, sums),
+                xr => unreachable!("{xr} x rows in an AVX-512 K-quant q8 tile"),
+            }
+        }
+    }
+
+    /// `half_256` on the panel's 16 rows at once (the same integer sums and
+    /// the same scaling order per lane). With VNNI a sub-block's code · x
+    /// sums are `vpdpbusd` chains, then times their scale (`vpmulld`):
+    /// integers, so the same sums.
+    #[inline(always)]
+    unsafe fn panel_512<const VNNI: bool, const F: u8, const XR: usize>(
+        xk: &Q8KRows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        w: usize,
+        sums: &mut Sums,
+    ) {
+        let (k, nb, q) = (lay.k, lay.nb, kformat(F));
+        let six = q == QType::Q6_K;
+        let mut acc = [v::_mm512_setzero_ps(); XR];
+        let low = v::_mm512_set1_epi8(0x0f);
+        for b in 0..nb {
+            let base = p.as_ptr().add(lay.base(t.panel + w, b));
+            if t.lead && w == 0 {
+                prefetch(base, lay);
+            }
+            let mut s = [v::_mm512_setzero_si512(); XR];
+            for sub in 0..8 {
+                let (sc_lo, sc_hi) = match (six, VNNI) {
+                    (true, false) => {
+                        let at = base.add(SC6 + 32 * sub);
+                        (pair_scales_512(at, true), pair_scales_512(at.add(16), true))
+                    }
+                    (true, true) => {
+                        let at = base.add(SC6 + 32 * sub);
+                        (widen_512(at, true), widen_512(at.add(16), true))
+                    }
+                    (false, false) => {
+                        let sc = pair_scales_512(base.add(SC + 16 * sub), false);
+                        (sc, sc)
+                    }
+                    (false, true) => {
+                        let sc = widen_512(base.add(SC + 16 * sub), false);
+                        (sc, sc)
+                    }
+                };
+                let mut ops = [v::_mm512_setzero_si512(); 8];
+                for (i, op) in ops.iter_mut().enumerate() {
+                    let g = base.add(lay.qs + (4 * sub + i % 4) * GROUP);
+                    let raw = v::_mm512_loadu_si512(g as *const v::__m512i);
+                    *op = if i < 4 {
+                        v::_mm512_and_si512(raw, low)
+                    } else {
+                        v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low)
+                    };
+                    let high = match q {
+                        QType::Q5_K => {
+                            let h = v::_mm512_loadu_si512(base.add(lay.qh + sub * GROUP) as *const v::__m512i);
+                            let bits = v::_mm512_srl_epi32(h, v::_mm_cvtsi32_si128(i as i32));
+                            v::_mm512_and_si512(bits, v::_mm512_set1_epi32(0x0101_0101))
+                        }
+                        QType::Q6_K => {
+                            let at = base.add(lay.qh + (2 * sub + i / 4) * GROUP);
+                            let h = v::_mm512_loadu_si512(at as *const v::__m512i);
+                            let bits = v::_mm512_srl_epi32(h, v::_mm_cvtsi32_si128(2 * (i % 4) as i32));
+                            v::_mm512_and_si512(bits, v::_mm512_set1_epi32(0x0303_0303))
+                        }
+                        _ => v::_mm512_setzero_si512(),
+                    };
+                    *op = v::_mm512_or_si512(*op, v::_mm512_slli_epi32::<4>(high));
+                }
+                for r in 0..XR {
+                    // operand i pairs with x bytes 4i..4i + 4 of the sub-block
+                    let xs = xk.q.as_ptr().add((t.r0 + r) * k + b * QK_K + 32 * sub) as *const i32;
+                    if VNNI {
+                        let (mut lo, mut hi) = (v::_mm512_setzero_si512(), v::_mm512_setzero_si512());
+                        for i in 0..4 {
+                            lo = v::_mm512_dpbusd_epi32(lo, ops[i], v::_mm512_set1_epi32(*xs.add(i)));
+                            hi = v::_mm512_dpbusd_epi32(hi, ops[i + 4], v::_mm512_set1_epi32(*xs.add(i + 4)));
+                        }
+                        let scaled = if six {
+                            v::_mm512_add_epi32(v::_mm512_mullo_epi32(lo, sc_lo), v::_mm512_mullo_epi32(hi, sc_hi))
+                        } else {
+                            v::_mm512_mullo_epi32(v::_mm512_add_epi32(lo, hi), sc_lo)
+                        };
+                        s[r] = v::_mm512_add_epi32(s[r], scaled);
+                    } else {
+                        for i in 0..8 {
+                            let pairs = v::_mm512_maddubs_epi16(ops[i], v::_mm512_set1_epi32(*xs.add(i)));
+                            let sc = if i < 4 { sc_lo } else { sc_hi };
+                            s[r] = v::_mm512_add_epi32(s[r], v::_mm512_madd_epi16(pairs, sc));
+                        }
+                    }
+                }
+            }
+            let d = v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base as *const v::__m256i));
+            let dmin = if six {
+                v::_mm512_setzero_ps()
+            } else {
+                v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base.add(DMIN) as *const v::__m256i))
+            };
+            for r in 0..XR {
+                let row = t.r0 + r;
+                let dx = *xk.d.get_unchecked(row * nb + b);
+                let mut c = v::_mm512_setzero_si512();
+                if six {
+                    let bs = xk.bsum16.as_ptr().add(row * (k / 16) + b * 16) as *const i32;
+                    for u in 0..8 {
+                        let at = base.add(SC6 + 32 * u);
+                        let sc = interleaved_512(at, at.add(16), true);
+                        c = v::_mm512_add_epi32(c, v::_mm512_madd_epi16(sc, v::_mm512_set1_epi32(*bs.add(u))));
+                    }
+                    s[r] = v::_mm512_sub_epi32(s[r], v::_mm512_slli_epi32::<5>(c));
+                } else {
+                    let bs = xk.bsum32.as_ptr().add(row * (k / 32) + b * 8) as *const i32;
+                    for u in 0..4 {
+                        let at = base.add(MN + 32 * u);
+                        let mn = interleaved_512(at, at.add(16), false);
+                        c = v::_mm512_add_epi32(c, v::_mm512_madd_epi16(mn, v::_mm512_set1_epi32(*bs.add(u))));
+                    }
+                }
+                let scale = v::_mm512_mul_ps(d, v::_mm512_set1_ps(dx));
+                acc[r] = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s[r]), acc[r]);
+                if !six {
+                    let scale = v::_mm512_mul_ps(dmin, v::_mm512_set1_ps(-dx));
+                    acc[r] = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(c), acc[r]);
+                }
+            }
+        }
+        for r in 0..XR {
+            v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[r]);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -735,7 +735,7 @@ pub fn qlinear(
         q8: quantized.as_ref(),
         q8k: quantized_k.as_ref(),
     };
-    let path = tile_path(q, path);
+    let path = tile_path(q, path, q8);
     let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
     let stripes = m.div_ceil(PANEL * STRIPE);
@@ -764,11 +764,12 @@ impl Quantized<'_> {
     }
 }
 
-/// The path a format's tiles run on: the tiles not written for AVX-512 yet
-/// (the K-quants') run their AVX2 tiles on an AVX-512 CPU (the same bits
-/// on every path; only the speed differs).
-pub(crate) fn tile_path(q: QType, path: Path) -> Path {
-    if path.avx512() && q.kquant() {
+/// The path a format's tiles run on (`q8`: with q8 activations): the
+/// tiles not written for AVX-512 yet (the K-quants' with float32
+/// activations) run their AVX2 tiles on an AVX-512 CPU (the same bits on
+/// every path; only the speed differs).
+pub(crate) fn tile_path(q: QType, path: Path, q8: bool) -> Path {
+    if path.avx512() && q.kquant() && !q8 {
         Path::Avx2
     } else {
         path
@@ -792,7 +793,7 @@ unsafe fn stripes_range(
     hi: usize,
     path: Path,
 ) {
-    let xr_max = crate::kernels::x_rows(path, xq.any());
+    let xr_max = crate::kernels::x_rows(path, xq.any(), lay.q);
     let mut sums: Sums = [[[0.0; PANEL]; XMAX]; WMAX];
     let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.any());
     let panels = m.div_ceil(PANEL);
