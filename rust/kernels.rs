@@ -119,7 +119,6 @@ pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
 /// The tile's sums into `sums[panel][x row][lane]`.
 pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
     debug_assert!(t.w <= WMAX && t.xr <= XMAX);
-    debug_assert_eq!(path, crate::quant::tile_path(lay.q, path, xq.any()));
     if lay.q.kquant() {
         return kquant_tile(x, xq, p, lay, t, path, sums);
     }
@@ -144,9 +143,14 @@ pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile,
 /// A K-quant's tile (`kquant.rs`): float32 or q8_K activations.
 fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
     #[cfg(target_arch = "x86_64")]
-    if let (true, Some(xk)) = (path.avx512(), xq.q8k) {
+    if path.avx512() {
         // SAFETY: the AVX-512 path is available (checked by qlinear).
-        return unsafe { crate::kquant::x86_q8::q8_avx512(xk, p, lay, t, sums, path == Path::Avx512Vnni) };
+        return unsafe {
+            match xq.q8k {
+                Some(xk) => crate::kquant::x86_q8::q8_avx512(xk, p, lay, t, sums, path == Path::Avx512Vnni),
+                None => crate::kquant::x86::f32_avx512(x, p, lay, t, sums),
+            }
+        };
     }
     match (path.vector(), xq.q8k) {
         #[cfg(target_arch = "x86_64")]
@@ -162,7 +166,6 @@ fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, pat
 
 /// Element j of a panel's 16 rows as float32 (gguf-py's values), on `path`.
 pub(crate) fn panel_values(p: &[u8], lay: Layout, panel: usize, j: usize, path: Path, out: &mut [f32; PANEL]) {
-    let path = crate::quant::tile_path(lay.q, path, false);
     #[cfg(target_arch = "x86_64")]
     if lay.q.kquant() && path.vector() {
         // SAFETY: the path is available (callers take it from best_path); j < k.

@@ -390,8 +390,8 @@ const fn kformat(f: u8) -> QType {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    //! The AVX2 tile: a panel as two halves of 8 rows (also run on AVX-512
-    //! CPUs, see `quant::tile_path`), per super-block each sub-block's
+    //! The AVX2 tile: a panel as two halves of 8 rows (AVX-512: all 16 rows
+    //! a vector, the same operations), per super-block each sub-block's
     //! scale (and min) vectors once, then per element its value lane-wise
     //! and the fused multiply-adds into the XR accumulators in index order.
 
@@ -531,6 +531,124 @@ pub(crate) mod x86 {
         }
         for r in 0..XR {
             v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
+        }
+    }
+
+    // ---- AVX-512: a panel's 16 rows in one vector, the same operations lane-wise
+
+    /// 16 bytes (one per row) as float32 lanes, signed or not.
+    #[inline(always)]
+    unsafe fn bytes_ps_512(at: *const u8, signed: bool) -> v::__m512 {
+        let raw = v::_mm_loadu_si128(at as *const v::__m128i);
+        let wide = if signed {
+            v::_mm512_cvtepi8_epi32(raw)
+        } else {
+            v::_mm512_cvtepu8_epi32(raw)
+        };
+        v::_mm512_cvtepi32_ps(wide)
+    }
+
+    /// `element` on the panel's 16 rows.
+    #[inline(always)]
+    unsafe fn element_512(
+        q: QType,
+        base: *const u8,
+        lay: Layout,
+        e: usize,
+        scale: v::__m512,
+        min: v::__m512,
+    ) -> v::__m512 {
+        let (s, j) = (e / 32, e % 32);
+        let idx = 16 * s + j % 16;
+        let g = v::_mm512_loadu_si512(base.add(lay.qs + (idx / 4) * GROUP) as *const v::__m512i);
+        let shift = 8 * (idx % 4) + 4 * (j / 16);
+        let mut c = v::_mm512_and_si512(v::_mm512_srl_epi32(g, count(shift)), v::_mm512_set1_epi32(15));
+        if q != QType::Q4_K {
+            let (group, bits, at) = if q == QType::Q5_K {
+                (s, 1, high_shift(q, j))
+            } else {
+                (e / 16, 3, high_shift(q, e % 16))
+            };
+            let h = v::_mm512_loadu_si512(base.add(lay.qh + group * GROUP) as *const v::__m512i);
+            let hi = v::_mm512_and_si512(v::_mm512_srl_epi32(h, count(at)), v::_mm512_set1_epi32(bits));
+            c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(hi));
+        }
+        if q == QType::Q6_K {
+            let c = v::_mm512_sub_epi32(c, v::_mm512_set1_epi32(32));
+            v::_mm512_mul_ps(scale, v::_mm512_cvtepi32_ps(c))
+        } else {
+            v::_mm512_sub_ps(v::_mm512_mul_ps(scale, v::_mm512_cvtepi32_ps(c)), min)
+        }
+    }
+
+    /// `scales` on the panel's 16 rows.
+    #[inline(always)]
+    unsafe fn scales_512(q: QType, base: *const u8, e: usize) -> (v::__m512, v::__m512) {
+        let d = v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base as *const v::__m256i));
+        if q == QType::Q6_K {
+            let sc = bytes_ps_512(base.add(SC6 + 16 * (e / 16)), true);
+            return (v::_mm512_mul_ps(d, sc), v::_mm512_setzero_ps());
+        }
+        let dmin = v::_mm512_cvtph_ps(v::_mm256_loadu_si256(base.add(DMIN) as *const v::__m256i));
+        let s = e / 32;
+        let sc = bytes_ps_512(base.add(SC + 16 * s), false);
+        let mn = bytes_ps_512(base.add(MN + 16 * s), false);
+        (v::_mm512_mul_ps(d, sc), v::_mm512_mul_ps(dmin, mn))
+    }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    pub(crate) unsafe fn f32_avx512(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        by_kformat!(lay.q, F => f32_format_512::<F>(x, p, lay, t, sums))
+    }
+
+    // one function per format (an unoptimized build's frame stays small)
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    unsafe fn f32_format_512<const F: u8>(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
+        macro_rules! rows {
+            ($($xr:literal)*) => {
+                for w in 0..t.w {
+                    match t.xr {
+                        $($xr => panel_512::<F, $xr>(x, p, lay, t, w, sums),)*
+                        xr => unreachable!("{xr} x rows in an AVX-512 K-quant tile"),
+                    }
+                }
+            };
+        }
+        rows!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16)
+    }
+
+    /// `half_256` on the panel's 16 rows at once (the same values, the same fma order).
+    #[inline(always)]
+    unsafe fn panel_512<const F: u8, const XR: usize>(
+        x: &[f32],
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        w: usize,
+        sums: &mut Sums,
+    ) {
+        let (k, q) = (lay.k, kformat(F));
+        let xp = x.as_ptr().add(t.r0 * k);
+        let mut acc = [v::_mm512_setzero_ps(); XR];
+        for b in 0..lay.nb {
+            let base = p.as_ptr().add(lay.base(t.panel + w, b));
+            if t.lead && w == 0 {
+                prefetch(base, lay);
+            }
+            for sub in 0..QK_K / 16 {
+                let (scale, min) = scales_512(q, base, 16 * sub);
+                for i in 0..16 {
+                    let e = 16 * sub + i;
+                    let wv = element_512(q, base, lay, e, scale, min);
+                    for r in 0..XR {
+                        let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK_K + e));
+                        acc[r] = v::_mm512_fmadd_ps(wv, xv, acc[r]);
+                    }
+                }
+            }
+        }
+        for r in 0..XR {
+            v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[r]);
         }
     }
 }

@@ -735,7 +735,6 @@ pub fn qlinear(
         q8: quantized.as_ref(),
         q8k: quantized_k.as_ref(),
     };
-    let path = tile_path(q, path, q8);
     let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
     let stripes = m.div_ceil(PANEL * STRIPE);
@@ -761,18 +760,6 @@ pub(crate) struct Quantized<'a> {
 impl Quantized<'_> {
     pub(crate) fn any(self) -> bool {
         self.q8.is_some() || self.q8k.is_some()
-    }
-}
-
-/// The path a format's tiles run on (`q8`: with q8 activations): the
-/// tiles not written for AVX-512 yet (the K-quants' with float32
-/// activations) run their AVX2 tiles on an AVX-512 CPU (the same bits on
-/// every path; only the speed differs).
-pub(crate) fn tile_path(q: QType, path: Path, q8: bool) -> Path {
-    if path.avx512() && q.kquant() && !q8 {
-        Path::Avx2
-    } else {
-        path
     }
 }
 
