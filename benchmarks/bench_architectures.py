@@ -124,9 +124,8 @@ def qwen2_pair(work: Path) -> tuple[Path, Path]:
     import copy
 
     import torch
-    from bench_formats import llama_cpp_quantize
+    from bench_formats import write_q4_k_m
     from specdec_rs import models
-    from specdec_rs.gguf.writer import write_gguf
 
     target_path, draft_path = work / "qwen2-0.5b-Q4_K_M.gguf", work / "qwen2-draft-Q4_K_M.gguf"
     if target_path.exists() and draft_path.exists():
@@ -151,10 +150,7 @@ def qwen2_pair(work: Path) -> tuple[Path, Path]:
     draft.model.layers = draft.model.layers[:2]
     draft.config.num_hidden_layers = 2
     for model, path in ((target, target_path), (draft, draft_path)):
-        f16 = path.with_name(path.name.replace("Q4_K_M", "F16"))
-        write_gguf(model, f16, linear_type="F16", embed_type="F16", tokenizer=models.smollm2_gguf())
-        llama_cpp_quantize(f16, path)
-        f16.unlink()
+        write_q4_k_m(model, path)
     return target_path, draft_path
 
 

@@ -154,8 +154,6 @@ def synthetic_llama(work: Path) -> Path:
     if out.exists():
         return out
     import torch
-    from specdec_rs import models
-    from specdec_rs.gguf.writer import write_llama
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -174,12 +172,21 @@ def synthetic_llama(work: Path) -> Path:
     )
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
-    f16 = work / "llama-0.4b-F16.gguf"
-    write_llama(model, f16, linear_type="F16", embed_type="F16", tokenizer=models.smollm2_gguf())
-    del model
+    write_q4_k_m(model, out)
+    return out
+
+
+def write_q4_k_m(model: Any, out: Path) -> None:
+    """`model` written in F16 by `gguf.writer` (SmolLM2's tokenizer) next to
+    `out`, quantized into `out` by llama.cpp's quantizer (Q4_K_M), the F16
+    file removed."""
+    from specdec_rs import models
+    from specdec_rs.gguf.writer import write_gguf
+
+    f16 = out.with_name(out.name.replace("Q4_K_M", "F16"))
+    write_gguf(model, f16, linear_type="F16", embed_type="F16", tokenizer=models.smollm2_gguf())
     llama_cpp_quantize(f16, out)
     f16.unlink()
-    return out
 
 
 def default_files(work: Path) -> list[Path]:

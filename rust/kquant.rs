@@ -536,16 +536,21 @@ pub(crate) mod x86 {
 
     // ---- AVX-512: a panel's 16 rows in one vector, the same operations lane-wise
 
-    /// 16 bytes (one per row) as float32 lanes, signed or not.
+    /// 16 bytes (one per row) as int32 lanes, sign- or zero-extended.
     #[inline(always)]
-    unsafe fn bytes_ps_512(at: *const u8, signed: bool) -> v::__m512 {
+    pub(super) unsafe fn widen_512(at: *const u8, signed: bool) -> v::__m512i {
         let raw = v::_mm_loadu_si128(at as *const v::__m128i);
-        let wide = if signed {
+        if signed {
             v::_mm512_cvtepi8_epi32(raw)
         } else {
             v::_mm512_cvtepu8_epi32(raw)
-        };
-        v::_mm512_cvtepi32_ps(wide)
+        }
+    }
+
+    /// 16 bytes (one per row) as float32 lanes, signed or not.
+    #[inline(always)]
+    unsafe fn bytes_ps_512(at: *const u8, signed: bool) -> v::__m512 {
+        v::_mm512_cvtepi32_ps(widen_512(at, signed))
     }
 
     /// `element` on the panel's 16 rows.
@@ -661,6 +666,7 @@ pub(crate) mod x86_q8 {
     //! code ≤ 63, |x| ≤ 127) and `vpmaddwd` by the sub-block's scale (the
     //! scale's product folded into the pair sum), summed exactly in int32.
 
+    use super::x86::widen_512;
     use super::*;
     use crate::kernels::x86::prefetch;
     use std::arch::x86_64 as v;
@@ -823,17 +829,6 @@ pub(crate) mod x86_q8 {
         let wide = widen_512(at, signed);
         let low = v::_mm512_and_si512(wide, v::_mm512_set1_epi32(0xffff));
         v::_mm512_or_si512(low, v::_mm512_slli_epi32::<16>(wide))
-    }
-
-    /// 16 bytes as int32 lanes, sign- or zero-extended.
-    #[inline(always)]
-    unsafe fn widen_512(at: *const u8, signed: bool) -> v::__m512i {
-        let raw = v::_mm_loadu_si128(at as *const v::__m128i);
-        if signed {
-            v::_mm512_cvtepi8_epi32(raw)
-        } else {
-            v::_mm512_cvtepu8_epi32(raw)
-        }
     }
 
     /// Two 16-byte runs (16 rows) as int32 lanes holding (a, b) as int16s.

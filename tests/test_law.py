@@ -473,18 +473,23 @@ def follows_the_target(target: Any, draft: Any, setting: Setting, runs: int = RU
 # ---- a target at a GGUF file's precision -------------------------------------------------
 
 
+def read_back(model: Any, prefix: str) -> Any:
+    """`model` written as a GGUF file (Q4_1 linears, Q8_0 embedding and
+    head) and read back at that precision (the Rust kernels and the native layer)."""
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_gguf
+
+    path = Path(tempfile.mkdtemp(prefix=prefix)) / "target.gguf"
+    write_gguf(model, path, linear_type="Q4_1", embed_type="Q8_0")
+    return load_gguf(path, tokenizer=False)[0]
+
+
 @functools.cache
 def gguf_target() -> Any:
-    """The law target's width doubled (GGUF blocks hold 32 values) and
-    written as a GGUF file: Q4_1 linears, Q8_0 embedding and head; read back
-    at that precision (the Rust kernels and the native layer)."""
-    from specdec_rs.gguf import load_gguf
-    from specdec_rs.gguf.writer import write_llama
-
+    """The law target's width doubled (GGUF blocks hold 32 values), read back
+    from a GGUF file (`read_back`)."""
     model = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=3, logit_scale=8.0)
-    path = Path(tempfile.mkdtemp(prefix="specdec-law-gguf-")) / "target.gguf"
-    write_llama(model, path, linear_type="Q4_1", embed_type="Q8_0")
-    return load_gguf(path, tokenizer=False)[0]
+    return read_back(model, "specdec-law-gguf-")
 
 
 GGUF_SETTINGS = {
@@ -523,15 +528,11 @@ def test_first_two_tokens_follow_a_gguf_target(pair: tuple[Any, Any], name: str)
 @functools.cache
 def qwen2_gguf_target() -> Any:
     """A Qwen2 of the GGUF target's sizes (q, k, v biases, rows unpermuted:
-    another architecture's layer) written as Q4_1 and read back."""
-    from specdec_rs.gguf import load_gguf
-    from specdec_rs.gguf.writer import write_gguf
+    another architecture's layer), read back from a GGUF file (`read_back`)."""
     from specdec_rs.models import tiny_model
 
     model = tiny_model("qwen2", vocab_size=V, hidden_size=32, num_layers=2, seed=3)
-    path = Path(tempfile.mkdtemp(prefix="specdec-law-qwen2-")) / "target.gguf"
-    write_gguf(model, path, linear_type="Q4_1", embed_type="Q8_0")
-    return load_gguf(path, tokenizer=False)[0]
+    return read_back(model, "specdec-law-qwen2-")
 
 
 QWEN2_SETTING = Setting(

@@ -265,7 +265,7 @@ class FusedLlamaLayer(nn.Module):
         band = (keys <= rows) & (rows < keys + self.window)
         if mask is None:
             return band
-        allowed = mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
+        allowed = _allowed(mask)
         if _is_tree(allowed, n):
             raise ValueError(
                 f"a tree's attention mask over {total} positions under a sliding window of "
@@ -288,9 +288,7 @@ class FusedLlamaLayer(nn.Module):
         x = hidden_states[0].float().contiguous().clone()
         mask = None
         if attention_mask is not None:
-            allowed = attention_mask[0, 0]
-            if allowed.dtype != torch.bool:
-                allowed = allowed > torch.finfo(allowed.dtype).min / 2
+            allowed = _allowed(attention_mask[0, 0])
             total = allowed.shape[-1]
             # a causal mask under a window is the Rust window's own (a tree's: refused there)
             if not (self.window and total > self.window and not _is_tree(allowed, n)):
@@ -358,6 +356,11 @@ class FusedLlamaLayer(nn.Module):
                     module if whole else module.select_rows(torch.arange(start, start + rows))
                 )
         return [(w.packed, w.ggml_type) for w in order]
+
+
+def _allowed(mask: torch.Tensor) -> torch.Tensor:
+    """An attention mask as bools (an additive float mask: True where it is not −inf)."""
+    return mask if mask.dtype == torch.bool else mask > torch.finfo(mask.dtype).min / 2
 
 
 def _is_tree(allowed: torch.Tensor, n: int) -> bool:

@@ -64,7 +64,7 @@ def architecture_of(f: GGUFFile) -> Architecture:
 def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any]:
     """The `LlamaConfig` keywords of a file of a supported architecture,
     checked (its differences are the layer's: `architectures`), with
-    `sliding_window` (0: none)."""
+    `specdec_sliding_window` (0: none)."""
     arch = arch or architecture_of(f)
     prefix = arch.name
 
@@ -281,12 +281,7 @@ def build(f: GGUFFile) -> PreTrainedModel:
         _float(f, _expect(f, "output_norm.weight", (h,))), requires_grad=False
     )
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
-    if "rope_freqs.weight" in f.tensors:  # Llama 3's rope scaling: θ_i / f_i
-        factors = _float(f, _expect(f, "rope_freqs.weight", (hd // 2,)))
-        if not bool((factors > 0).all()):
-            raise f.fail("tensor rope_freqs.weight holds a factor that is not positive")
-        rotary = model.model.rotary_emb
-        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
+    apply_rope_freqs(f, model.model.rotary_emb, hd)
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise f.fail(f"no tensor for {left[:3]}", FIX)
@@ -296,6 +291,18 @@ def build(f: GGUFFile) -> PreTrainedModel:
         pad_token_id=config.pad_token_id,
     )
     return model.eval()
+
+
+def apply_rope_freqs(f: GGUFFile, rotary: Any, head_dim: int) -> None:
+    """Llama 3's rope scaling as the file holds it (`rope_freqs.weight`,
+    d/2 positive divisors): the rotary module's frequencies θ_i / f_i; a
+    file without the tensor leaves them."""
+    if "rope_freqs.weight" not in f.tensors:
+        return
+    factors = _float(f, _expect(f, "rope_freqs.weight", (head_dim // 2,)))
+    if not bool((factors > 0).all()):
+        raise f.fail("tensor rope_freqs.weight holds a factor that is not positive")
+    rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
 
 
 def _layer_parts(

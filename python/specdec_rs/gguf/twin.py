@@ -29,9 +29,15 @@ def float32_twin(path: str | Path) -> PreTrainedModel:
     import transformers
     from transformers import GenerationConfig
 
-    from specdec_rs.gguf.model import _unpermute, architecture_of, check_tensors, llama_config
+    from specdec_rs.gguf.model import (
+        _unpermute,
+        apply_rope_freqs,
+        architecture_of,
+        check_tensors,
+        llama_config,
+    )
     from specdec_rs.gguf.reader import read
-    from specdec_rs.gguf.writer import _names
+    from specdec_rs.gguf.writer import _names, permuted_heads
 
     f = read(path)
     arch = architecture_of(f)
@@ -56,12 +62,8 @@ def float32_twin(path: str | Path) -> PreTrainedModel:
     state = {}
     for hf_name, gguf_name in _names(config, arch.name).items():
         values = _values(f.tensors[gguf_name])
-        if arch.permuted and (".attn_q." in gguf_name or ".attn_k." in gguf_name):
-            heads = (
-                config.num_attention_heads
-                if ".attn_q." in gguf_name
-                else config.num_key_value_heads
-            )
+        heads = permuted_heads(config, arch.name, gguf_name)
+        if heads:
             values = values[_unpermute(values.shape[0], heads)]
         state[hf_name] = torch.from_numpy(np.ascontiguousarray(values))
     missing, unexpected = model.load_state_dict(state, strict=False)
@@ -72,10 +74,7 @@ def float32_twin(path: str | Path) -> PreTrainedModel:
         )
     if config.tie_word_embeddings:
         model.tie_weights()
-    if "rope_freqs.weight" in f.tensors:
-        factors = torch.from_numpy(_values(f.tensors["rope_freqs.weight"]).copy())
-        rotary = model.model.rotary_emb
-        rotary.inv_freq = rotary.original_inv_freq = rotary.inv_freq / factors
+    apply_rope_freqs(f, model.model.rotary_emb, config.head_dim)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
         eos_token_id=config.eos_token_id,

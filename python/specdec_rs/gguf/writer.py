@@ -55,6 +55,19 @@ def llama3_rope_factors(config: Any) -> np.ndarray | None:
     return np.asarray(factors, dtype=np.float32)
 
 
+def permuted_heads(config: Any, arch: str, gguf_name: str) -> int:
+    """The head count a tensor's rows are permuted by in a file of `arch`
+    (a Llama file's query and key weights: llama.cpp's interleaved
+    rotary), else 0."""
+    if arch != "llama":
+        return 0
+    if ".attn_q." in gguf_name:
+        return int(config.num_attention_heads)
+    if ".attn_k." in gguf_name:
+        return int(config.num_key_value_heads)
+    return 0
+
+
 def _names(config: Any, arch: str) -> dict[str, str]:
     """transformers' parameter name -> the GGUF tensor name."""
     names = {
@@ -165,9 +178,8 @@ def write_gguf(
         else:
             kind = linear_type
         kind = (types or {}).get(gguf_name, kind)
-        permuted = arch == "llama" and (".attn_q." in gguf_name or ".attn_k." in gguf_name)
-        group = heads if ".attn_q." in gguf_name else kv
-        if permuted:
+        group = permuted_heads(config, arch, gguf_name)
+        if group:
             w = _permute(w, group)
         qtype = GGMLQuantizationType[kind]
         data = quantize(w, qtype) if kind != "F32" else w
@@ -176,7 +188,7 @@ def write_gguf(
         else:
             writer.add_tensor(gguf_name, data)
         values = dequantize(data, qtype).reshape(w.shape).astype(np.float32)
-        if permuted:
+        if group:
             from specdec_rs.gguf.model import _unpermute
 
             values = values[_unpermute(w.shape[0], group)]
