@@ -359,6 +359,64 @@ def _round(asked: int, accepted: int, target_s: float, verify_s: float = 0.0) ->
     )  # fmt: skip
 
 
+def test_every_chain_policy_counts_a_lookahead_round_alike() -> None:
+    """A round with a lookahead window asked for 4 drafts and got 1 (a draft
+    the window did not return counts as one rejected): every chain policy,
+    built-in, measured, per source or foreign, hands its `observe` the same
+    counts (asked, asked, kept), and ends in the state that `observe` of
+    those counts gives it."""
+    from specdec_rs.generation.rounds import Round
+    from specdec_rs.policy import AdaptiveK, BySource, HeuristicK, MeasuredK
+    from specdec_rs.policy.chain import as_policy
+
+    window_round = Round(
+        0, 4, 1, 1, 0, (7,), None, False, 0.0, 0.01, 0.0, 1 + 1 + 8, window=8,
+    )  # fmt: skip
+    assert window_round.policy_drafted == 4
+
+    class Recorder:
+        name = "recorder"
+
+        def __init__(self) -> None:
+            self.seen: list[tuple[int, int, int]] = []
+
+        def reset(self) -> None:
+            self.seen.clear()
+
+        def next_k(self) -> int:
+            return 4
+
+        def observe(self, k: int, drafted: int, num_accepted: int) -> None:
+            self.seen.append((k, drafted, num_accepted))
+
+    def fresh() -> dict[str, Any]:
+        return {
+            "heuristic": HeuristicK(4),
+            "adaptive": AdaptiveK(0.1),
+            "measured": MeasuredK(k_max=4),
+            "by source": BySource({"lookahead": HeuristicK(4)}),
+        }
+
+    for name, policy in fresh().items():
+        policy.reset()
+        calls: list[tuple[int, int, int]] = []
+        counted = policy.policies["lookahead"] if name == "by source" else policy
+        inner_observe = counted.observe
+        counted.observe = lambda k, d, a, f=inner_observe, seen=calls: (
+            seen.append((k, d, a)),
+            f(k, d, a),
+        )[1]
+        policy.observe_round(window_round)
+        assert calls == [(4, 4, 0)], name
+        twin = fresh()[name]
+        twin.reset()
+        twin.observe(4, 4, 0)
+        assert twin.next_k() == policy.next_k(), name
+    foreign = Recorder()
+    as_policy(foreign).observe_round(window_round)
+    assert foreign.seen == [(4, 4, 0)]
+
+
 def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> None:
     """Every draft kept and forwards as cheap as one step, so the cost model
     says draft; but each drafting round costs 4 steps in verification (a

@@ -50,8 +50,8 @@ of these effects escapes with probability below exp(−2 · 20,000 · 0.073²)
 < 1e-90 (McDiarmid, as in `stats.tv_threshold`).
 
 Over 400 lines on purpose: the harness is one module others import
-(`from specdec_rs.testing import audit`), with its chain and tree suites,
-their cases and thresholds together.
+(`from specdec_rs.testing import audit_chain, audit_tree, assert_exact`), with its
+chain and tree suites, their cases and thresholds together.
 """
 
 from __future__ import annotations

@@ -9,7 +9,8 @@ num_accepted)`; a tree policy `name`, `reset()`, `next_budget()` and
 `generation.Round`, to the policy's `observe_round(round)`: the built-in
 policies derive from `ChainPolicy` / `TreePolicy`, which map the round onto
 `observe`; `chain.as_policy` and `tree.as_tree_policy` give any other object
-with the methods above the same `observe_round` (`Foreign`).
+with the methods above the same `observe_round` (`Foreign`). A chain policy
+sees a round through one rule, `chain_counts`, whichever kind it is.
 """
 
 from __future__ import annotations
@@ -44,9 +45,15 @@ class KPolicy(Protocol):
         ...
 
 
+def chain_counts(r: Round) -> tuple[int, int, int]:
+    """What a round tells a chain policy's `observe`: (k asked, the drafts it
+    counts (`Round.policy_drafted`: with a lookahead window, asked), drafts kept)."""
+    return r.asked, r.policy_drafted, r.accepted
+
+
 class ChainPolicy:
     """Base of the built-in γ policies: a round reaches `observe` as
-    (k asked, drafts proposed, drafts kept)."""
+    `chain_counts(round)`."""
 
     name: str
 
@@ -54,7 +61,7 @@ class ChainPolicy:
         raise NotImplementedError
 
     def observe_round(self, r: Round) -> None:
-        self.observe(r.asked, r.drafted, r.accepted)
+        self.observe(*chain_counts(r))
 
 
 class TreePolicy:
@@ -86,7 +93,7 @@ class Foreign:
         if self.tree:
             self.inner.observe(r.asked, r.depth, len(r.emitted))
             return
-        self.inner.observe(r.asked, r.policy_drafted, r.accepted)
+        self.inner.observe(*chain_counts(r))
         timed = getattr(self.inner, "observe_time", None)  # a policy that measures its costs
         if callable(timed):
             timed(r.draft_s, r.target_s, r.policy_positions)

@@ -10,7 +10,7 @@ from collections import deque
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
-from specdec_rs.policy.base import ChainPolicy, KPolicy
+from specdec_rs.policy.base import ChainPolicy, KPolicy, chain_counts
 from specdec_rs.policy.chain import AdaptiveK, BySource
 
 if TYPE_CHECKING:
@@ -221,7 +221,7 @@ class MeasuredK(ChainPolicy):
     def observe_round(self, r: Round) -> None:
         """The round's counts, then its timings (`observe_time`), and its
         whole cost per token for the guard."""
-        self.observe(r.asked, r.policy_drafted, r.accepted)
+        self.observe(*chain_counts(r))
         self.observe_time(r.draft_s, r.target_s, r.policy_positions)
         seconds = r.draft_s + r.target_s + r.verify_s
         if r.asked == 0:
