@@ -10,7 +10,8 @@ num_accepted)`; a tree policy `name`, `reset()`, `next_budget()` and
 policies derive from `ChainPolicy` / `TreePolicy`, which map the round onto
 `observe`; `chain.as_policy` and `tree.as_tree_policy` give any other object
 with the methods above the same `observe_round` (`Foreign`). A chain policy
-sees a round through one rule, `chain_counts`, whichever kind it is.
+sees a round through one rule, `chain_counts`, and a tree policy through
+`tree_counts`, whichever kind it is.
 """
 
 from __future__ import annotations
@@ -51,6 +52,12 @@ def chain_counts(r: Round) -> tuple[int, int, int]:
     return r.asked, r.policy_drafted, r.accepted
 
 
+def tree_counts(r: Round) -> tuple[int, int, int]:
+    """What a round tells a tree policy's `observe`: (node budget, the tree's
+    depth, tokens emitted)."""
+    return r.asked, r.depth, len(r.emitted)
+
+
 class ChainPolicy:
     """Base of the built-in γ policies: a round reaches `observe` as
     `chain_counts(round)`."""
@@ -66,7 +73,7 @@ class ChainPolicy:
 
 class TreePolicy:
     """Base of the built-in tree policies: a round reaches `observe` as
-    (node budget, the tree's depth, tokens emitted)."""
+    `tree_counts(round)`."""
 
     name: str
 
@@ -74,7 +81,7 @@ class TreePolicy:
         raise NotImplementedError
 
     def observe_round(self, r: Round) -> None:
-        self.observe(r.asked, r.depth, len(r.emitted))
+        self.observe(*tree_counts(r))
 
 
 class Foreign:
@@ -91,7 +98,7 @@ class Foreign:
 
     def observe_round(self, r: Round) -> None:
         if self.tree:
-            self.inner.observe(r.asked, r.depth, len(r.emitted))
+            self.inner.observe(*tree_counts(r))
             return
         self.inner.observe(*chain_counts(r))
         timed = getattr(self.inner, "observe_time", None)  # a policy that measures its costs
