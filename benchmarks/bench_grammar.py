@@ -165,7 +165,26 @@ VIOLATIONS: dict[str, str] = {
 ROLLBACK = 4
 
 
-class Llg:
+class Library:
+    """A grammar library behind the walk: each has `name`, `vocab`, a
+    preallocated (1, ceil(V / 32)) int32 bitmask `bits`, and compile, fill,
+    consume, accepting and forced; a matcher rolls back by `rollback(n)` in both."""
+
+    bits: Any
+
+    def fill(self, m: Any) -> None:
+        raise NotImplementedError
+
+    def mask(self, m: Any) -> np.ndarray:
+        """The allowed tokens now, as a copy of the bitmask."""
+        self.fill(m)
+        return self.bits.numpy().copy()
+
+    def rollback(self, m: Any, n: int) -> None:
+        m.rollback(n)
+
+
+class Llg(Library):
     name = "llguidance"
 
     def __init__(self, tokenizer: Any) -> None:
@@ -190,15 +209,8 @@ class Llg:
     def fill(self, m: Any) -> None:
         self.lt.fill_next_token_bitmask(m, self.bits, 0)
 
-    def mask(self, m: Any) -> np.ndarray:
-        self.fill(m)
-        return self.bits.numpy().copy()
-
     def consume(self, m: Any, token: int) -> bool:
         return bool(m.consume_token(token))
-
-    def rollback(self, m: Any, n: int) -> None:
-        m.rollback(n)
 
     def accepting(self, m: Any) -> bool:
         return bool(m.is_accepting())
@@ -207,7 +219,7 @@ class Llg:
         return list(m.compute_ff_tokens())
 
 
-class Xgr:
+class Xgr(Library):
     name = "xgrammar"
 
     def __init__(self, tokenizer: Any) -> None:
@@ -228,15 +240,8 @@ class Xgr:
     def fill(self, m: Any) -> None:
         m.fill_next_token_bitmask(self.bits)
 
-    def mask(self, m: Any) -> np.ndarray:
-        self.fill(m)
-        return self.bits.numpy().copy()
-
     def consume(self, m: Any, token: int) -> bool:
         return bool(m.accept_token(token))
-
-    def rollback(self, m: Any, n: int) -> None:
-        m.rollback(n)
 
     def accepting(self, m: Any) -> bool:
         return bool(m.is_terminated()) or self._accepts_eos(m)
