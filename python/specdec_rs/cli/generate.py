@@ -5,6 +5,7 @@ specdec generate "PROMPT" | --prompts-file F
                  [--k 4 | --tree NODES] [--temperature 0.7] [--top-k N] [--top-p P] [--min-p P]
                  [--max-new-tokens 128] [--greedy-draft] [--draft-confidence TAU] [--raw]
                  [--allow-past-context] [--batch B]
+                 [--json-schema FILE | --regex R | --grammar FILE | --choice A,B,C]
                  [--model PATH] [--dtype float32] [--device cpu] [--seed S] [--json]
 specdec demo [--prompts 4] [--max-new-tokens 64] [--temperature 0] [--json]
 """
@@ -30,7 +31,7 @@ from specdec_rs.measure.methods import Method, Policy
 from specdec_rs.policy import MAX_K, MAX_TREE, measured_policy
 
 if TYPE_CHECKING:
-    pass
+    from specdec_rs.structured import Grammar
 
 
 def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
@@ -81,6 +82,23 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "--allow-past-context",
         action="store_true",
         help="run even when prompt + max new tokens passes the model's context",
+    )
+    constrain = g.add_mutually_exclusive_group()
+    constrain.add_argument(
+        "--json-schema",
+        default=None,
+        metavar="FILE",
+        help="the output is JSON valid under the schema in FILE (compact: no spaces)",
+    )
+    constrain.add_argument("--regex", default=None, metavar="R", help="the output matches R")
+    constrain.add_argument(
+        "--grammar",
+        default=None,
+        metavar="FILE",
+        help="the output follows the grammar in FILE (Lark, or llama.cpp's GBNF)",
+    )
+    constrain.add_argument(
+        "--choice", default=None, metavar="A,B,C", help="the output is one of these strings"
     )
     add_sampling_arguments(g, temperature=0.7)
     g.set_defaults(run=run_generate, show=show_generate)
@@ -193,14 +211,39 @@ def check_generate_flags(args: argparse.Namespace) -> list[Any]:
     return prompts
 
 
+def grammar_of(args: argparse.Namespace) -> Grammar | None:
+    """The grammar the flags ask for (--json-schema, --regex, --grammar,
+    --choice), checked before the model loads; None without one."""
+    from pathlib import Path
+
+    from specdec_rs.structured import Grammar
+
+    def text(path: str, flag: str) -> str:
+        try:
+            return Path(path).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ValueError(f"{flag} {path}: cannot read it as UTF-8 text ({e})") from None
+
+    if args.json_schema is not None:
+        return Grammar.json_schema(text(args.json_schema, "--json-schema"))
+    if args.regex is not None:
+        return Grammar.regex(args.regex)
+    if args.grammar is not None:
+        return Grammar.grammar(text(args.grammar, "--grammar"))
+    if args.choice is not None:
+        return Grammar.choice(args.choice.split(","))
+    return None
+
+
 def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText | GeneratedTexts:
     """The text and the generation's statistics; with --prompts-file, each
     prompt's in turn (one drafter object serves them all) and the totals."""
     config = sampling(args)
     prompts = check_generate_flags(args)
+    grammar = grammar_of(args)
     target, tokenizer = load_target(args)
     if args.batch is not None:
-        return run_batch(args, prompts, target, tokenizer, console)
+        return run_batch(args, prompts, target, tokenizer, console, grammar)
     drafter = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
     drafter = drafters.gated(drafter, args.draft_confidence)
     many = args.prompts_file is not None
@@ -225,6 +268,8 @@ def run_generate(args: argparse.Namespace, console: Console) -> GeneratedText | 
             on_tokens=stream,
             allow_past_context=args.allow_past_context,
             tree=args.tree,
+            grammar=grammar,
+            tokenizer=tokenizer if grammar is not None else None,
         )
         if stream is not None and many:
             console.out("")
@@ -242,7 +287,12 @@ def encode(args: argparse.Namespace, tokenizer: Any, prompt: Any) -> Any:
 
 
 def run_batch(
-    args: argparse.Namespace, prompts: list[Any], target: Any, tokenizer: Any, console: Console
+    args: argparse.Namespace,
+    prompts: list[Any],
+    target: Any,
+    tokenizer: Any,
+    console: Console,
+    grammar: Grammar | None = None,
 ) -> GeneratedTexts:
     """--batch B: every prompt through one `BatchEngine` of at most B rows
     (and no more rows than prompts; prompt i with seed --seed + i; γ --k,
@@ -261,6 +311,7 @@ def run_batch(
         k=args.k if args.k is not None else 0 if probe is None else 4,
         vocab_size=len(tokenizer) if probe is not None else None,
         allow_past_context=args.allow_past_context,
+        tokenizer=tokenizer,
     )
     requests = [
         Request(
@@ -271,6 +322,7 @@ def run_batch(
             config.top_p,
             config.min_p,
             seed=args.seed + i,
+            grammar=grammar,
         )
         for i, prompt in enumerate(prompts)
     ]
@@ -358,6 +410,13 @@ def show_generate(g: GeneratedText | GeneratedTexts, console: Console) -> None:
         )
     elif r.drafter != "none":
         console.print("no drafts were proposed (α undefined)")
+    if r.grammar_accepting is not None:
+        state = (
+            "the output is a complete match"
+            if r.grammar_accepting
+            else "the budget ended before the grammar accepted: the output is incomplete"
+        )
+        console.print(f"grammar: {state}; {r.forced_accepted} of {r.forced} forced drafts kept")
 
 
 def show_many(g: GeneratedTexts, console: Console) -> None:

@@ -53,7 +53,7 @@ from specdec_rs.generation.inputs import (
     prompt_tensor,
     shared_vocab,
 )
-from specdec_rs.generation.loop import Run
+from specdec_rs.generation.loop import Run, constrained
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round
 from specdec_rs.limits import MAX_NEW_TOKENS
@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 
     from specdec_rs.drafters import Drafter
     from specdec_rs.policy.goodput import ForwardProfile, Goodput
+    from specdec_rs.structured import Constraint, Grammar
 
 MAX_ROWS = 1024  # the most rows one engine may hold
 
@@ -77,7 +78,8 @@ class Request:
     k: this row's γ (0: no drafts); None takes the engine's (its `k`, or
     its batch policy's choice each round). seed None: drawn at submission.
     drafter: the name of one of the engine's `drafters` ("none": target
-    only); None takes the engine's `drafter_factory`."""
+    only); None takes the engine's `drafter_factory`. grammar: constrain
+    this row's output (`structured.Grammar`; the engine needs `tokenizer`)."""
 
     prompt: Any
     max_new_tokens: int
@@ -89,6 +91,7 @@ class Request:
     eos_token_id: int | Iterable[int] | None = None
     k: int | None = None
     drafter: str | None = None
+    grammar: Grammar | None = None
 
 
 @dataclass(frozen=True)
@@ -176,6 +179,7 @@ class _Checked:
     eos: frozenset[int]
     k: int | None
     factory: Callable[[], Drafter | None] | None
+    constraint: Constraint | None = None
 
 
 OnCommit = Callable[[int, Round, list[int]], None]  # (request id, its round, the tokens it kept)
@@ -197,6 +201,8 @@ class BatchEngine:
     (its `drafter`); "none" (target only) is always there.
     on_commit(id, round, tokens): called after each row's round with the
     tokens that round added to it (a server streams them from here).
+    tokenizer: the target's (a transformers fast tokenizer), needed by
+    requests with a grammar; each such row has its own grammar state.
     """
 
     def __init__(
@@ -213,8 +219,10 @@ class BatchEngine:
         cache_positions: int | None = None,
         drafters: Mapping[str, Callable[[], Drafter] | None] | None = None,
         on_commit: OnCommit | None = None,
+        tokenizer: Any = None,
     ):
         models.check_model(target, "target")
+        self.tokenizer = tokenizer
         if drafter_factory is not None:
             _checks.function(drafter_factory, "drafter_factory")
         self.target, self.factory = target, drafter_factory
@@ -291,6 +299,7 @@ class BatchEngine:
                 else _checks.integer(request.k, "k", minimum=0, maximum=MAX_K)
             )
             factory = self._factory(request.drafter)
+            constraint = constrained(request.grammar, self._tokenizer_for(request), self.vocab, eos)
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
         need = len(prompt) + max_new
@@ -300,7 +309,16 @@ class BatchEngine:
                 f"max_new_tokens {max_new}), more than the engine's cache holds "
                 f"(cache_positions = {self.cache_positions}); shorten it or raise cache_positions"
             )
-        return _Checked(rid, prompt, max_new, config, seed, eos, k, factory)
+        return _Checked(rid, prompt, max_new, config, seed, eos, k, factory, constraint)
+
+    def _tokenizer_for(self, request: Request) -> Any:
+        """The engine's tokenizer for a request with a grammar (None without)."""
+        if request.grammar is not None and self.tokenizer is None:
+            raise ValueError(
+                "the request has a grammar, but the engine has no tokenizer to read it "
+                "with: build the BatchEngine with tokenizer="
+            )
+        return None if request.grammar is None else self.tokenizer
 
     def _factory(self, name: Any) -> Callable[[], Drafter | None] | None:
         """The drafter factory a request names (None: the engine's)."""
@@ -404,6 +422,7 @@ class BatchEngine:
             self.vocab_size,
             transfer=self.transfer,
             cache=cache,
+            constraint=item.constraint,
         )
         # the row's own γ, else the engine's (a batch policy overrides it each round)
         policy = FixedK(item.k if item.k is not None else self.k)
@@ -437,7 +456,7 @@ class BatchEngine:
             k = chosen if row.fixed_k is None else row.fixed_k
             try:
                 asked, tree = row.run.ask(k)
-                pending.append((slot, row, row.decoder.begin(asked, tree)))
+                pending.append((slot, row, row.decoder.begin(asked, tree, row.run.forced_limit)))
             except ValueError as e:
                 self._fail(slot, e)
         if not pending:
@@ -578,14 +597,16 @@ def generate_batch(
     vocab_size: int | None = None,
     requests: Sequence[Request] | None = None,
     cache_positions: int | None = None,
+    tokenizer: Any = None,
 ) -> BatchResult:
     """Generate for every prompt, up to `max_batch` at a time (see the
     module docs). Each prompt's output has exactly the law of target-only
     sampling at its settings; prompt i gets seed `seed` + i (seed None:
     drawn), so it equals `generate` on that prompt alone with that seed.
     `requests` instead of `prompts` (pass prompts=[]) gives every row its
-    own settings. A bad prompt is a ValueError naming its row, before any
-    work. The engine holds at most as many rows as there are requests."""
+    own settings (a `Request.grammar` needs `tokenizer`). A bad prompt is a
+    ValueError naming its row, before any work. The engine holds at most as
+    many rows as there are requests."""
     if requests is None:
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise ValueError(
@@ -617,6 +638,7 @@ def generate_batch(
         k=k,
         vocab_size=vocab_size,
         cache_positions=cache_positions,
+        tokenizer=tokenizer,
     )
     needs = []
     for i, request in enumerate(requests):  # every row checked before any work

@@ -11,12 +11,20 @@ and the new last token waits for the next round. A proposal may carry a
 `Window` (lookahead's Jacobi window): its nodes run in the same forward
 after the drafts, under one tree mask, are never verified or kept in the
 cache, and their logits go back to the drafter (``observe_window``).
+
+With a grammar (`structured.Constraint`) every round is constrained: where
+the grammar forces the next tokens, they are the round's drafts (q one-hot;
+the drafter does not propose that round); otherwise the drafter's drafts
+are walked by the grammar, and a deterministic draft it refuses ends the
+chain there (its rejection was certain, and its row gives the same token
+either way); the target rows the verifier may read are masked; the grammar
+then consumes what the round emitted.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
@@ -32,7 +40,8 @@ from specdec_rs.drafters.draft import (
 from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round, Stats
-from specdec_rs.processors import Sampler, SamplingConfig
+from specdec_rs.processors import Sampler, SamplingConfig, one_hot
+from specdec_rs.structured.constraint import FORCED_SOURCE, masked_logits
 from specdec_rs.verify import verify, verify_gathered, verify_tree
 
 if TYPE_CHECKING:
@@ -40,6 +49,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdec_rs.drafters import Drafter
+    from specdec_rs.structured import Constraint, Walk
 
 
 @dataclass(frozen=True)
@@ -47,7 +57,8 @@ class Pending:
     """A round between its proposal and its target forward (`Decoder.begin`).
     block: the chain's target input (1 + drafts,) on the target's device;
     None for a tree or a proposal with a window (their forward is
-    `models.forward_tree`)."""
+    `models.forward_tree`). walk: the grammar's reading of the drafts
+    (None without a grammar)."""
 
     asked: int
     tree: bool
@@ -55,6 +66,7 @@ class Pending:
     flags: list[Flag]
     block: torch.Tensor | None
     draft_s: float
+    walk: Walk | None = None
 
 
 class Decoder:
@@ -88,6 +100,7 @@ class Decoder:
         transfer: str = "auto",
         margins: bool = False,
         cache: Any = None,
+        constraint: Constraint | None = None,
     ):
         import torch
 
@@ -95,6 +108,7 @@ class Decoder:
         self.record_margins = margins
         self.margins: list[float] = []
         self.target, self.drafter, self.config, self.seed = target, drafter, config, seed
+        self.constraint = constraint
         vocab = shared_vocab(target, drafter, vocab_size)
         self.vocab = vocab
         self.seq = prompt_tensor(input_ids, vocab)
@@ -132,23 +146,48 @@ class Decoder:
         drafter's `propose_tree`); emits 1..depth + 1 tokens."""
         return self._round(budget, tree=True)
 
-    def _round(self, asked: int, tree: bool) -> Round:
-        pending = self.begin(asked, tree)
+    def _round(self, asked: int, tree: bool, forced: int = 0) -> Round:
+        pending = self.begin(asked, tree, forced)
         t1 = time.perf_counter()
         logits, hidden = self.forward(pending)
         return self.finish(pending, logits, hidden, time.perf_counter() - t1)
 
-    def begin(self, asked: int, tree: bool) -> Pending:
-        """A round's first half: the drafter's checked proposal and the
-        target block to run ([last token, drafts] for a chain)."""
+    def begin(self, asked: int, tree: bool, forced: int = 0) -> Pending:
+        """A round's first half: the drafter's checked proposal (or up to
+        `forced` tokens the grammar forces) and the target block to run
+        ([last token, drafts] for a chain)."""
         import torch
 
         t0 = time.perf_counter()
-        proposal, flags = self._propose(asked, tree)
+        proposal, flags = self._propose(asked, tree, forced)
+        walk = None
+        if self.constraint is not None:
+            if tree:
+                raise ValueError("a grammar constrains chains only; drop tree= or the grammar")
+            proposal, walk = self._constrain(proposal)
+            if proposal.source == FORCED_SOURCE:
+                asked = len(proposal.tokens)
         block = None
         if getattr(proposal, "parents", None) is None and proposal.window is None:
             block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
-        return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0)
+        return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0, walk)
+
+    def _constrain(self, proposal: Draft) -> tuple[Draft, Walk]:
+        """The grammar's walk along a chain's drafts, and the chain cut to
+        the drafts worth running: none after an EOS; none after a refused
+        draft; and not the refused draft itself when it is deterministic
+        (q one-hot there: rejected with certainty, the round's last token is
+        drawn from that row's masked p either way)."""
+        assert self.constraint is not None
+        tokens = [int(t) for t in proposal.tokens.tolist()]
+        walk = self.constraint.walk(tokens)
+        keep = walk.useful
+        i = walk.refused
+        if i is not None and float(proposal.q[i, tokens[i]]) == 1.0:
+            keep = i
+        if keep < len(tokens):
+            proposal = replace(proposal, tokens=proposal.tokens[:keep], q=proposal.q[:keep])
+        return proposal, walk
 
     def forward(self, pending: Pending) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target forward of a pending round, alone: logits (n, V) and
@@ -202,8 +241,14 @@ class Decoder:
             window_logits = logits[main:]
             logits = logits[:main]
             hidden = None if hidden is None else hidden[:main]
+        walk = pending.walk
+        if walk is not None:  # the constrained target
+            logits = masked_logits(logits, walk.allowed, self.vocab)
         p = sampler.probs(logits, name="the target's logits")
         emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
+        if walk is not None:
+            assert self.constraint is not None
+            self.constraint.settle(walk, emitted)
         margins = None
         if self.record_margins:  # the rows the emitted tokens were chosen from
             chosen = range(len(emitted)) if parents is None else [0, *(i + 1 for i in kept)]
@@ -254,12 +299,18 @@ class Decoder:
         self.stats.add(r)
         return r
 
-    def _propose(self, asked: int, tree: bool) -> tuple[Any, list[Flag]]:
+    def _propose(self, asked: int, tree: bool, forced: int = 0) -> tuple[Any, list[Flag]]:
         """The drafter's checked proposal (an empty chain without a drafter or
-        with k = 0) and the value checks deferred to the verifier's copy."""
+        with k = 0), or the grammar's forced run (with a drafter), and the
+        value checks deferred to the verifier's copy."""
         import torch
 
         drafter = self.drafter
+        if self.constraint is not None and drafter is not None and not tree:
+            run = self.constraint.forced(forced)
+            if run:
+                tokens = torch.tensor(run, dtype=torch.long, device=self.device)
+                return Draft(tokens, one_hot(tokens, self.vocab), FORCED_SOURCE), []
         if tree:
             assert drafter is not None
             propose_tree = getattr(drafter, "propose_tree")  # noqa: B009 (optional member)
@@ -334,6 +385,9 @@ class Decoder:
             k_per_round=s.k_per_round,
             kept_per_round=s.kept_per_round,
             margins=self.margins,
+            forced=s.forced,
+            forced_accepted=s.forced_accepted,
+            grammar_accepting=None if self.constraint is None else self.constraint.accepting,
         )
 
 

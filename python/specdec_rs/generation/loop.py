@@ -41,11 +41,13 @@ from specdec_rs.generation.rounds import Round
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.policy import FixedK, KPolicy, as_policy
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.structured.constraint import MAX_FORCED
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdec_rs.drafters import Drafter
+    from specdec_rs.structured import Constraint, Grammar
 
 
 def generate(
@@ -68,6 +70,8 @@ def generate(
     transfer: str = "auto",
     tree: Any = None,
     margins: bool = False,
+    grammar: Grammar | None = None,
+    tokenizer: Any = None,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -94,6 +98,14 @@ def generate(
     margins=True (temperature 0 only) records the target's logit margin,
     top-1 minus top-2, at each new token (`GenerationResult.margins`), so
     `divergence(a, b)` can say how near a tie two greedy runs parted.
+    grammar: constrain the output to a `structured.Grammar` (a JSON schema,
+    regex, choice or grammar) over `tokenizer`'s tokens (a transformers
+    fast tokenizer; needs the `structured` extra). The output then has
+    exactly the law of the target masked to the grammar at each position
+    (the mask before the processors), EOS only where the grammar accepts;
+    with a drafter, tokens the grammar forces are proposed as free drafts.
+    A budget may end the output before the grammar accepts
+    (`GenerationResult.grammar_accepting`). Chains only (no tree=).
     """
     import torch
 
@@ -118,14 +130,25 @@ def generate(
     check_context(target, len(prompt), max_new, allow)
     trees = None if tree is None else check_tree_drafter(drafter, tree)
     route = source_router(policy, drafter)
+    constraint = constrained(grammar, tokenizer, shared_vocab(target, drafter, vocab_size), eos)
+    if constraint is not None and trees is not None:
+        raise ValueError("a grammar constrains chains only: drop tree= or the grammar")
     with torch.inference_mode():
         decoder = Decoder(
-            target, drafter, prompt, config, seed, vocab_size, transfer=transfer, margins=margins
+            target,
+            drafter,
+            prompt,
+            config,
+            seed,
+            vocab_size,
+            transfer=transfer,
+            margins=margins,
+            constraint=constraint,
         )
         run = Run(decoder, policy, trees, route, max_new, eos, on_tokens, on_round)
         while not run.done:
             asked, is_tree = run.ask()
-            run.commit(decoder._round(asked, is_tree))
+            run.commit(decoder._round(asked, is_tree, run.forced_limit))
     return run.result()
 
 
@@ -164,6 +187,12 @@ class Run:
     def remaining(self) -> int:
         return self.max_new - self.decoder.generated
 
+    @property
+    def forced_limit(self) -> int:
+        """The most grammar-forced drafts the next round may run (a round
+        emits at most drafts + 1 tokens, never past the budget)."""
+        return max(0, min(MAX_FORCED, self.remaining - 1))
+
     def ask(self, k: int | None = None) -> tuple[int, bool]:
         """(what the next round asks for, whether it drafts a tree): a tree's
         budget, or γ capped by the budget (`round_k`); `k` overrides the
@@ -182,7 +211,7 @@ class Run:
         budget and the first EOS are appended, the hooks see them."""
         if self.trees is not None:
             self.trees.observe_round(r)
-        elif self.decoder.drafter is not None:
+        elif self.decoder.drafter is not None and not r.forced:
             self.policy.observe_round(r)
         if self.on_round is not None:
             self.on_round(r)
@@ -208,6 +237,24 @@ class Run:
             return decoder.result(stop, trees.name, getattr(trees, "k", None), tree=True)
         fixed = self.policy.k if isinstance(self.policy, FixedK) else None
         return decoder.result(stop, self.policy.name, fixed, tree=False)
+
+
+def constrained(
+    grammar: Grammar | None, tokenizer: Any, vocab: int, eos: frozenset[int]
+) -> Constraint | None:
+    """A generation's grammar state (`structured.bind`), or None without a grammar."""
+    if grammar is None:
+        if tokenizer is not None:
+            raise ValueError("tokenizer= is read only with a grammar; pass grammar= or drop it")
+        return None
+    if tokenizer is None:
+        raise ValueError(
+            "a grammar needs the target's tokenizer to know each token's text: pass "
+            "tokenizer= (a transformers fast tokenizer)"
+        )
+    from specdec_rs.structured import bind
+
+    return bind(grammar, tokenizer, vocab, eos)
 
 
 def round_k(k: int, remaining: int) -> int:

@@ -21,6 +21,10 @@ class GenerationResult(Throughput):
     k_per_round, kept_per_round: drafts asked for and kept, round by round.
     margins: with generate(margins=True) (temperature 0), the target's logit
     margin, top-1 minus top-2, at each new token; empty otherwise.
+    forced, forced_accepted: with a grammar, the drafts it forced (counted in
+    drafted and the histograms too) and those kept. grammar_accepting: with
+    a grammar, whether the output is a complete match (always when
+    stop_reason is "eos"; a budget may end it before); None without one.
     Times in seconds; total includes the prefill.
     """
 
@@ -46,6 +50,9 @@ class GenerationResult(Throughput):
     k_per_round: list[int] = field(repr=False)
     kept_per_round: list[int] = field(repr=False)
     margins: list[float] = field(default_factory=list, repr=False)
+    forced: int = 0
+    forced_accepted: int = 0
+    grammar_accepting: bool | None = None
 
     @property
     def tokens_per_pass(self) -> float:
@@ -87,6 +94,9 @@ class GenerationResult(Throughput):
             "time_target": self.time_target,
             "time_verify": self.time_verify,
             "time_total": self.time_total,
+            "forced": self.forced,
+            "forced_accepted": self.forced_accepted,
+            "grammar_accepting": self.grammar_accepting,
         }
 
 

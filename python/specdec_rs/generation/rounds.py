@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec_rs.structured.constraint import FORCED_SOURCE
+
 
 @dataclass(frozen=True)
 class Round:
@@ -18,7 +20,7 @@ class Round:
     depth: drafts on the longest path the verifier could keep (a chain: drafted).
     accepted: drafts kept; emitted: the round's tokens (accepted + 1), before any
     EOS or budget cut. source: the part that drafted (a hybrid's "lookup" or
-    "eagle"), else None. tree: the drafts formed a tree.
+    "eagle"; "grammar" for tokens a grammar forced), else None. tree: the drafts formed a tree.
     draft_s, target_s, verify_s: seconds drafting, in the target forward, and
     verifying (with the cache and drafter updates); positions: the target
     forward's positions (drafted + 1 + window); window: the nodes of a
@@ -46,6 +48,12 @@ class Round:
     tokens: Any = field(default=None, repr=False, compare=False)
     margins: tuple[float, ...] | None = field(default=None, repr=False)
     window: int = 0
+
+    @property
+    def forced(self) -> bool:
+        """The drafts were forced by a grammar (no drafter ran; a γ policy
+        does not learn from this round)."""
+        return self.source == FORCED_SOURCE
 
     @property
     def policy_drafted(self) -> int:
@@ -79,6 +87,7 @@ class Stats:
         self.accepted: list[int] = []
         self.k_per_round: list[int] = []
         self.kept_per_round: list[int] = []
+        self.forced = self.forced_accepted = 0
         self.prefill = self.draft = self.target = self.verify = 0.0
 
     def add(self, r: Round) -> None:
@@ -96,6 +105,9 @@ class Stats:
         for i in range(r.checked):  # drafts 0..m-1 kept, draft m (if any) rejected
             self.reached[i] += 1
             self.accepted[i] += i < r.accepted
+        if r.forced:
+            self.forced += r.drafted
+            self.forced_accepted += r.accepted
         self.draft += r.draft_s
         self.target += r.target_s
         self.verify += r.verify_s

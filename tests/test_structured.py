@@ -1,0 +1,287 @@
+"""Structured output: grammars, the per-round constraint, and constrained
+generation (valid output, greedy identity with every drafter kind, forced
+drafts, the errors). The output law under speculation is in
+tests/test_structured_law.py. p = target, q = draft."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+import numpy as np
+import pytest
+import specdec_rs as sd
+from grammar_fixtures import PIECES, tiny_tokenizer
+from specdec_rs.models import tiny_llama
+from specdec_rs.structured import Grammar, bind
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("llguidance")
+jsonschema = pytest.importorskip("jsonschema")
+
+V = 48  # the tokenizer's 34 pieces and 14 ids it lacks (a padded LM head)
+ID = {p: i for i, p in enumerate(PIECES)}
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "array", "items": {"enum": ["x", "y", "ab"]}, "maxItems": 3},
+        "c": {"enum": [1, 2.5, "z"]},
+    },
+    "required": ["a", "b", "c"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def tok() -> Any:
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[Any, Any]:
+    return tiny_llama(vocab_size=V, num_layers=2, seed=1), tiny_llama(
+        vocab_size=V, num_layers=1, seed=2
+    )
+
+
+def text_of(tok: Any, tokens: list[int]) -> str:
+    return str(tok.decode([t for t in tokens if t != 0]))
+
+
+def drafters(target: Any, draft: Any) -> dict[str, Any]:
+    return {
+        "none": None,
+        "prompt-lookup": sd.PromptLookup(),
+        "draft-model": sd.DraftModel(draft),
+        "early-exit": sd.EarlyExit(target, 1),
+        "suffix": sd.SuffixDrafter(),
+        "lookahead": sd.Lookahead(),
+    }
+
+
+# ---- grammars -----------------------------------------------------------------------------
+
+
+def test_each_kind_of_grammar_is_made_and_checked() -> None:
+    assert Grammar.json_schema(SCHEMA).kind == "json_schema"
+    assert Grammar.json_schema(json.dumps(SCHEMA)) == Grammar.json_schema(SCHEMA)
+    assert Grammar.json_object().kind == "json_object"
+    assert Grammar.regex(r"[ab]+c").source == "[ab]+c"
+    assert Grammar.choice(["a b#", "(x)"]).options == ["a b#", "(x)"]
+    lark = Grammar.grammar('start: "yes" | "no"')
+    gbnf = Grammar.grammar('root ::= "yes" | "no"')
+    assert lark.kind == gbnf.kind == "grammar" and "start" in gbnf.source
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: Grammar.json_schema("{bad"), "not valid JSON"),
+        (lambda: Grammar.json_schema([1]), "expected a JSON object"),
+        (lambda: Grammar.json_schema(False), "matches nothing"),
+        (lambda: Grammar.json_schema({"type": "object", "not": {}}), '"not"'),
+        (lambda: Grammar.json_schema({"type": "string", "pattern": "(?=a)b"}), "look-around"),
+        (lambda: Grammar.regex("("), "unclosed group"),
+        (lambda: Grammar.regex(""), "non-empty"),
+        (lambda: Grammar.choice([]), "1 to"),
+        (lambda: Grammar.choice("yes"), "list of strings"),
+        (lambda: Grammar.choice(["a", ""]), "option 1"),
+        (lambda: Grammar.grammar("start: foo"), "unknown name"),
+        (lambda: Grammar.regex("a").options, "no options"),
+    ],
+)
+def test_a_bad_grammar_is_a_value_error_that_names_the_problem(make: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(message)):
+        make()
+
+
+def test_the_walk_masks_each_draft_and_settle_rolls_back_to_the_emitted_text(tok: Any) -> None:
+    c = bind(Grammar.regex("(a|b)xy(a|b|c)"), tok, V, [0])
+    walk = c.walk([ID["a"], ID["xy"], ID["z"], ID["a"]])
+    assert (walk.consumed, walk.refused, walk.useful) == (2, 2, 3)
+    assert np.flatnonzero(walk.allowed[0]).tolist() == [ID["a"], ID["b"]]
+    assert np.flatnonzero(walk.allowed[1]).tolist() == [ID["xy"]]
+    assert np.flatnonzero(walk.allowed[2]).tolist() == [ID["a"], ID["b"], ID["c"]]
+    c.settle(walk, [ID["b"]])  # the first draft rejected, b drawn from its row
+    assert c.forced(4) == [ID["xy"]]
+    walk = c.walk([ID["xy"], ID["c"], ID["a"]])
+    assert (walk.consumed, walk.refused) == (2, 2)  # after c only EOS
+    assert np.flatnonzero(walk.allowed[2]).tolist() == [0]
+    c.settle(walk, [ID["xy"], ID["c"], 0])
+    assert c.accepting and c.stopped
+    with pytest.raises(RuntimeError, match="not masked"):
+        bad = bind(Grammar.regex("a"), tok, V, [0])
+        bad.settle(bad.walk([]), [ID["b"]])
+
+
+def test_an_eos_draft_is_never_consumed_so_a_rollback_across_it_is_exact(tok: Any) -> None:
+    """llguidance does not count an EOS consumed once the grammar has stopped
+    (after "ab" here): rolling back across one would undo "b" too."""
+    c = bind(Grammar.regex("ab?"), tok, V, [0])
+    walk = c.walk([ID["a"], ID["b"], 0, ID["a"]])
+    assert (walk.consumed, walk.refused, walk.eos, walk.useful) == (2, None, True, 3)
+    c.settle(walk, [ID["a"], 0])  # "b" rejected, EOS drawn from its row
+    assert np.flatnonzero(c.mask()).tolist() == [0, ID["b"]]  # the state after "a"
+    walk = c.walk([ID["b"], 0])
+    c.settle(walk, [ID["b"], 0, ID["z"]])  # both kept; the bonus after EOS is never read
+    assert c.accepting
+
+
+# ---- constrained generation -----------------------------------------------------------------
+
+
+def generate(target: Any, drafter: Any, tok: Any, grammar: Grammar, **kw: Any) -> Any:
+    options = {"max_new_tokens": 60, "k": 3, "eos_token_id": [0], "seed": 0, **kw}
+    return sd.generate(target, drafter, [1, 2, 3], grammar=grammar, tokenizer=tok, **options)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_output_that_ends_by_the_grammar_validates(
+    models: tuple[Any, Any], tok: Any, temperature: float
+) -> None:
+    target, draft = models
+    grammar = Grammar.json_schema(SCHEMA)
+    ended = 0
+    for name, drafter in drafters(target, draft).items():
+        for seed in range(3):
+            out = generate(target, drafter, tok, grammar, temperature=temperature, seed=seed)
+            assert out.grammar_accepting == (out.stop_reason == "eos"), name
+            if out.stop_reason == "eos":
+                ended += 1
+                assert out.tokens[-1] == 0 and 0 not in out.tokens[:-1]
+                jsonschema.validate(json.loads(text_of(tok, out.tokens)), SCHEMA)
+    assert ended >= 6  # the schema bounds every value: most runs end within the budget
+
+
+@pytest.mark.parametrize("transfer", ["auto", "gathered"])
+def test_constrained_greedy_speculation_equals_constrained_target_only(
+    models: tuple[Any, Any], tok: Any, transfer: str
+) -> None:
+    target, draft = models
+    for grammar in (Grammar.json_schema(SCHEMA), Grammar.regex("(ab|a|b)+(xy)?c")):
+        plain = generate(target, None, tok, grammar, temperature=0)
+        assert plain.forced == 0
+        for name, drafter in drafters(target, draft).items():
+            out = generate(target, drafter, tok, grammar, temperature=0, transfer=transfer)
+            assert out.tokens == plain.tokens, name
+
+
+def test_heads_keep_the_greedy_identity(tmp_path: Any, tok: Any) -> None:
+    from heads_fixtures import tiny_head
+
+    target = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=5)
+    grammar = Grammar.json_schema(SCHEMA)
+    plain = generate(target, None, tok, grammar, temperature=0)
+    for kind in ("eagle", "medusa"):
+        head = tiny_head(target, tmp_path, kind, draft_vocab=V, depth=2, medusa_heads=2)
+        drafter = sd.drafters.from_spec(f"{kind}:{head}", target)
+        assert generate(target, drafter, tok, grammar, temperature=0).tokens == plain.tokens, kind
+
+
+def test_forced_tokens_are_free_drafts_and_a_policy_does_not_learn_from_them(
+    models: tuple[Any, Any], tok: Any
+) -> None:
+    class Recording(sd.FixedK):
+        def __init__(self) -> None:
+            super().__init__(3)
+            self.observed: list[Any] = []
+
+        def observe_round(self, r: Any) -> None:
+            self.observed.append(r)
+
+    target, _ = models
+    seen: list[Any] = []
+    policy = Recording()
+    grammar = Grammar.json_schema(SCHEMA)
+    out = generate(target, sd.PromptLookup(), tok, grammar, k=policy, on_round=seen.append)
+    forced = [r for r in seen if r.forced]
+    assert forced and all(r.asked == r.drafted and r.source == "grammar" for r in forced)
+    assert out.forced == sum(r.drafted for r in forced) > 0
+    assert out.forced_accepted == out.forced  # at T = 0 each has one tokenization
+    assert policy.observed == [r for r in seen if not r.forced]
+    assert out.rounds < out.new_tokens  # forced runs go through several tokens a forward
+
+
+def test_a_refused_deterministic_draft_is_not_run(models: tuple[Any, Any], tok: Any) -> None:
+    """Prompt lookup proposes the prompt's continuation "zz", which the grammar refuses:
+    the chain is cut there, so the forward runs the last token alone."""
+    target, _ = models
+    seen: list[Any] = []
+    prompt = [ID["a"], ID["z"], ID["z"], ID["a"]]
+    sd.generate(
+        target,
+        sd.PromptLookup(min_ngram=1),
+        prompt,
+        max_new_tokens=1,
+        k=2,
+        eos_token_id=[0],
+        grammar=Grammar.regex("[ab]+"),
+        tokenizer=tok,
+        on_round=seen.append,
+    )
+    assert seen[0].drafted == 0 and seen[0].positions == 1
+
+
+def test_a_budget_that_ends_first_says_the_output_is_incomplete(
+    models: tuple[Any, Any], tok: Any
+) -> None:
+    target, _ = models
+    out = generate(target, sd.PromptLookup(), tok, Grammar.json_schema(SCHEMA), max_new_tokens=4)
+    assert out.stop_reason == "length" and out.grammar_accepting is False
+    assert text_of(tok, out.tokens).startswith('{"a":')
+    short = generate(target, None, tok, Grammar.choice(["ab1", "xyz"]), max_new_tokens=9)
+    assert short.tokens[-1] == 0 and short.grammar_accepting
+    plain = sd.generate(target, None, [1], max_new_tokens=2, eos_token_id=[])
+    assert plain.grammar_accepting is None
+
+
+def test_misuse_is_a_value_error(models: tuple[Any, Any], tok: Any) -> None:
+    target, _ = models
+    grammar = Grammar.regex("[ab]+")
+    cases = [
+        ({"grammar": grammar}, "tokenizer="),
+        ({"tokenizer": tok}, "only with a grammar"),
+        ({"grammar": grammar, "tokenizer": tok, "eos_token_id": []}, "EOS id"),
+        ({"grammar": grammar, "tokenizer": tok, "tree": 4}, "chains only"),
+        ({"grammar": "[ab]+", "tokenizer": tok}, "structured.Grammar"),
+        ({"grammar": grammar, "tokenizer": object()}, "fast tokenizer"),
+    ]
+    for kw, message in cases:
+        options = {"eos_token_id": [0], **kw}
+        with pytest.raises(ValueError, match=re.escape(message)):
+            sd.generate(target, sd.PromptLookup(), [1, 2], max_new_tokens=4, **options)
+
+
+def test_each_batch_row_has_its_own_grammar_and_runs_as_it_would_alone(
+    models: tuple[Any, Any], tok: Any
+) -> None:
+    target, _ = models
+    grammars = [Grammar.json_schema(SCHEMA), None, Grammar.regex("(ab|a|b)+(xy)?c")]
+    prompts = [[1, 2, 3], [4, 5], [ID["a"], ID["b"], ID["a"]]]
+    requests = [
+        sd.Request(prompt, 30, temperature=0.8, seed=i, eos_token_id=[0], grammar=g)
+        for i, (prompt, g) in enumerate(zip(prompts, grammars, strict=True))
+    ]
+    out = sd.generate_batch(
+        target, sd.PromptLookup, [], max_new_tokens=1, k=3, requests=requests, tokenizer=tok
+    )
+    for i, (prompt, g) in enumerate(zip(prompts, grammars, strict=True)):
+        alone = sd.generate(
+            target,
+            sd.PromptLookup(),
+            prompt,
+            max_new_tokens=30,
+            k=3,
+            temperature=0.8,
+            seed=i,
+            eos_token_id=[0],
+            grammar=g,
+            tokenizer=tok if g is not None else None,
+        )
+        row = out.rows[i].result
+        assert row is not None and row.tokens == alone.tokens, i
+        assert row.forced == alone.forced and (row.forced > 0) == (g is not None)
+    with pytest.raises(ValueError, match="tokenizer="):
+        sd.generate_batch(target, sd.PromptLookup, [], max_new_tokens=1, requests=requests)
