@@ -31,7 +31,7 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -54,6 +54,9 @@ from specdec_rs.serve.protocol import (
 )
 from specdec_rs.serve.text import TextAssembler
 from specdec_rs.serve.worker import Done, EngineWorker, Failed, Tokens, log
+
+if TYPE_CHECKING:
+    from specdec_rs.structured import Grammar
 
 
 @dataclass
@@ -320,7 +323,28 @@ def _completion(body: Sampling) -> CompletionRequest:
     return body
 
 
-def engine_request(served: Served, body: Sampling, ids: list[int]) -> tuple[Request, str]:
+def grammar_of(body: Sampling) -> Grammar | None:
+    """The body's grammar (response_format or structured_outputs), a 400
+    naming the field and the problem when it cannot be compiled."""
+    try:
+        asked = body.grammar()
+    except ImportError:
+        raise Refusal(
+            400,
+            "this server has no grammar library for structured output; install it "
+            "with pip install 'specdec_rs[structured]' and restart",
+            "bad_request",
+            param="response_format",
+        ) from None
+    except ValueError as e:
+        field = "structured_outputs" if body.structured_outputs is not None else "response_format"
+        raise Refusal(400, f"{field}: {e}", "bad_request", param=field) from None
+    return None if asked is None else asked[0]
+
+
+def engine_request(
+    served: Served, body: Sampling, ids: list[int], grammar: Grammar | None = None
+) -> tuple[Request, str]:
     """(the engine's `Request`, the drafter's name) for a checked body."""
     if not ids:
         raise Refusal(400, "the prompt is empty; send some text", "bad_request", param="prompt")
@@ -366,6 +390,7 @@ def engine_request(served: Served, body: Sampling, ids: list[int]) -> tuple[Requ
         eos_token_id=[] if body.ignore_eos else None,
         k=k,
         drafter=drafter,
+        grammar=grammar,
     )
     return request, drafter if k != 0 else "none"
 
@@ -565,7 +590,8 @@ async def handle(http: HttpRequest, schema: type[Sampling], kind: str) -> Respon
         served.outstanding += 1  # before any await: concurrent requests see it
         counted = True
         ids = await served.off_loop(prompt_ids, served, body)
-        request, drafter = engine_request(served, body, ids)
+        grammar = await served.off_loop(grammar_of, body)
+        request, drafter = engine_request(served, body, ids, grammar)
         try:
             rid, events = await served.worker.submit(request)
         except ValueError as e:

@@ -5,13 +5,16 @@ Strict types (a string where a number belongs is refused, not converted);
 an unknown field is refused; a field that would change the output's law
 (penalties, logit_bias, logprobs, best_of, n > 1) is refused unless it is
 at its neutral value, so nothing is silently ignored. Extensions beside
-OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, and `speculation`
-({"drafter": name, "k": γ}; k = 0 or drafter "none" switches it off).
+OpenAI's fields: `top_k`, `min_p`, `ignore_eos`, `speculation`
+({"drafter": name, "k": γ}; k = 0 or drafter "none" switches it off), and
+vLLM's `structured_outputs` ({"json" | "regex" | "choice" | "grammar" |
+"json_object": ...}); `response_format` (OpenAI's json_object and
+json_schema) is taken by both endpoints, as vLLM does.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
@@ -27,6 +30,9 @@ from pydantic import (
 from specdec_rs.limits import MAX_NEW_TOKENS, MAX_TOP_K
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.serve.text import MAX_STOP_CHARS, MAX_STOPS
+
+if TYPE_CHECKING:
+    from specdec_rs.structured import Grammar
 
 MAX_SEED = 2**63 - 1
 
@@ -60,6 +66,68 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    """OpenAI's response_format.json_schema: the schema and its name."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    description: str | None = None
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format: plain text, any JSON object, or JSON valid
+    under a schema."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError(
+                'response_format.json_schema goes with (and only with) type "json_schema"'
+            )
+        return self
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs: exactly one of json (a schema), regex,
+    choice, grammar (Lark or GBNF) or json_object (true)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    json_: dict[str, Any] | str | None = Field(default=None, alias="json")
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    @model_validator(mode="after")
+    def exactly_one(self) -> StructuredOutputs:
+        given = [
+            name
+            for name, value in (
+                ("json", self.json_),
+                ("regex", self.regex),
+                ("choice", self.choice),
+                ("grammar", self.grammar),
+                ("json_object", self.json_object or None),
+            )
+            if value is not None
+        ]
+        if len(given) != 1:
+            raise ValueError(
+                "structured_outputs takes exactly one of json, regex, choice, grammar or "
+                f"json_object: true (given: {', '.join(given) or 'none'})"
+            )
+        return self
+
+
 class Sampling(BaseModel):
     """The fields both endpoints share."""
 
@@ -81,6 +149,8 @@ class Sampling(BaseModel):
     logit_bias: Annotated[dict[str, Any], Field(max_length=0)] | None = None
     ignore_eos: bool = False
     speculation: Speculation | None = None
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputs | None = None
 
     @field_validator("stream_options")
     @classmethod
@@ -93,6 +163,20 @@ class Sampling(BaseModel):
         return value
 
     @model_validator(mode="after")
+    def one_constraint(self) -> Sampling:
+        """At most one of response_format (other than text) and
+        structured_outputs; a grammar needs the EOS it ends on."""
+        constrained = self.response_format is not None and self.response_format.type != "text"
+        if constrained and self.structured_outputs is not None:
+            raise ValueError("give response_format or structured_outputs, not both")
+        if (constrained or self.structured_outputs is not None) and self.ignore_eos:
+            raise ValueError(
+                "ignore_eos: a constrained output ends with the EOS its grammar allows; "
+                "drop ignore_eos or the constraint"
+            )
+        return self
+
+    @model_validator(mode="after")
     def no_penalties(self) -> Sampling:
         """Penalties change the law the output is sampled from; this server
         serves the model's own distribution exactly."""
@@ -103,6 +187,30 @@ class Sampling(BaseModel):
                     "this server samples the model's own law exactly: send 0 or leave it out"
                 )
         return self
+
+    def grammar(self) -> tuple[Grammar, str] | None:
+        """(the grammar the body asks for, the field that asks for it), or
+        None for free text. ValueError (from `structured.Grammar`) for a
+        schema, regex or grammar it cannot compile, naming the problem."""
+        from specdec_rs.structured import Grammar
+
+        f, so = self.response_format, self.structured_outputs
+        if f is not None and f.type == "json_object":
+            return Grammar.json_object(), "response_format"
+        if f is not None and f.json_schema is not None:
+            schema = f.json_schema.schema_
+            return Grammar.json_schema({} if schema is None else schema), "response_format"
+        if so is None:
+            return None
+        if so.json_ is not None:
+            return Grammar.json_schema(so.json_), "structured_outputs.json"
+        if so.regex is not None:
+            return Grammar.regex(so.regex), "structured_outputs.regex"
+        if so.choice is not None:
+            return Grammar.choice(so.choice), "structured_outputs.choice"
+        if so.grammar is not None:
+            return Grammar.grammar(so.grammar), "structured_outputs.grammar"
+        return Grammar.json_object(), "structured_outputs.json_object"
 
     @property
     def stops(self) -> list[str]:
@@ -178,12 +286,6 @@ class Message(BaseModel):
         return {"role": "system" if self.role == "developer" else self.role, "content": text}
 
 
-class ResponseFormat(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    type: Literal["text"]
-
-
 class ChatRequest(Sampling):
     """POST /v1/chat/completions: `messages` through the model's chat template."""
 
@@ -192,7 +294,6 @@ class ChatRequest(Sampling):
     max_completion_tokens: Budget | None = None
     logprobs: Literal[False] | None = None
     top_logprobs: Literal[0] | None = None
-    response_format: ResponseFormat | None = None
     tools: Annotated[list[Any], Field(max_length=0)] | None = None
     tool_choice: Literal["none"] | None = None
 

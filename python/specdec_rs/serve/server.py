@@ -101,6 +101,21 @@ class ServerOptions:
         return int(self.max_body_mb * (1 << 20))
 
 
+def prepare_grammars(engine: BatchEngine, tokenizer: Any) -> None:
+    """Prepare the tokenizer for grammars now (a second or more), not at
+    the first constrained request; nothing without the `structured` extra."""
+    try:
+        import llguidance  # noqa: F401
+    except ImportError:
+        return
+    from specdec_rs.generation.inputs import eos_set
+    from specdec_rs.structured.constraint import prepared
+
+    eos = eos_set(None, engine.target)
+    if eos:
+        prepared(tokenizer, engine.vocab, eos)
+
+
 def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
     """The engine, its worker (not started yet) and the routes' state."""
     from specdec_rs.policy import Goodput
@@ -122,7 +137,9 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         goodput=goodput,
         vocab_size=len(tokenizer) if speculating else None,
         drafters=factories,
+        tokenizer=tokenizer,
     )
+    prepare_grammars(engine, tokenizer)
     context = getattr(target.config, "max_position_embeddings", None)
     context = int(context) if context else None
     return Served(
