@@ -20,12 +20,16 @@ MESSAGE = "Write a short poem about the sea, and then another one."
 
 @pytest.fixture(scope="module")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The served test model, saved in a fresh folder (see `save_model`)."""
+    return save_model(tmp_path_factory.mktemp("served-model"))
+
+
+def save_model(folder: Path) -> Path:
     """A local model folder: a 2-layer random Llama whose LM head is its
     embedding (scaled by 4): greedy repeats the last token (prompt lookup's
     drafts are accepted), sampling at T = 1 still varies."""
     import torch
 
-    folder = tmp_path_factory.mktemp("served-model")
     _, tokenizer = models.load_smollm2()
     model = models.tiny_llama(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, seed=0)
     with torch.no_grad():

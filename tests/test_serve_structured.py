@@ -169,3 +169,30 @@ def test_an_unsupported_constraint_is_a_400_and_the_server_goes_on(
             assert error["param"] == param
     ok = client(server).completions.create(model="tiny", prompt="go on", max_tokens=2)
     assert ok.usage is not None and ok.usage.completion_tokens == 2
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_a_grammar_the_tokenizer_cannot_follow_is_a_400_streamed_or_not(
+    server: Background, drafter: str
+) -> None:
+    """U+63A19 starts with the byte F1, which no token of SmolLM2's
+    vocabulary holds: the regex cannot be followed mid-generation (found
+    by the fuzz, tests/schema_fuzz.py). A 400, or an error event when
+    streamed; then the server goes on."""
+    body = {
+        "messages": MESSAGES,
+        "max_tokens": 8,
+        "structured_outputs": {"regex": "ab\U00063a19c"},
+        "speculation": {"drafter": drafter},
+    }
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    assert r.status_code == 400, r.text
+    assert "no tokenization" in r.json()["error"]["message"]
+    streamed = {**body, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=streamed) as s:
+        events = [line for line in s.iter_lines() if line.startswith("data: ")]
+    error = json.loads(events[-2][len("data: ") :])["error"]
+    assert error["type"] == "invalid_request_error" and "no tokenization" in error["message"]
+    assert events[-1] == "data: [DONE]"
+    ok = client(server).completions.create(model="tiny", prompt="go on", max_tokens=2)
+    assert ok.usage is not None and ok.usage.completion_tokens == 2

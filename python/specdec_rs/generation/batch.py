@@ -60,6 +60,7 @@ from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.policy import FixedK
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.structured.constraint import GrammarDeadEnd
 
 if TYPE_CHECKING:
     import torch
@@ -97,11 +98,14 @@ class Request:
 @dataclass(frozen=True)
 class Finished:
     """A request that left the batch: its id (`BatchEngine.submit`'s), and
-    its result, or the error that ended it (then result is None)."""
+    its result, or the error that ended it (then result is None). refused:
+    the error is the request's own (its grammar cannot be followed by this
+    model's tokenizer), not the engine's."""
 
     id: int
     result: GenerationResult | None
     error: str | None = None
+    refused: bool = False
 
 
 @dataclass(frozen=True)
@@ -443,7 +447,8 @@ class BatchEngine:
         row = self.rows[slot]
         assert row is not None
         self._free(slot)
-        self.finished.append(Finished(row.id, None, f"request {row.id}: {error}"))
+        refused = isinstance(error, GrammarDeadEnd)
+        self.finished.append(Finished(row.id, None, f"request {row.id}: {error}", refused))
 
     def _round(self) -> None:
         started = time.perf_counter()

@@ -247,6 +247,8 @@ class Answer:
                     yield rest
             elif isinstance(event, Failed):
                 self.finish_reason = "error"
+                if event.status == 400:  # the request's own (a grammar this model cannot follow)
+                    raise Refusal(400, event.error, "bad_request")
                 raise RuntimeError(event.error)
 
     @property
@@ -452,6 +454,10 @@ async def stream_body(
         yield sse(error_body(str(e), kind="server_error"))
         yield b"data: [DONE]\n\n"
         return
+    except Refusal as e:
+        yield sse(error_body(e.message, kind="invalid_request_error", param=e.param))
+        yield b"data: [DONE]\n\n"
+        return
     yield sse({**chunk_json(served, kind, rid, None, answer.finish_reason), **usage})
     if include_usage:
         last = chunk_json(served, kind, rid, None, None)
@@ -556,6 +562,8 @@ async def whole_answer(
     if not collecting.done() or collecting.cancelled():
         return Response(status_code=499)  # the client left; nobody reads this
     error = collecting.exception()
+    if isinstance(error, Refusal):
+        return error.response()
     if error is not None:
         return JSONResponse(error_body(str(error), kind="server_error"), status_code=500)
     body = completion_json(served, kind, rid, "".join(parts), answer.finish_reason)

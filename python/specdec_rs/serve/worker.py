@@ -47,7 +47,11 @@ class Done:
 
 @dataclass(frozen=True)
 class Failed:
+    """A request the engine ended with an error; status 400 when the error
+    is the request's own (`Finished.refused`), else 500."""
+
     error: str
+    status: int = 500
 
 
 Event = Tokens | Done | Failed
@@ -159,7 +163,10 @@ class EngineWorker:
         for f in finished:
             sink = self.sinks.pop(f.id, None)
             if sink is not None:
-                sink.put(Done(f.result) if f.result is not None else Failed(f.error or "failed"))
+                if f.result is not None:
+                    sink.put(Done(f.result))
+                else:
+                    sink.put(Failed(f.error or "failed", 400 if f.refused else 500))
 
     def _fail_all(self, error: str) -> None:
         for rid in list(self.sinks):

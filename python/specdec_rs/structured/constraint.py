@@ -41,20 +41,30 @@ _PREPARED: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]
 )
 
 
+class GrammarDeadEnd(ValueError):
+    """The grammar allows no token of this tokenizer at this point (e.g. it
+    requires a byte no token holds): the request's grammar cannot be
+    followed by this model, whatever is sampled. The server answers it
+    with a 400."""
+
+
 @dataclass(frozen=True)
 class Walk:
     """A round's drafts as the grammar reads them.
 
     allowed: (consumed + 1, V) bool, row i the tokens allowed at the
     round's position i. consumed: drafts the matcher consumed (all allowed,
-    none an EOS). refused: the index of the first draft refused, or None.
-    eos: the walk ended at an allowed EOS draft (index consumed).
+    none an EOS; the tail included). refused: the index of the first draft
+    refused, or None. eos: the walk ended at an allowed EOS draft (index
+    consumed). tail: the tokens the grammar forces after the last draft
+    (consumed too), to run as further drafts with a one-hot q.
     """
 
     allowed: npt.NDArray[np.bool_]
     consumed: int
     refused: int | None
     eos: bool = False
+    tail: tuple[int, ...] = ()
 
     @property
     def useful(self) -> int:
@@ -95,9 +105,11 @@ class Constraint:
         self._check("computing the mask")
         return np.unpackbits(bits, bitorder="little")[: self.vocab].astype(bool)
 
-    def walk(self, drafts: Sequence[int]) -> Walk:
+    def walk(self, drafts: Sequence[int], tail: int = 0) -> Walk:
         """The masks along `drafts` (see the module docs); the matcher keeps
-        the consumed drafts until `settle`."""
+        the consumed drafts until `settle`. When every draft (one at least)
+        was consumed, up to `tail` tokens the grammar then forces follow
+        them (`Walk.tail`)."""
         rows = [self.mask()]
         consumed, refused, eos = 0, None, False
         for x in drafts:
@@ -110,7 +122,15 @@ class Constraint:
             self._consume(x, "a draft")
             consumed += 1
             rows.append(self.mask())
-        return Walk(np.stack(rows), consumed, refused, eos)
+        forced: list[int] = []
+        if drafts and consumed == len(drafts):
+            for x in self.forced(tail):
+                if not rows[-1][x] or x in self.eos:
+                    break
+                self._consume(x, "a forced draft")
+                forced.append(x)
+                rows.append(self.mask())
+        return Walk(np.stack(rows), consumed + len(forced), refused, eos, tuple(forced))
 
     def settle(self, walk: Walk, emitted: Sequence[int]) -> None:
         """After the round's verification: `emitted` is its kept drafts and
@@ -136,9 +156,13 @@ class Constraint:
             self._consume(last, "the emitted token")
 
     def _consume(self, token: int, what: str) -> None:
+        """Consume a token the mask allowed (or the grammar forced). The
+        library refuses one only where the text it requires has no
+        tokenization (its mask and forced tokens then skip the missing
+        bytes): a dead end."""
         if not self.matcher.consume_token(int(token)):
             self._check(f"consuming {what} {token}")
-            raise RuntimeError(f"the grammar refused {what} {token}")
+            raise GrammarDeadEnd(f"the grammar refused {what} {token} its own mask allowed")
 
     def _check(self, when: str) -> None:
         if self.matcher.is_error():
@@ -146,7 +170,10 @@ class Constraint:
             reason = error.splitlines()[0] if error else "no message"
             if reason == "NoExtensionBias":
                 reason = "no token of the tokenizer can continue the text the grammar allows"
-            raise ValueError(f"the grammar failed while {when}: {reason}")
+            raise GrammarDeadEnd(
+                f"the grammar failed while {when}: {reason}; the text it requires here has "
+                "no tokenization in this model's vocabulary (e.g. a character no token holds)"
+            )
 
 
 def prepared(tokenizer: Any, vocab: int, eos: Iterable[int]) -> LLTokenizer:

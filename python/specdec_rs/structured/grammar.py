@@ -68,6 +68,7 @@ class Grammar:
             text = json.dumps(schema, ensure_ascii=False, allow_nan=False)
         except (TypeError, ValueError) as error:
             raise ValueError(f"json_schema cannot be written as JSON: {error}") from None
+        _check_exact_integers(schema, "json_schema")
         return _checked(cls("json_schema", _bounded(text, "json_schema")))
 
     @classmethod
@@ -158,3 +159,40 @@ def _checked(grammar: Grammar) -> Grammar:
         }.get(grammar.kind, "check the input")
         raise ValueError(f"{grammar.kind} is not supported as given: {message}; {hint}")
     return grammar
+
+
+EXACT_INTEGER = 2**53  # beyond it a float64 (the grammar compiler's number) skips integers
+# the keywords whose numbers the output must meet exactly
+NUMBER_KEYWORDS = frozenset(
+    {"enum", "const", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "multipleOf"}
+)
+
+
+def _check_exact_integers(node: Any, where: str, keyword: str | None = None) -> None:
+    """ValueError for an integer beyond ±2^53 in a schema's enum or const,
+    or a bound there that a float64 cannot hold: the compiler holds numbers
+    as float64, so it would require a neighbour of the number asked for
+    (the fuzz found it: an enum of 2^60 + 1 gave 2^60)."""
+    if isinstance(node, dict):
+        for key, value in node.items():  # an enum's or const's objects are data: all checked
+            inner = keyword if keyword in ("enum", "const") else None
+            if inner is None and key in NUMBER_KEYWORDS:
+                inner = key
+            _check_exact_integers(value, f"{where}.{key}", inner)
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            _check_exact_integers(value, f"{where}[{i}]", keyword)
+    elif (
+        keyword is not None
+        and isinstance(node, int)
+        and not isinstance(node, bool)
+        and abs(node) > EXACT_INTEGER
+        # a bound a float64 holds exactly is met exactly; an enum's or const's
+        # integer is written back as the float's shortest text, another number
+        and (keyword in ("enum", "const") or int(float(node)) != node)
+    ):
+        raise ValueError(
+            f"{where} = {node}: integers beyond ±2^53 ({EXACT_INTEGER}) are not exact in the "
+            "grammar compiler, which would require a neighbouring number; give the value as "
+            "a string or a number within that range"
+        )
