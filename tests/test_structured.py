@@ -14,7 +14,7 @@ import pytest
 import specdec_rs as sd
 from grammar_fixtures import PIECES, tiny_tokenizer
 from specdec_rs.models import tiny_llama
-from specdec_rs.structured import Grammar, bind
+from specdec_rs.structured import Grammar, GrammarDeadEnd, bind
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("llguidance")
@@ -83,6 +83,9 @@ def test_each_kind_of_grammar_is_made_and_checked() -> None:
         (lambda: Grammar.json_schema(False), "matches nothing"),
         (lambda: Grammar.json_schema({"type": "object", "not": {}}), '"not"'),
         (lambda: Grammar.json_schema({"type": "string", "pattern": "(?=a)b"}), "look-around"),
+        # found by the fuzz: the compiler's float64 would require 2^60, not 2^60 + 1
+        (lambda: Grammar.json_schema({"enum": [2**60 + 1]}), "json_schema.enum[0]"),
+        (lambda: Grammar.json_schema({"type": "integer", "maximum": 2**60 + 1}), "2^53"),
         (lambda: Grammar.regex("("), "unclosed group"),
         (lambda: Grammar.regex(""), "non-empty"),
         (lambda: Grammar.choice([]), "1 to"),
@@ -197,11 +200,56 @@ def test_forced_tokens_are_free_drafts_and_a_policy_does_not_learn_from_them(
     grammar = Grammar.json_schema(SCHEMA)
     out = generate(target, sd.PromptLookup(), tok, grammar, k=policy, on_round=seen.append)
     forced = [r for r in seen if r.forced]
-    assert forced and all(r.asked == r.drafted and r.source == "grammar" for r in forced)
-    assert out.forced == sum(r.drafted for r in forced) > 0
+    assert forced and all(r.asked == r.drafted == r.forced_drafts for r in forced)
+    assert all(r.source == "grammar" for r in forced)
+    assert out.forced == sum(r.forced_drafts for r in seen) > 0
+    assert out.forced_accepted == sum(r.forced_accepted for r in seen)
     assert out.forced_accepted == out.forced  # at T = 0 each has one tokenization
-    assert policy.observed == [r for r in seen if not r.forced]
+    assert policy.observed == [r.drafters_part() for r in seen if not r.forced]
     assert out.rounds < out.new_tokens  # forced runs go through several tokens a forward
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_what_the_grammar_forces_after_the_drafts_extends_the_chain(
+    models: tuple[Any, Any], tok: Any, temperature: float
+) -> None:
+    """Prompt lookup drafts "a" (the prompt's "b" was followed by "a"); the
+    grammar [ab],,,: then forces ",,,:": one round runs the draft and its
+    forced tail (q one-hot), the policy learns from the draft alone, and the
+    text follows the grammar."""
+
+    class Recording(sd.FixedK):
+        def __init__(self) -> None:
+            super().__init__(1)
+            self.observed: list[Any] = []
+
+        def observe_round(self, r: Any) -> None:
+            self.observed.append(r)
+
+    target, _ = models
+    seen: list[Any] = []
+    policy = Recording()
+    out = sd.generate(
+        target,
+        sd.PromptLookup(min_ngram=1),
+        [ID["b"], ID["a"], ID["b"]],
+        max_new_tokens=12,
+        k=policy,
+        temperature=temperature,
+        seed=4,
+        eos_token_id=[0],
+        grammar=Grammar.regex("[ab],,,:"),
+        tokenizer=tok,
+        on_round=seen.append,
+    )
+    first = seen[0]
+    assert (first.asked, first.drafted, first.forced_drafts) == (5, 5, 4)
+    assert first.tokens.tolist() == [ID["a"], *[ID[","]] * 3, ID[":"]]
+    assert torch.equal(first.q[1:], torch.nn.functional.one_hot(first.tokens[1:], V).float())
+    assert policy.observed[0].asked == policy.observed[0].drafted == 1
+    assert policy.observed[0].accepted == min(first.accepted, 1)
+    assert re.fullmatch("[ab],,,:", text_of(tok, out.tokens)) and out.tokens[-1] == 0
+    assert out.forced == sum(r.forced_drafts for r in seen) >= 4
 
 
 def test_a_refused_deterministic_draft_is_not_run(models: tuple[Any, Any], tok: Any) -> None:
@@ -252,6 +300,18 @@ def test_misuse_is_a_value_error(models: tuple[Any, Any], tok: Any) -> None:
         options = {"eos_token_id": [0], **kw}
         with pytest.raises(ValueError, match=re.escape(message)):
             sd.generate(target, sd.PromptLookup(), [1, 2], max_new_tokens=4, **options)
+
+
+@pytest.mark.parametrize("drafter", ["none", "prompt-lookup"])
+def test_a_grammar_the_tokenizer_cannot_follow_is_a_dead_end_error(
+    models: tuple[Any, Any], tok: Any, drafter: str
+) -> None:
+    """'q' has no token in the tiny vocabulary: the text "abq" cannot be
+    tokenized, so the generation ends with GrammarDeadEnd (a ValueError;
+    the server's 400), never a wrong token or an internal error."""
+    target, draft = models
+    with pytest.raises(GrammarDeadEnd, match="no tokenization"):
+        generate(target, drafters(target, draft)[drafter], tok, Grammar.regex("abq"))
 
 
 def test_each_batch_row_has_its_own_grammar_and_runs_as_it_would_alone(

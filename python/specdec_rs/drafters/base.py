@@ -19,6 +19,10 @@ A drafter is an object with these members (`generate` calls the first five,
   `target_hidden` (num_accepted + 1, H): the verification forward's last
   hidden states of the positions kept (seq's last token and the kept drafts),
   when ``needs_target_hidden``; no extra target pass is ever run for them.
+  Under a grammar the round's drafts may not all be the drafter's: a round
+  the grammar forced (``propose`` was not called) or the grammar's forced
+  tail after the drafter's drafts; `num_accepted` then counts those too,
+  and seq + its first `num_accepted` drafts is the text to follow.
 - ``acceptance(tf, k_max) -> a (n, k_max)``: teacher forcing. a[t, i] is the
   probability that draft i + 1 of a round starting at answer position t is
   kept given the drafts before it were (NaN where no such draft exists).

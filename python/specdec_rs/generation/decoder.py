@@ -164,29 +164,45 @@ class Decoder:
         if self.constraint is not None:
             if tree:
                 raise ValueError("a grammar constrains chains only; drop tree= or the grammar")
-            proposal, walk = self._constrain(proposal)
+            tail = 0 if proposal.window is not None else forced - len(proposal.tokens)
+            proposal, walk = self._constrain(proposal, tail)
             if proposal.source == FORCED_SOURCE:
                 asked = len(proposal.tokens)
+            else:
+                asked += len(walk.tail)
         block = None
         if getattr(proposal, "parents", None) is None and proposal.window is None:
             block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
         return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0, walk)
 
-    def _constrain(self, proposal: Draft) -> tuple[Draft, Walk]:
+    def _constrain(self, proposal: Draft, tail: int) -> tuple[Draft, Walk]:
         """The grammar's walk along a chain's drafts, and the chain cut to
         the drafts worth running: none after an EOS; none after a refused
         draft; and not the refused draft itself when it is deterministic
         (q one-hot there: rejected with certainty, the round's last token is
-        drawn from that row's masked p either way)."""
+        drawn from that row's masked p either way). When the grammar forces
+        what follows the last draft, up to `tail` such tokens extend the
+        chain, q one-hot: each is a function of the drafts before it, so
+        its row is the law it was drawn from, and the chain stays exact."""
+        import torch
+
         assert self.constraint is not None
         tokens = [int(t) for t in proposal.tokens.tolist()]
-        walk = self.constraint.walk(tokens)
+        walk = self.constraint.walk(tokens, max(0, tail))
         keep = walk.useful
         i = walk.refused
         if i is not None and float(proposal.q[i, tokens[i]]) == 1.0:
             keep = i
         if keep < len(tokens):
             proposal = replace(proposal, tokens=proposal.tokens[:keep], q=proposal.q[:keep])
+        if walk.tail:
+            extra = torch.tensor(walk.tail, dtype=proposal.tokens.dtype)
+            q = one_hot(extra, proposal.q.shape[-1]).to(proposal.q)
+            proposal = replace(
+                proposal,
+                tokens=torch.cat([proposal.tokens, extra.to(proposal.tokens.device)]),
+                q=torch.cat([proposal.q, q]),
+            )
         return proposal, walk
 
     def forward(self, pending: Pending) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -295,6 +311,13 @@ class Decoder:
             q=proposal.q,
             tokens=tokens,
             margins=margins,
+            forced_drafts=(
+                len(tokens)
+                if getattr(proposal, "source", None) == FORCED_SOURCE
+                else 0
+                if walk is None
+                else len(walk.tail)
+            ),
         )
         self.stats.add(r)
         return r

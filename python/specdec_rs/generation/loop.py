@@ -212,7 +212,7 @@ class Run:
         if self.trees is not None:
             self.trees.observe_round(r)
         elif self.decoder.drafter is not None and not r.forced:
-            self.policy.observe_round(r)
+            self.policy.observe_round(r.drafters_part())
         if self.on_round is not None:
             self.on_round(r)
         new = list(r.emitted[: self.remaining])

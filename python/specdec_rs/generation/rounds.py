@@ -4,7 +4,7 @@ generation's rounds (`Stats`). p = target, q = draft, k = γ.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from specdec_rs.structured.constraint import FORCED_SOURCE
@@ -29,6 +29,9 @@ class Round:
     drafter's rows (None for a fixed tree) and the drafts (on the models' device).
     margins: with generate(margins=True), the target's logit margin (top-1
     minus top-2) at each emitted token's position, else None.
+    forced_drafts: the chain's last drafts that a grammar forced (all of a
+    forced round's; the tail after a drafter's drafts), counted in drafted
+    and asked.
     """
 
     index: int
@@ -48,12 +51,35 @@ class Round:
     tokens: Any = field(default=None, repr=False, compare=False)
     margins: tuple[float, ...] | None = field(default=None, repr=False)
     window: int = 0
+    forced_drafts: int = 0
 
     @property
     def forced(self) -> bool:
         """The drafts were forced by a grammar (no drafter ran; a γ policy
         does not learn from this round)."""
         return self.source == FORCED_SOURCE
+
+    def drafters_part(self) -> Round:
+        """The round as the drafter made it, a grammar's forced tail
+        dropped (what a γ policy learns from: the drafts it asked for, and
+        how many of those were kept)."""
+        if not self.forced_drafts or self.forced:
+            return self
+        own = self.drafted - self.forced_drafts
+        return replace(
+            self,
+            asked=self.asked - self.forced_drafts,
+            drafted=own,
+            depth=own,
+            accepted=min(self.accepted, own),
+            positions=self.positions - self.forced_drafts,
+            forced_drafts=0,
+        )
+
+    @property
+    def forced_accepted(self) -> int:
+        """The grammar-forced drafts kept."""
+        return max(0, self.accepted - (self.drafted - self.forced_drafts))
 
     @property
     def policy_drafted(self) -> int:
@@ -105,9 +131,8 @@ class Stats:
         for i in range(r.checked):  # drafts 0..m-1 kept, draft m (if any) rejected
             self.reached[i] += 1
             self.accepted[i] += i < r.accepted
-        if r.forced:
-            self.forced += r.drafted
-            self.forced_accepted += r.accepted
+        self.forced += r.forced_drafts
+        self.forced_accepted += r.forced_accepted
         self.draft += r.draft_s
         self.target += r.target_s
         self.verify += r.verify_s
