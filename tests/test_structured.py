@@ -86,6 +86,10 @@ def test_each_kind_of_grammar_is_made_and_checked() -> None:
         # found by the fuzz: the compiler's float64 would require 2^60, not 2^60 + 1
         (lambda: Grammar.json_schema({"enum": [2**60 + 1]}), "json_schema.enum[0]"),
         (lambda: Grammar.json_schema({"type": "integer", "maximum": 2**60 + 1}), "2^53"),
+        (
+            lambda: Grammar.json_schema({"oneOf": [{"type": "string"}, {"maxLength": 3}]}),
+            "use anyOf",
+        ),
         (lambda: Grammar.regex("("), "unclosed group"),
         (lambda: Grammar.regex(""), "non-empty"),
         (lambda: Grammar.choice([]), "1 to"),

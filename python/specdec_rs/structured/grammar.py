@@ -152,6 +152,11 @@ def _checked(grammar: Grammar) -> Grammar:
     failed, messages = LLMatcher.validate_grammar_with_warnings(grammar.llguidance_grammar)
     if failed:
         message = messages[0].strip() if messages else "no message"
+        if "coerce_one_of" in message:  # the library's option, not one a request can set
+            message = (
+                "oneOf whose branches may overlap is not supported (exactly one must match); "
+                "use anyOf if any branch will do"
+            )
         hint = {
             "json_schema": "drop or rewrite that part of the schema",
             "regex": "use Rust regex syntax (no look-around or back-references)",
