@@ -256,6 +256,47 @@ def test_what_the_grammar_forces_after_the_drafts_extends_the_chain(
     assert out.forced == sum(r.forced_drafts for r in seen) >= 4
 
 
+@pytest.mark.parametrize("make", ["draft-model", "early-exit"])
+def test_a_model_drafter_draws_from_rows_masked_like_the_targets(
+    models: tuple[Any, Any], tok: Any, make: str
+) -> None:
+    """Each draft row q_i of a model drafter gives no mass to a token the
+    grammar refuses after the text and drafts 0..i-1 (so no draft is spent
+    on a certain rejection), replayed here with a matcher of our own."""
+    target, draft = models
+    grammar = Grammar.regex("[abc0-9]{3,6}(xy|z)[abc]{2,5}")
+    checked = 0
+    for seed in range(4):
+        seen: list[Any] = []
+        out = generate(
+            target,
+            drafters(target, draft)[make],
+            tok,
+            grammar,
+            temperature=1.0,
+            seed=seed,
+            on_round=seen.append,
+        )
+        assert out.grammar_accepting
+        replay = bind(grammar, tok, V, [0])
+        for r in seen:
+            consumed = 0
+            for i in range(0 if r.forced else r.drafted - r.forced_drafts):
+                allowed = torch.from_numpy(replay.mask())
+                assert float(r.q[i][~allowed].sum()) == 0.0, (seed, r.index, i)
+                checked += 1
+                if int(r.tokens[i]) == 0:
+                    break
+                assert replay.matcher.consume_token(int(r.tokens[i]))
+                consumed += 1
+            replay.matcher.rollback(consumed)
+            for x in r.emitted:
+                if x == 0:  # the text ends there (a round's tokens run past its EOS)
+                    break
+                assert replay.matcher.consume_token(x)
+    assert checked > 20
+
+
 def test_a_refused_deterministic_draft_is_not_run(models: tuple[Any, Any], tok: Any) -> None:
     """Prompt lookup proposes the prompt's continuation "zz", which the grammar refuses:
     the chain is cut there, so the forward runs the last token alone."""

@@ -1,6 +1,7 @@
 """The law of constrained generation under speculation: the whole output of
 `generate(..., grammar=...)` against the constrained target's exact law,
-with a drafter that ignores the mask, one that obeys it, and deterministic
+with a draft model that ignores the mask, one whose rows the decoder masks
+as it draws (`GrammarSampler`, the library's default), and deterministic
 drafts the grammar cuts, each with forced runs and rollbacks; one draft
 followed by the run the grammar forces after it (its tail, in the same
 round: k = 1 prompt lookup drafts "b", the grammar then forces "xy"); and
@@ -102,43 +103,12 @@ def exact_law(target: Any, tok: Any, config: SamplingConfig) -> dict[tuple[int, 
     return law
 
 
-class MaskedDraftModel(sd.DraftModel):
-    """A draft model that obeys the grammar: each draft drawn from its row
-    masked to the grammar after the text and the drafts before it (its own
-    matcher, caught up with the text at each proposal)."""
-
-    def __init__(self, model: Any, tok: Any):
-        super().__init__(model, name="model-masked")
-        self.tok = tok
-
-    def start(self, seq: Any, target_cache: Any, target_hidden: Any = None) -> None:
-        super().start(seq, target_cache, target_hidden)
-        self.constraint = bind(Grammar.regex(REGEX), self.tok, V, [EOS])
-        self.read = len(seq)
+class IgnoringDraftModel(sd.DraftModel):
+    """A draft model that ignores the grammar: it draws through the plain
+    sampler the decoder's masking one wraps (`GrammarSampler.unmasked`)."""
 
     def propose(self, seq: Any, k: int, sampler: Any) -> Draft:
-        c, cache = self.constraint, self._cache
-        assert cache is not None
-        for t in seq[self.read :].tolist():
-            assert c.matcher.consume_token(t)
-        self.read = len(seq)
-        feed = seq[cache.get_seq_length() :]
-        tokens, rows = [], []
-        for _ in range(k):
-            logits = forward(self.model, feed, cache, keep=1)[:, :V]
-            allowed = torch.from_numpy(c.mask())
-            q = sampler.probs(logits.masked_fill(~allowed, float("-inf")))
-            token, q = sampler.draw(q)
-            tokens.append(token)
-            rows.append(q)
-            if int(token) == EOS:  # never consumed (see structured.constraint)
-                break
-            assert c.matcher.consume_token(int(token))
-            feed = token
-        c.matcher.rollback(len(tokens) - (int(tokens[-1]) == EOS) if tokens else 0)
-        if not tokens:
-            return Draft(torch.zeros(0, dtype=torch.long), torch.zeros(0, V))
-        return Draft(torch.cat(tokens), torch.cat(rows))
+        return super().propose(seq, k, getattr(sampler, "unmasked", sampler))
 
 
 # ---- the bugs ---------------------------------------------------------------------------
@@ -205,7 +175,7 @@ class Setting:
 SETTINGS = {
     "draft-model-ignoring-the-mask-T1": Setting(
         SamplingConfig(1.0),
-        lambda t, d, tok: sd.DraftModel(d),
+        lambda t, d, tok: IgnoringDraftModel(d),
         3,
         "residual_unmasked",
         effect=0.0,
@@ -213,7 +183,7 @@ SETTINGS = {
     ),
     "draft-model-obeying-the-mask-T0.8-top-k": Setting(
         SamplingConfig(0.8, top_k=4),
-        lambda t, d, tok: MaskedDraftModel(d, tok),
+        lambda t, d, tok: sd.DraftModel(d),  # its rows masked as it draws (GrammarSampler)
         3,
         "rollback_short",
         effect=0.009,

@@ -14,8 +14,10 @@ cache, and their logits go back to the drafter (``observe_window``).
 
 With a grammar (`structured.Constraint`) every round is constrained: where
 the grammar forces the next tokens, they are the round's drafts (q one-hot;
-the drafter does not propose that round); otherwise the drafter's drafts
-are walked by the grammar, and a deterministic draft it refuses ends the
+the drafter does not propose that round); otherwise the drafter draws
+through a `GrammarSampler` (its rows masked as it draws), its drafts are
+walked by the grammar (a forced run after the last one follows it, q
+one-hot), and a deterministic draft it refuses ends the
 chain there (its rejection was certain, and its row gives the same token
 either way); the target rows the verifier may read are masked; the grammar
 then consumes what the round emitted.
@@ -41,7 +43,7 @@ from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round, Stats
 from specdec_rs.processors import Sampler, SamplingConfig, one_hot
-from specdec_rs.structured.constraint import FORCED_SOURCE, masked_logits
+from specdec_rs.structured.constraint import FORCED_SOURCE, GrammarSampler, masked_logits
 from specdec_rs.verify import verify, verify_gathered, verify_tree
 
 if TYPE_CHECKING:
@@ -342,7 +344,14 @@ class Decoder:
         if drafter is None or asked == 0:
             empty = torch.zeros(0, dtype=torch.long, device=self.device)
             return Draft(empty, None), []  # type: ignore[arg-type]
-        draft = drafter.propose(self.seq, asked, self.sampler)
+        if self.constraint is None:
+            draft = drafter.propose(self.seq, asked, self.sampler)
+        else:  # the drafter's own rows masked as it draws (`GrammarSampler`)
+            masked = GrammarSampler(self.sampler, self.constraint)
+            try:
+                draft = drafter.propose(self.seq, asked, masked)
+            finally:
+                masked.undo()
         tokens, q, flags = checked_draft(
             draft, asked, self.vocab, drafter.name, eager=not self.gathered
         )

@@ -28,9 +28,11 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from specdec_rs.processors import Sampler
 from specdec_rs.structured.grammar import Grammar
 
 if TYPE_CHECKING:
+    import torch
     from llguidance import LLMatcher, LLTokenizer
 
 FORCED_SOURCE = "grammar"  # the `source` of a round whose drafts the grammar forced
@@ -174,6 +176,58 @@ class Constraint:
                 f"the grammar failed while {when}: {reason}; the text it requires here has "
                 "no tokenization in this model's vocabulary (e.g. a character no token holds)"
             )
+
+
+class GrammarSampler(Sampler):
+    """The sampler a drafter draws through under a grammar (q masked like p).
+
+    probs(logits) of one full-vocabulary row (1, V') masks it to the tokens
+    the grammar allows after the text and the drafts drawn so far; draw()
+    of that row advances the grammar by the drawn token (an EOS ends the
+    advance). Rows of another shape (several at once, a head's reduced
+    vocabulary) pass unmasked. Whatever it masks, each q row it returns is
+    the law its draft was drawn from, so verification stays exact; the mask
+    only keeps the drafter from spending drafts the target must reject.
+    `undo` rolls back what it consumed (the decoder's walk then reads the
+    proposal from the state before it). `unmasked`: the sampler it wraps.
+    """
+
+    def __init__(self, sampler: Sampler, constraint: Constraint):
+        super().__init__(sampler.config, sampler.vocab_size, sampler.generator)
+        self._flags = sampler._flags  # deferred checks reach the round's sampler
+        self.unmasked, self.constraint = sampler, constraint
+        self.consumed = 0
+        self._last: torch.Tensor | None = None
+        self._ended = False
+
+    def probs(self, logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
+        full = logits.dim() == 2 and logits.shape[0] == 1 and logits.shape[1] >= self.vocab_size
+        if not full or self._ended:
+            return super().probs(logits, name)
+        allowed = self.constraint.mask()[None]
+        out = super().probs(masked_logits(logits, allowed, self.vocab_size), name)
+        self._last = out
+        return out
+
+    def draw(
+        self, probs: torch.Tensor, *, greedy: bool = False
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        tokens, q = super().draw(probs, greedy=greedy)
+        if probs is self._last and not self._ended:
+            self._last = None
+            token = int(tokens[0])
+            if token in self.constraint.eos:
+                self._ended = True  # never consumed (see the module docs)
+            else:
+                self.constraint._consume(token, "a draft being drawn")
+                self.consumed += 1
+        return tokens, q
+
+    def undo(self) -> None:
+        """Roll the grammar back to where the proposal started."""
+        if self.consumed and not self.constraint.matcher.rollback(self.consumed):
+            self.constraint._check("rolling back a draft's masks")
+        self.consumed = 0
 
 
 def prepared(tokenizer: Any, vocab: int, eos: Iterable[int]) -> LLTokenizer:
