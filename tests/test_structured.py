@@ -187,20 +187,23 @@ def test_heads_keep_the_greedy_identity(tmp_path: Any, tok: Any) -> None:
         assert generate(target, drafter, tok, grammar, temperature=0).tokens == plain.tokens, kind
 
 
+class Recording(sd.FixedK):
+    """A fixed γ that keeps every round it is shown."""
+
+    def __init__(self, k: int) -> None:
+        super().__init__(k)
+        self.observed: list[Any] = []
+
+    def observe_round(self, r: Any) -> None:
+        self.observed.append(r)
+
+
 def test_forced_tokens_are_free_drafts_and_a_policy_does_not_learn_from_them(
     models: tuple[Any, Any], tok: Any
 ) -> None:
-    class Recording(sd.FixedK):
-        def __init__(self) -> None:
-            super().__init__(3)
-            self.observed: list[Any] = []
-
-        def observe_round(self, r: Any) -> None:
-            self.observed.append(r)
-
     target, _ = models
     seen: list[Any] = []
-    policy = Recording()
+    policy = Recording(3)
     grammar = Grammar.json_schema(SCHEMA)
     out = generate(target, sd.PromptLookup(), tok, grammar, k=policy, on_round=seen.append)
     forced = [r for r in seen if r.forced]
@@ -222,17 +225,9 @@ def test_what_the_grammar_forces_after_the_drafts_extends_the_chain(
     forced tail (q one-hot), the policy learns from the draft alone, and the
     text follows the grammar."""
 
-    class Recording(sd.FixedK):
-        def __init__(self) -> None:
-            super().__init__(1)
-            self.observed: list[Any] = []
-
-        def observe_round(self, r: Any) -> None:
-            self.observed.append(r)
-
     target, _ = models
     seen: list[Any] = []
-    policy = Recording()
+    policy = Recording(1)
     out = sd.generate(
         target,
         sd.PromptLookup(min_ngram=1),

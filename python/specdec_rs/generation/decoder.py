@@ -60,7 +60,8 @@ class Pending:
     block: the chain's target input (1 + drafts,) on the target's device;
     None for a tree or a proposal with a window (their forward is
     `models.forward_tree`). walk: the grammar's reading of the drafts
-    (None without a grammar)."""
+    (None without a grammar); forced_drafts: the chain's last drafts the
+    grammar forced (all of a forced round's, else the walk's tail)."""
 
     asked: int
     tree: bool
@@ -69,6 +70,7 @@ class Pending:
     block: torch.Tensor | None
     draft_s: float
     walk: Walk | None = None
+    forced_drafts: int = 0
 
 
 class Decoder:
@@ -162,20 +164,22 @@ class Decoder:
 
         t0 = time.perf_counter()
         proposal, flags = self._propose(asked, tree, forced)
-        walk = None
+        walk, forced_drafts = None, 0
         if self.constraint is not None:
             if tree:
                 raise ValueError("a grammar constrains chains only; drop tree= or the grammar")
             tail = 0 if proposal.window is not None else forced - len(proposal.tokens)
             proposal, walk = self._constrain(proposal, tail)
             if proposal.source == FORCED_SOURCE:
-                asked = len(proposal.tokens)
+                asked = forced_drafts = len(proposal.tokens)
             else:
                 asked += len(walk.tail)
+                forced_drafts = len(walk.tail)
         block = None
         if getattr(proposal, "parents", None) is None and proposal.window is None:
             block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
-        return Pending(asked, tree, proposal, flags, block, time.perf_counter() - t0, walk)
+        seconds = time.perf_counter() - t0
+        return Pending(asked, tree, proposal, flags, block, seconds, walk, forced_drafts)
 
     def _constrain(self, proposal: Draft, tail: int) -> tuple[Draft, Walk]:
         """The grammar's walk along a chain's drafts, and the chain cut to
@@ -313,13 +317,7 @@ class Decoder:
             q=proposal.q,
             tokens=tokens,
             margins=margins,
-            forced_drafts=(
-                len(tokens)
-                if getattr(proposal, "source", None) == FORCED_SOURCE
-                else 0
-                if walk is None
-                else len(walk.tail)
-            ),
+            forced_drafts=pending.forced_drafts,
         )
         self.stats.add(r)
         return r

@@ -329,7 +329,7 @@ def grammar_of(body: Sampling) -> Grammar | None:
     """The body's grammar (response_format or structured_outputs), a 400
     naming the field and the problem when it cannot be compiled."""
     try:
-        asked = body.grammar()
+        return body.grammar()
     except ImportError:
         raise Refusal(
             400,
@@ -341,7 +341,6 @@ def grammar_of(body: Sampling) -> Grammar | None:
     except ValueError as e:
         field = "structured_outputs" if body.structured_outputs is not None else "response_format"
         raise Refusal(400, f"{field}: {e}", "bad_request", param=field) from None
-    return None if asked is None else asked[0]
 
 
 def engine_request(

@@ -188,29 +188,29 @@ class Sampling(BaseModel):
                 )
         return self
 
-    def grammar(self) -> tuple[Grammar, str] | None:
-        """(the grammar the body asks for, the field that asks for it), or
-        None for free text. ValueError (from `structured.Grammar`) for a
-        schema, regex or grammar it cannot compile, naming the problem."""
+    def grammar(self) -> Grammar | None:
+        """The grammar the body asks for, or None for free text. ValueError
+        (from `structured.Grammar`) for a schema, regex or grammar it cannot
+        compile, naming the problem."""
         from specdec_rs.structured import Grammar
 
         f, so = self.response_format, self.structured_outputs
         if f is not None and f.type == "json_object":
-            return Grammar.json_object(), "response_format"
+            return Grammar.json_object()
         if f is not None and f.json_schema is not None:
             schema = f.json_schema.schema_
-            return Grammar.json_schema({} if schema is None else schema), "response_format"
+            return Grammar.json_schema({} if schema is None else schema)
         if so is None:
             return None
         if so.json_ is not None:
-            return Grammar.json_schema(so.json_), "structured_outputs.json"
+            return Grammar.json_schema(so.json_)
         if so.regex is not None:
-            return Grammar.regex(so.regex), "structured_outputs.regex"
+            return Grammar.regex(so.regex)
         if so.choice is not None:
-            return Grammar.choice(so.choice), "structured_outputs.choice"
+            return Grammar.choice(so.choice)
         if so.grammar is not None:
-            return Grammar.grammar(so.grammar), "structured_outputs.grammar"
-        return Grammar.json_object(), "structured_outputs.json_object"
+            return Grammar.grammar(so.grammar)
+        return Grammar.json_object()
 
     @property
     def stops(self) -> list[str]:
