@@ -229,6 +229,9 @@ def test_predict_and_bench(
         (["generate"], ["give a prompt or --prompts-file F"]),
         (["generate", "hi", "--prompts-file", "p.jsonl"], ["give a prompt or --prompts-file F"]),
         (["generate", "--prompts-file", "/nonexistent"], ["is not a file"]),
+        (["generate", "hi", "--json-schema", "/nonexistent"], ["--json-schema file is missing"]),
+        (["generate", "hi", "--regex", "("], ["regex is not supported", "unclosed group"]),
+        (["generate", "hi", "--choice", "a,,b"], ["choice option 1"]),
     ],
 )
 def test_model_commands_fail_with_one_line(
@@ -236,6 +239,28 @@ def test_model_commands_fail_with_one_line(
 ) -> None:
     assert main(argv) == 2
     one_line_error(capsys.readouterr().err, *fragments)
+
+
+def test_generate_follows_a_json_schema_or_a_choice(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}},
+        "required": ["name"],
+        "additionalProperties": False,
+    }
+    file = tmp_path / "schema.json"
+    file.write_text(json.dumps(schema))
+    args = ["generate", "Give a name as JSON.", "--max-new-tokens", "24", "--json"]
+    assert main([*args, "--temperature", "0", "--json-schema", str(file)]) == 0
+    none = ["--drafter", "none"]
+    assert main([*args, "--temperature", "0", "--json-schema", str(file), *none]) == 0
+    lookup, plain = (json.loads(x) for x in capsys.readouterr().out.strip().splitlines())
+    assert lookup["text"] == plain["text"] and lookup["grammar_accepting"]
+    assert set(json.loads(lookup["text"])) == {"name"} and lookup["forced"] > 0
+    assert main([*args, "--choice", "yes,no", "--temperature", "0.7"]) == 0
+    assert json.loads(capsys.readouterr().out)["text"] in ("yes", "no")
 
 
 def test_linear_flag_takes_its_three_choices(capsys: pytest.CaptureFixture[str]) -> None:

@@ -214,15 +214,13 @@ def check_generate_flags(args: argparse.Namespace) -> list[Any]:
 def grammar_of(args: argparse.Namespace) -> Grammar | None:
     """The grammar the flags ask for (--json-schema, --regex, --grammar,
     --choice), checked before the model loads; None without one."""
-    from pathlib import Path
-
+    from specdec_rs import _files
     from specdec_rs.structured import Grammar
+    from specdec_rs.structured.grammar import MAX_SOURCE
 
     def text(path: str, flag: str) -> str:
-        try:
-            return Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as e:
-            raise ValueError(f"{flag} {path}: cannot read it as UTF-8 text ({e})") from None
+        fix = f"give {flag} a UTF-8 text file"
+        return _files.read_text(path, what=f"{flag} file", fix=fix, limit=4 * MAX_SOURCE)
 
     if args.json_schema is not None:
         return Grammar.json_schema(text(args.json_schema, "--json-schema"))
