@@ -33,12 +33,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import torch
+from lscpu import flags, lscpu
 from specdec_rs import _core, models
 from specdec_rs.generation import BatchEngine
 from specdec_rs.gguf.modules import QuantLinear
@@ -51,16 +51,13 @@ OTHER_PHASES = ("norms", "rope and cache writes", "activation")
 
 def host() -> dict[str, Any]:
     """lscpu's vendor, family/model, the flags that matter; read bandwidth and peak."""
-    info = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout
-    fields = dict(
-        (k.strip(), v.strip()) for k, _, v in (ln.partition(":") for ln in info.splitlines())
-    )
-    flags = set(fields.get("Flags", "").split())
+    fields = lscpu()
+    have = flags(fields)
     wanted = ("avx2", "fma", "f16c", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_tile")
     return {
         "cpu": f"{fields.get('Vendor ID', '?')} {fields.get('Model name', '?')}, family "
         f"{fields.get('CPU family', '?')} model {fields.get('Model', '?')}",
-        "flags": [f for f in wanted if f in flags],
+        "flags": [f for f in wanted if f in have],
         "cores": fields.get("CPU(s)", "?"),
         "kernel path": _core.qlinear_path(),
         "read GB/s (2 threads)": _core.read_bandwidth(512 << 20, 2) / 1e9,

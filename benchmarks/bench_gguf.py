@@ -34,6 +34,7 @@ from typing import Any
 
 import specdec_rs as sd
 import torch
+from lscpu import flags, lscpu
 from specdec_rs import _core, drafters, models
 from specdec_rs.generation.inputs import eos_set
 from specdec_rs.gguf.modules import QuantLinear
@@ -376,17 +377,12 @@ def main() -> None:
 
 
 def _host() -> str:
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
+    fields = lscpu()
+    if not fields:
         return "unknown"
-    model = next(
-        (ln.split(":", 1)[1].strip() for ln in info.splitlines() if ln.startswith("Model name")),
-        "?",
-    )
-    flags = next((ln for ln in info.splitlines() if ln.startswith("Flags")), "")
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else "no AVX2"
-    return f"{model}, {os.cpu_count()} cores, {isa}"
+    have = flags(fields)
+    isa = "AVX-512" if "avx512f" in have else "AVX2" if "avx2" in have else "no AVX2"
+    return f"{fields.get('Model name', '?')}, {os.cpu_count()} cores, {isa}"
 
 
 def _markdown(r: dict[str, Any]) -> str:

@@ -35,12 +35,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import time
 from pathlib import Path
 from typing import Any
 
 import specdec_rs as sd
+from lscpu import flags, lscpu
 from specdec_rs import models
 from specdec_rs.measure import workloads
 from specdec_rs.structured import Constraint, Grammar
@@ -579,18 +579,16 @@ def summarize(rows: list[dict[str, Any]], greedy: bool) -> dict[str, Any]:
 
 
 def host() -> str:
-    """The CPU as lscpu names it, its cores and the widest vector unit."""
-    try:
-        info = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
-    except OSError:
+    """The CPU as lscpu names it, its family/model, cores and vector units."""
+    fields = lscpu()
+    if not fields:
         return "unknown"
-    lines = info.splitlines()
-    model = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Model name")), "?")
-    family = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("CPU family")), "?")
-    number = next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("Model:")), "?")
-    flags = next((ln for ln in lines if ln.startswith("Flags")), "")
-    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in flags]
-    return f"{model} (family {family} model {number}), {os.cpu_count()} cores, {' '.join(isa)}"
+    have = flags(fields)
+    isa = [f for f in ("avx2", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile") if f in have]
+    return (
+        f"{fields.get('Model name', '?')} (family {fields.get('CPU family', '?')} model "
+        f"{fields.get('Model', '?')}), {os.cpu_count()} cores, {' '.join(isa)}"
+    )
 
 
 def main() -> None:
