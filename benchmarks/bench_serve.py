@@ -12,9 +12,13 @@ of the whole set), time to first token and time per output token (after
 the first) at p50 and p95 over the requests, the mean acceptance length
 (from the responses' usage) and the γ the server's rows asked for (from
 its /metrics); the speedup is the throughput over the off server's at the
-same C, same run.
+same C, same run. --prefill-chunks 0 64 runs each server at each
+`--prefill-chunk` (0: a joining request prefills alone, stalling the
+batch), so the chunked prefill's TTFT and throughput are a same-run ratio.
 
     python benchmarks/bench_serve.py --out benchmarks/results/bench-serve
+    python benchmarks/bench_serve.py --workloads code --concurrency 16 \
+        --modes off goodput --prefill-chunks 0 64 --out benchmarks/results/bench-prefill
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from specdec_rs.measure.tables import fmt, markdown_table
 class Setting:
     workload: str
     mode: str  # "off", "fixed", "goodput"
+    prefill_chunk: int | None  # the server's --prefill-chunk (None: its default)
     concurrency: int
     requests: int
     tokens: int
@@ -63,9 +68,14 @@ def percentile(values: list[float], q: float) -> float:
 class Server:
     """A `specdec serve` process on a free port."""
 
-    def __init__(self, mode: str, k: int, max_batch: int, extra: list[str]):
+    def __init__(
+        self, mode: str, k: int, max_batch: int, extra: list[str], chunk: int | None = None
+    ):
         argv = [sys.executable, "-m", "specdec_rs", "serve", "--port", "0", "--log-level"]
         argv += ["warning", "--max-batch", str(max_batch), "--max-queue", "1000", *extra]
+        if chunk is not None:
+            argv += ["--prefill-chunk", str(chunk)]
+        self.chunk = chunk
         if mode == "off":
             argv += ["--drafter", "none"]
         elif mode == "fixed":
@@ -162,6 +172,7 @@ def measure(
     return Setting(
         workload,
         server.mode,
+        server.chunk,
         c,
         len(rows),
         tokens,
@@ -183,10 +194,14 @@ def median_setting(runs: list[Setting]) -> Setting:
 
 
 def table(settings: list[Setting]) -> str:
-    off = {(s.workload, s.concurrency): s.tokens_per_second for s in settings if s.mode == "off"}
+    off = {
+        (s.workload, s.concurrency, s.prefill_chunk): s.tokens_per_second
+        for s in settings
+        if s.mode == "off"
+    }
     rows = []
     for s in settings:
-        base = off.get((s.workload, s.concurrency))
+        base = off.get((s.workload, s.concurrency, s.prefill_chunk))
         total_rounds = sum(s.rounds_by_k.values())
         gamma = (
             ", ".join(
@@ -202,6 +217,7 @@ def table(settings: list[Setting]) -> str:
                 s.workload,
                 str(s.concurrency),
                 s.mode,
+                "default" if s.prefill_chunk is None else str(s.prefill_chunk),
                 f"{s.tokens_per_second:.1f}",
                 f"{s.tokens_per_second / base:.2f}x" if base else "",
                 f"{s.ttft_p50_ms:.0f} / {s.ttft_p95_ms:.0f}",
@@ -214,6 +230,7 @@ def table(settings: list[Setting]) -> str:
         "workload",
         "C",
         "speculation",
+        "prefill chunk",
         "tokens/s",
         "vs off",
         "TTFT p50 / p95 ms",
@@ -233,25 +250,35 @@ def main() -> None:
     ap.add_argument("--k", type=int, default=3, help="the fixed server's γ")
     ap.add_argument("--max-batch", type=int, default=16)
     ap.add_argument("--repeats", type=int, default=1)
+    ap.add_argument("--modes", nargs="+", default=["off", "fixed", "goodput"])
+    ap.add_argument(
+        "--prefill-chunks",
+        nargs="+",
+        type=int,
+        default=None,
+        help="run every mode at each --prefill-chunk (default: the server's own)",
+    )
     ap.add_argument("--server-args", default="", help="more flags for every server")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     extra = args.server_args.split()
-    servers = [Server(m, args.k, args.max_batch, extra) for m in ("off", "fixed", "goodput")]
+    chunks: list[int | None] = [None] if args.prefill_chunks is None else args.prefill_chunks
+    servers = [Server(m, args.k, args.max_batch, extra, c) for c in chunks for m in args.modes]
     settings: list[Setting] = []
     try:
         for workload in args.workloads:
             prompts = workloads.prompts(workload)
             for c in args.concurrency:
-                runs: dict[str, list[Setting]] = {s.mode: [] for s in servers}
+                runs: dict[int, list[Setting]] = {id(s): [] for s in servers}
                 for _ in range(args.repeats):
-                    for server in servers:  # interleaved: the host's drift hits all three
-                        runs[server.mode].append(measure(server, workload, prompts, args, c))
+                    for server in servers:  # interleaved: the host's drift hits them all
+                        runs[id(server)].append(measure(server, workload, prompts, args, c))
                 for server in servers:
-                    s = median_setting(runs[server.mode])
+                    s = median_setting(runs[id(server)])
                     settings.append(s)
                     print(
-                        f"{workload} C={c} {s.mode}: {s.tokens_per_second:.1f} tokens/s, "
+                        f"{workload} C={c} {s.mode} chunk {s.prefill_chunk}: "
+                        f"{s.tokens_per_second:.1f} tokens/s, "
                         f"TTFT p50 {s.ttft_p50_ms:.0f} ms, TPOT p50 {s.tpot_p50_ms:.1f} ms",
                         flush=True,
                     )

@@ -486,3 +486,148 @@ def test_row_i_takes_seed_plus_i_up_to_2_64(gguf: Any) -> None:
     assert out.rows[1].result is not None and out.rows[1].result.tokens == alone.tokens
     with pytest.raises(ValueError, match="passes 2\\^64 - 1"):
         sd.generate_batch(gguf, None, prompts()[:2], max_new_tokens=6, seed=2**64 - 1)
+
+
+# ---- chunked prefill: prompts prefilled inside the rounds, beside running rows
+
+
+def long_prompts() -> list[list[int]]:
+    """Prompts around the chunk sizes below, one past the Rust block (CHUNK)."""
+    g = torch.Generator().manual_seed(3)
+    return [torch.randint(2, V, (n,), generator=g).tolist() for n in (40, 3, 300, 9, 1, 70, 5)]
+
+
+def chunked_requests(temperature: float) -> list[Request]:
+    return [
+        Request(p, 10, temperature, seed=20 + i, eos_token_id=[], k=2)
+        for i, p in enumerate(long_prompts())
+    ]
+
+
+class Recording(BatchEngine):
+    """The engine, recording each round's (decoding rows, prefill pieces' lengths)."""
+
+    def _prefill_pieces(self, prefilling: Any, ready: Any) -> Any:
+        pieces = super()._prefill_pieces(prefilling, ready)
+        self.seen = [*getattr(self, "seen", []), (len(ready), [len(t) for _, _, t in pieces])]
+        return pieces
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_rows_prefilled_in_chunks_equal_the_request_alone(
+    gguf: Any, chunk: int, temperature: float
+) -> None:
+    """Seven prompts of 1..300 tokens through 3 slots, each prefilled in
+    pieces of at most `chunk` tokens inside rounds where other rows decode
+    and verify: every row's tokens equal the request alone (greedy, and
+    sampled with a fixed k and seed), bit for bit; pieces rode beside
+    decoding rows, and several rows prefilled in one round."""
+    engine = Recording(gguf, sd.PromptLookup, max_batch=3, k=2, prefill_chunk=chunk)
+    assert engine.chunked
+    out = engine.run(chunked_requests(temperature))
+    for r, f in zip(chunked_requests(temperature), out.rows, strict=True):
+        assert f.result is not None, f.error
+        assert f.result.tokens == alone(gguf, r, 2).tokens
+    beside = [pieces for ready, pieces in engine.seen if ready and pieces]
+    assert beside and all(sum(p) <= chunk for p in beside)
+    assert any(len(pieces) >= 2 for _, pieces in engine.seen)
+    assert sum(s.prefill for s in out.steps) == sum(len(p) - 1 for p in long_prompts())
+
+
+def test_the_chunk_identity_check_catches_pieces_from_the_wrong_offset(
+    gguf: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Power of the check above: a piece read from the prompt's start every
+    time (the offset forgotten) parts some row from its lone run."""
+    from specdec_rs.generation.decoder import Decoder
+
+    def from_the_start(self: Decoder, limit: int) -> Any:
+        return self.seq[: min(limit, self.prefill_left)]
+
+    monkeypatch.setattr(Decoder, "prefill_piece", from_the_start)
+    rs = chunked_requests(0.0)
+    out = BatchEngine(gguf, sd.PromptLookup, max_batch=3, k=2, prefill_chunk=7).run(rs)
+    monkeypatch.undo()
+    assert all(f.result is not None for f in out.rows)
+    assert any(
+        f.result.tokens != alone(gguf, r, 2).tokens for r, f in zip(rs, out.rows, strict=True)
+    )
+
+
+def test_without_chunks_a_row_prefills_as_it_joins(gguf: Any, tiny: Any) -> None:
+    """prefill_chunk=0, and a transformers target, prefill alone at the join
+    (no round carries prompt tokens); the outputs are the same."""
+    rs = chunked_requests(0.8)[:4]
+    for target, chunk in ((gguf, 0), (tiny, 16)):
+        engine = BatchEngine(target, sd.PromptLookup, max_batch=2, k=2, prefill_chunk=chunk)
+        assert not engine.chunked
+        out = engine.run(rs)
+        assert all(s.prefill == 0 for s in out.steps)
+        for r, f in zip(rs, out.rows, strict=True):
+            assert f.result is not None and f.result.tokens == alone(target, r, 2).tokens
+
+
+class StartFails(sd.PromptLookup):
+    def start(self, seq: Any, cache: Any, hidden: Any) -> None:
+        raise ValueError("this drafter refuses every prompt")
+
+
+def test_chunked_rows_fail_and_cancel_alone(gguf: Any) -> None:
+    """A drafter whose start fails after the last piece fails its row alone;
+    a row cancelled mid-prefill frees its slot; the others equal alone."""
+    made = iter([sd.PromptLookup(), StartFails(), sd.PromptLookup(), sd.PromptLookup()])
+    engine = BatchEngine(gguf, lambda: next(made), max_batch=3, k=2, prefill_chunk=4)
+    rs = chunked_requests(0.8)[:4]
+    ids = [engine.submit(r) for r in rs]
+    done = {f.id: f for f in engine.step()}
+    assert engine.rows[2] is not None and engine.rows[2].decoder.prefill_left > 0
+    assert engine.cancel(ids[2])
+    while engine.active or engine.queued:
+        done.update((f.id, f) for f in engine.step())
+    assert sorted(done) == [0, 1, 3]
+    assert done[1].result is None and "refuses every prompt" in done[1].error
+    for i in (0, 3):
+        assert done[i].result.tokens == alone(gguf, rs[i], 2).tokens
+
+
+def test_chunked_prefill_with_a_draft_model_and_hidden_states(gguf: Any, tiny: Any) -> None:
+    """Drafters that read the prompt at start: a draft model (its own
+    prefill), early exit (the target's cache), and a drafter that reads the
+    target's hidden states of the prompt (they reach it in pieces, the same
+    values as one prefill's)."""
+    seen: dict[str, list[Any]] = {"batch": [], "alone": []}
+
+    class ReadsHidden(sd.PromptLookup):
+        needs_target_hidden = True
+
+        def __init__(self, where: str) -> None:
+            super().__init__()
+            self.where = where
+
+        def start(self, seq: Any, cache: Any, hidden: Any) -> None:
+            seen[self.where].append(None if hidden is None else hidden.clone())
+            super().start(seq, cache, hidden)
+
+        def update(self, seq: Any, num_accepted: int, hidden: Any) -> None:
+            super().update(seq, num_accepted, None)
+
+    rs = chunked_requests(0.8)[:3]
+    engine = BatchEngine(gguf, lambda: ReadsHidden("batch"), max_batch=3, k=2, prefill_chunk=8)
+    out = engine.run(rs)
+    for r, f in zip(rs, out.rows, strict=True):
+        solo = sd.generate(
+            gguf, ReadsHidden("alone"), r.prompt, max_new_tokens=10, k=2,
+            temperature=0.8, seed=r.seed, eos_token_id=[],
+        )  # fmt: skip
+        assert f.result is not None and f.result.tokens == solo.tokens
+    for b, a in zip(seen["batch"], seen["alone"], strict=True):
+        assert (b is None) == (a is None) and (b is None or torch.equal(b, a))
+    for factory in (lambda: sd.DraftModel(tiny), lambda: sd.EarlyExit(gguf, 1)):
+        rows = BatchEngine(gguf, factory, max_batch=3, k=2, prefill_chunk=8).run(rs)
+        for r, f in zip(rs, rows.rows, strict=True):
+            solo = sd.generate(
+                gguf, factory(), r.prompt, max_new_tokens=10, k=2,
+                temperature=0.8, seed=r.seed, eos_token_id=[],
+            )  # fmt: skip
+            assert f.result is not None and f.result.tokens == solo.tokens

@@ -7,7 +7,9 @@ the rows' independence. p = target, q = draft.
 Target: the law tests' GGUF target (V = 4, the batched Rust layer, a
 1-layer draft model per row). One run = one `BatchEngine` over six
 requests (seeds 10·run + row): rows 0-3 start, row 2 (greedy, 2 tokens)
-finishes first and row 4 takes its slot, then row 5 joins. Tests per run
+finishes first and row 4 takes its slot, then row 5 joins; every prompt
+is prefilled one token a round (`prefill_chunk=1`), so rows 4 and 5
+prefill in rounds where the others decode and verify. Tests per run
 set (each at p-value > 1e-6, Pearson chi-square): the pair law of rows 0,
 1, 3, 4, 5 (5 tests), the greedy row's pair equals the target's greedy
 pair every run, and the first tokens of rows 0 and 4 (the same settings)
@@ -76,8 +78,8 @@ class RowSwap(BatchEngine):
     verifies against row s + 1's target rows), among rows whose blocks have
     the same length (the split of the batched output at wrong offsets)."""
 
-    def forward(self, work: Any) -> Any:
-        out = super().forward(work)
+    def forward(self, work: Any, pieces: Any = ()) -> Any:
+        out = super().forward(work, pieces)
         groups: dict[int, list[int]] = {}
         for i, (_, pending) in enumerate(work):
             groups.setdefault(len(pending.block), []).append(i)
@@ -127,6 +129,7 @@ def batch_counts(
                 max_batch=4,
                 k=2,
                 goodput=Goodput(k_max=3, profile=profile(), probe=2),
+                prefill_chunk=1,
             )
             requests = [
                 Request(

@@ -636,3 +636,57 @@ def test_draining_answers_503_and_the_default_host_is_loopback(server: Backgroun
         ServerOptions(max_batch=0).check()
     with pytest.raises(ValueError, match="drafter 'nope' is not understood"):
         ServerOptions(drafter="nope").check()
+
+
+def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(
+    model_folder: Path, tmp_path: Path
+) -> None:
+    """A GGUF target (the rounds' chunked prefill): 6 concurrent streams of
+    prompts 1..~260 tokens, greedy and sampled with seeds, while others
+    decode, give the text each gives alone on a server that prefills at the
+    join (prefill_chunk=0)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_llama
+
+    folder_model, tokenizer = models.load_local(model_folder)
+    path = tmp_path / "served.gguf"
+    write_llama(folder_model, path, linear_type="Q8_0", embed_type="Q8_0")
+    target = load_gguf(path, tokenizer=False)[0]
+    words = "the sea and the sky and a ship " * 40
+    asks = [
+        (words[: 8 * n], t, seed)
+        for n, t, seed in (
+            (1, 0.0, 1),
+            (130, 0.8, 2),
+            (3, 0.0, 3),
+            (60, 0.8, 4),
+            (20, 0.0, 5),
+            (6, 1.0, 6),
+        )
+    ]
+
+    def ask(bg: Background, prompt: str, t: float, seed: int) -> str:
+        out = client(bg).completions.create(
+            model="tiny", prompt=prompt, max_tokens=12, temperature=t, seed=seed
+        )
+        return out.choices[0].text
+
+    texts = {}
+    for chunk in (8, 0):
+        opts = ServerOptions(
+            port=0, log_level="warning", model_name="tiny", k=2, prefill_chunk=chunk
+        )
+        bg = start_in_thread(build_served(target, tokenizer, opts), opts)
+        try:
+            assert bg.served.worker.engine.chunked == (chunk > 0)
+            if chunk:
+                with ThreadPoolExecutor(len(asks)) as pool:
+                    texts[chunk] = list(pool.map(ask, [bg] * len(asks), *zip(*asks, strict=True)))
+            else:
+                texts[chunk] = [ask(bg, *a) for a in asks]
+        finally:
+            bg.stop()
+    assert texts[8] == texts[0]
+    assert any(texts[0])

@@ -3,7 +3,7 @@
 specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
               [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
               [--k K] [--served-model-name NAME] [--drain-timeout S] [--api-key KEY]
-              [--max-body-mb 8] [--log-level info]
+              [--max-body-mb 8] [--prefill-chunk 64] [--log-level info]
 """
 
 from __future__ import annotations
@@ -69,6 +69,14 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         metavar="MB",
         help="the largest request body; a larger one gets a 413 (default: 8)",
     )
+    s.add_argument(
+        "--prefill-chunk",
+        type=int,
+        default=None,
+        metavar="N",
+        help="the most prompt tokens a batch round prefills beside the running rows, on a GGUF "
+        "target (0: a joining request prefills alone, stalling the batch; default: 64)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(run=run_serve, show=show_serve)
 
@@ -97,6 +105,7 @@ def options(args: argparse.Namespace) -> ServerOptions:
         log_level=args.log_level,
         api_key=api_key,
         max_body_mb=args.max_body_mb,
+        **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
     ).check()
 
 

@@ -21,6 +21,15 @@ rounds it would run alone. A batch round:
 
 Rows finish independently; queued requests join between rounds
 (continuous batching) into the freed slots, whose cache buffers they reuse.
+A joining request's prompt is prefilled in chunks inside the rounds (on a
+GGUF target): each round's forward carries, beside the running rows'
+blocks, at most `prefill_chunk` prompt tokens of the rows still
+prefilling (oldest first, each piece after its row's cache; their logits
+are not computed), so a join no longer stalls the batch and several
+prompts prefill in one round. A row's values do not depend on the
+chunking or on the rows beside it (the kernels' fixed order), so its
+output is the same bits as alone. prefill_chunk=0, and targets of other
+paths, prefill each request alone when it joins.
 A row whose drafter fails its checks, or whose request cannot start, ends
 with its error alone; the other rows go on.
 
@@ -71,6 +80,8 @@ if TYPE_CHECKING:
     from specdec_rs.structured import Constraint, Grammar
 
 MAX_ROWS = 1024  # the most rows one engine may hold
+PREFILL_CHUNK = 64  # prompt tokens a batch round prefills beside its running rows (by default)
+MAX_PREFILL_CHUNK = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -110,9 +121,11 @@ class Finished:
 
 @dataclass(frozen=True)
 class BatchStep:
-    """One batch round: rows in it, the γ the batch policy chose (None
-    without one), tokens emitted, seconds (wall, and in the one target
-    forward), and the policy's predicted tokens per second (None without)."""
+    """One batch round: rows in it (decoding rows; the rows prefilling
+    beside them are counted in `prefill`, their tokens), the γ the batch
+    policy chose (None without one), tokens emitted, seconds (wall, and in
+    the one target forward), and the policy's predicted tokens per second
+    (None without)."""
 
     rows: int
     k: int | None
@@ -120,6 +133,7 @@ class BatchStep:
     seconds: float
     target_s: float
     predicted_goodput: float | None
+    prefill: int = 0  # prompt tokens prefilled in the round's forward
 
 
 @dataclass(frozen=True)
@@ -207,6 +221,9 @@ class BatchEngine:
     tokens that round added to it (a server streams them from here).
     tokenizer: the target's (a transformers fast tokenizer), needed by
     requests with a grammar; each such row has its own grammar state.
+    prefill_chunk: the most prompt tokens a round prefills beside the
+    running rows (default `PREFILL_CHUNK`; 0: a joining request prefills
+    alone as it joins). Only a GGUF target prefills in chunks (`chunked`).
     """
 
     def __init__(
@@ -224,6 +241,7 @@ class BatchEngine:
         drafters: Mapping[str, Callable[[], Drafter] | None] | None = None,
         on_commit: OnCommit | None = None,
         tokenizer: Any = None,
+        prefill_chunk: int | None = None,
     ):
         models.check_model(target, "target")
         self.tokenizer = tokenizer
@@ -245,6 +263,15 @@ class BatchEngine:
             else _checks.integer(cache_positions, "cache_positions", minimum=1)
         )
         self.path = batch_path(target)  # how a round's rows share one forward
+        self.prefill_chunk = (
+            PREFILL_CHUNK
+            if prefill_chunk is None
+            else _checks.integer(
+                prefill_chunk, "prefill_chunk", minimum=0, maximum=MAX_PREFILL_CHUNK
+            )
+        )
+        # the prefill in the rounds only where a row's bits cannot depend on it
+        self.chunked = self.prefill_chunk > 0 and self.path == "gguf"
         self.rows: list[Row | None] = [None] * self.max_batch
         self.free_caches: list[Any] = []
         self.queue: deque[_Checked] = deque()
@@ -427,6 +454,7 @@ class BatchEngine:
             transfer=self.transfer,
             cache=cache,
             constraint=item.constraint,
+            prefill=not self.chunked,
         )
         # the row's own γ, else the engine's (a batch policy overrides it each round)
         policy = FixedK(item.k if item.k is not None else self.k)
@@ -453,22 +481,36 @@ class BatchEngine:
     def _round(self) -> None:
         started = time.perf_counter()
         live = [(slot, row) for slot, row in enumerate(self.rows) if row is not None]
+        ready = [(slot, row) for slot, row in live if row.decoder.prefill_left == 0]
+        pieces = self._prefill_pieces(
+            [(s, r) for s, r in live if r.decoder.prefill_left > 0], ready
+        )
         chosen, predicted = None, None
-        if self.goodput is not None:
-            chosen, predicted = self.goodput.choose([r for _, r in live if r.fixed_k is None])
+        if self.goodput is not None and ready:
+            chosen, predicted = self.goodput.choose([r for _, r in ready if r.fixed_k is None])
         pending: list[tuple[int, Row, Pending]] = []
-        for slot, row in live:
+        for slot, row in ready:
             k = chosen if row.fixed_k is None else row.fixed_k
             try:
                 asked, tree = row.run.ask(k)
                 pending.append((slot, row, row.decoder.begin(asked, tree, row.run.forced_limit)))
             except ValueError as e:
                 self._fail(slot, e)
-        if not pending:
+        if not pending and not pieces:
             return
         t1 = time.perf_counter()
-        outputs = self.forward([(row.decoder, p) for _, row, p in pending])
+        outputs = self.forward(
+            [(row.decoder, p) for _, row, p in pending],
+            [(row.decoder, piece) for _, row, piece in pieces],
+        )
         target_s = time.perf_counter() - t1
+        prefilled = sum(len(piece) for _, _, piece in pieces)
+        for (slot, row, piece), (_, states) in zip(pieces, outputs[len(pending) :], strict=True):
+            try:
+                row.decoder.prefilled_piece(len(piece), states)
+            except ValueError as e:  # the drafter's start refused the prompt
+                self._fail(slot, e)
+        outputs = outputs[: len(pending)]
         tokens, rounds = 0, []
         for (slot, row, p), (logits, hidden) in zip(pending, outputs, strict=True):
             try:
@@ -488,18 +530,40 @@ class BatchEngine:
                 self._free(slot)
                 self.finished.append(Finished(row.id, row.run.result()))
         seconds = time.perf_counter() - started
-        if self.goodput is not None:
+        if self.goodput is not None and pending:
             uniform = all(row.fixed_k is None for _, row, _ in pending)
+            timed = not prefilled  # a round carrying prefill says nothing of a round's cost
             self.goodput.observe(
                 rounds,
                 len(pending),
-                target_s,
+                target_s if timed else 0.0,
                 k=chosen if uniform else None,
                 tokens=tokens,
-                seconds=seconds,
+                seconds=seconds if timed else 0.0,
             )
         if self.steps is not None:
-            self.steps.append(BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted))
+            self.steps.append(
+                BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted, prefilled)
+            )
+
+    def _prefill_pieces(
+        self, prefilling: list[tuple[int, Row]], ready: list[tuple[int, Row]]
+    ) -> list[tuple[int, Row, torch.Tensor]]:
+        """(slot, row, the prompt tokens it prefills this round) of the rows
+        still prefilling, oldest request first, at most `prefill_chunk`
+        tokens in all (a whole `CHUNK` when no row decodes: nobody waits),
+        each piece at most `CHUNK` (the Rust forward's block)."""
+        from specdec_rs.gguf.runner import CHUNK
+
+        budget = self.prefill_chunk if ready else max(self.prefill_chunk, CHUNK)
+        pieces = []
+        for slot, row in sorted(prefilling, key=lambda sr: sr[1].id):
+            if budget <= 0:
+                break
+            piece = row.decoder.prefill_piece(min(budget, CHUNK))
+            pieces.append((slot, row, piece))
+            budget -= len(piece)
+        return pieces
 
     def _settle(
         self, row: Row, pending: Pending, logits: Any, hidden: Any, target_s: float
@@ -509,33 +573,48 @@ class BatchEngine:
         return row.decoder.finish(pending, logits, hidden, target_s)
 
     def forward(
-        self, work: Sequence[tuple[Decoder, Pending]]
-    ) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-        """The target forward of every pending round: (logits, hidden) per
-        row. The chains run together (`forward_blocks`); a tree runs alone."""
-        out: list[Any] = [None] * len(work)
+        self,
+        work: Sequence[tuple[Decoder, Pending]],
+        pieces: Sequence[tuple[Decoder, torch.Tensor]] = (),
+    ) -> list[tuple[Any, torch.Tensor | None]]:
+        """The target forward of every pending round, and of the prefill
+        pieces beside them: (logits, hidden) per round, then (None, hidden)
+        per piece (hidden when its decoder's drafter reads it). The chains
+        and the pieces run together (`forward_blocks`); a tree runs alone."""
+        out: list[Any] = [None] * (len(work) + len(pieces))
         chains = [i for i, (_, p) in enumerate(work) if p.block is not None]
-        if chains:
+        if chains or pieces:
+            decoders = [work[i][0] for i in chains] + [d for d, _ in pieces]
+            blocks = [work[i][1].block for i in chains] + [t for _, t in pieces]  # no None
             logits, states = self.forward_blocks(
-                [work[i][1].block for i in chains],  # type: ignore[misc]
-                [work[i][0].cache for i in chains],
-                hidden=any(work[i][0].wants_hidden for i in chains),
+                blocks,  # type: ignore[arg-type]
+                [d.cache for d in decoders],
+                hidden=any(d.wants_hidden for d in decoders),
+                read=len(chains),
             )
-            for j, i in enumerate(chains):
-                wants = work[i][0].wants_hidden
-                out[i] = (logits[j], states[j] if wants and states is not None else None)
+            places = chains + list(range(len(work), len(work) + len(pieces)))
+            for j, (i, d) in enumerate(zip(places, decoders, strict=True)):
+                row_states = states[j] if d.wants_hidden and states is not None else None
+                out[i] = (logits[j] if j < len(chains) else None, row_states)
         for i, (decoder, p) in enumerate(work):
             if out[i] is None:
                 out[i] = decoder.forward(p)
         return out
 
     def forward_blocks(
-        self, blocks: Sequence[torch.Tensor], caches: Sequence[Any], *, hidden: bool
+        self,
+        blocks: Sequence[torch.Tensor],
+        caches: Sequence[Any],
+        *,
+        hidden: bool,
+        read: int | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """blocks[s] (n_s,) after caches[s], each cache grown by n_s: logits
-        (n_s, V) per block and (when `hidden`) hidden states (n_s, H), in one
-        forward over all rows (`generation.forward`, by `self.path`)."""
-        return forward_blocks(self.target, self.path, blocks, caches, hidden=hidden)
+        (n_s, V) of the first `read` blocks (default all; the rest's are not
+        computed where the path can skip them) and (when `hidden`) hidden
+        states (n_s, H) of every block, in one forward over all rows
+        (`generation.forward`, by `self.path`)."""
+        return forward_blocks(self.target, self.path, blocks, caches, hidden=hidden, read=read)
 
     def profile(self, ks: Iterable[int], **options: Any) -> ForwardProfile:
         """T(B, n) of this engine's forward for n in `ks` (`profile.profile_forward`)."""

@@ -89,7 +89,10 @@ class Decoder:
     transfer="gathered" runs that path on the CPU too (tests).
     A round is `begin` (the proposal), `forward` (the target alone) and
     `finish` (verify, crop, the drafter's update); a batch runs many rows'
-    forwards as one between their begins and finishes.
+    forwards as one between their begins and finishes. prefill=False leaves
+    the prompt out of the cache for the caller to run in pieces beside
+    other rows' rounds (`prefill_piece`, then `prefilled_piece` after the
+    forward); the first round waits until `prefill_left` is 0.
     """
 
     def __init__(
@@ -105,6 +108,7 @@ class Decoder:
         margins: bool = False,
         cache: Any = None,
         constraint: Constraint | None = None,
+        prefill: bool = True,
     ):
         import torch
 
@@ -126,13 +130,55 @@ class Decoder:
         # an empty cache to reuse (a batch slot's), else a new one
         self.cache = models.new_cache(target) if cache is None else cache
         self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+        self.cached = 0  # prompt positions in the target cache (prompt_length - 1 once prefilled)
+        self._prefill_states: list[torch.Tensor] = []
+        if not prefill:
+            self._prefilled()  # a one-token prompt has nothing to prefill
+            return
         hidden = None
         if self.prompt_length > 1:
             _, hidden = models.forward_with_hidden(
                 target, self.seq[:-1], self.cache, keep=1, hidden=self.wants_hidden
             )
-        if drafter is not None:
-            drafter.start(self.seq, self.cache, hidden)
+        self.cached = self.prompt_length - 1
+        self._start_drafter(hidden)
+
+    # ---- the prefill in pieces (a batch round's chunked prefill)
+    @property
+    def prefill_left(self) -> int:
+        """Prompt positions still to enter the target cache (all but the
+        prompt's last token are cached before the first round)."""
+        return self.prompt_length - 1 - self.cached
+
+    def prefill_piece(self, limit: int) -> torch.Tensor:
+        """The next up to `limit` prompt tokens to run after the cache (one
+        chunk of the prefill; its forward is the caller's: a batch round)."""
+        return self.seq[self.cached : min(self.cached + limit, self.prompt_length - 1)]
+
+    def prefilled_piece(self, n: int, states: torch.Tensor | None) -> bool:
+        """The forward ran the `n` tokens of `prefill_piece` after the cache
+        (now grown by n); `states` (n, H): their last hidden states (when the
+        drafter reads them). Starts the drafter once the prompt is in; True then."""
+        self.cached += n
+        if self.wants_hidden and states is not None:
+            self._prefill_states.append(states)
+        return self._prefilled()
+
+    def _prefilled(self) -> bool:
+        if self.prefill_left > 0:
+            return False
+        import torch
+
+        parts, self._prefill_states = self._prefill_states, []
+        hidden = torch.cat(parts) if parts and self.wants_hidden else None
+        self._start_drafter(hidden)
+        return True
+
+    def _start_drafter(self, hidden: torch.Tensor | None) -> None:
+        """The drafter's start on the prefilled prompt; the prefill's time
+        (with chunks, from the decoder's start to the prompt's last chunk)."""
+        if self.drafter is not None:
+            self.drafter.start(self.seq, self.cache, hidden)
         self.stats.prefill = time.perf_counter() - self.t_start
 
     @property

@@ -61,13 +61,16 @@ def forward_blocks(
     caches: Sequence[Any],
     *,
     hidden: bool,
+    read: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Logits (n_s, V) float32 of each block and, when `hidden`, its last
-    hidden states (n_s, H); each cache grows by its block's length."""
+    hidden states (n_s, H); each cache grows by its block's length.
+    read: only the first `read` blocks' logits are wanted (the "gguf" path
+    computes no others: their entries are empty; default all)."""
     if path == "gguf":
         from specdec_rs.gguf.batch import forward_rows
 
-        return forward_rows(target, blocks, caches, hidden=hidden)
+        return forward_rows(target, blocks, caches, hidden=hidden, read=read)
     if path == "llama":
         return _llama_rows(target, blocks, caches, hidden=hidden)
     logits, states = [], []

@@ -27,23 +27,28 @@ def forward_rows(
     caches: Sequence[Any],
     *,
     hidden: bool = False,
+    read: int | None = None,
 ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
     """Run blocks[s] (n_s,) after what caches[s] (a `PreallocatedCache`)
     holds, for every sequence s in one pass; each cache grows by n_s.
     Returns each block's logits (n_s, V) float32 and, when `hidden`, its
-    last hidden states (n_s, H) (the LM head's input)."""
+    last hidden states (n_s, H) (the LM head's input). read: the LM head
+    runs only on the first `read` blocks (default all); the others' logits
+    are (0, V) on the one-call path (a prefill piece's are never read)."""
     import torch
 
     from specdec_rs.gguf.runner import runner_of
 
     runner = runner_of(model, caches[0], max(len(b) for b in blocks))
-    if runner is not None and all(c.get_seq_length() > 0 for c in caches):
-        every, normed = runner.forward(blocks, caches)
+    if runner is not None:
+        lengths = [len(b) for b in blocks]
+        heads = sum(lengths[: len(blocks) if read is None else read])
+        every, normed = runner.forward(blocks, caches, rows=range(heads))
         out_logits, out_states, start = [], [], 0
-        for b in blocks:
-            out_logits.append(every[start : start + len(b)])
-            out_states.append(normed[start : start + len(b)])
-            start += len(b)
+        for n in lengths:
+            out_logits.append(every[min(start, heads) : min(start + n, heads)])
+            out_states.append(normed[start : start + n])
+            start += n
         return out_logits, (out_states if hidden else None)
     base = model.model
     lengths = [len(b) for b in blocks]

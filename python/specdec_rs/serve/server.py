@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters
 from specdec_rs.generation import BatchEngine
-from specdec_rs.generation.batch import MAX_ROWS
+from specdec_rs.generation.batch import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.serve.app import Served, build_app, prompt_char_limit
 from specdec_rs.serve.worker import EngineWorker
@@ -54,7 +54,9 @@ class ServerOptions:
     drain_timeout: seconds SIGTERM waits for running requests (None: until
     they finish); api_key: the bearer token the /v1/ routes want (None: none;
     an empty key is refused, never taken as none); max_body_mb: the largest
-    request body (a larger one is a 413)."""
+    request body (a larger one is a 413); prefill_chunk: the most prompt
+    tokens a batch round prefills beside the running rows (0: a joining
+    request prefills alone, stalling the batch)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -68,6 +70,7 @@ class ServerOptions:
     log_level: str = "info"
     api_key: str | None = None
     max_body_mb: float = DEFAULT_BODY_MB
+    prefill_chunk: int = PREFILL_CHUNK
 
     def check(self) -> ServerOptions:
         """Every option, before a model loads (ValueError naming the flag)."""
@@ -93,6 +96,7 @@ class ServerOptions:
                 "without authentication"
             )
         _checks.real(self.max_body_mb, "--max-body-mb", above=0.0, maximum=MAX_BODY_MB)
+        _checks.integer(self.prefill_chunk, "--prefill-chunk", minimum=0, maximum=MAX_PREFILL_CHUNK)
         return self
 
     @property
@@ -138,6 +142,7 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         vocab_size=len(tokenizer) if speculating else None,
         drafters=factories,
         tokenizer=tokenizer,
+        prefill_chunk=options.prefill_chunk,
     )
     prepare_grammars(engine, tokenizer)
     context = getattr(target.config, "max_position_embeddings", None)
