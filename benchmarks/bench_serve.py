@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import subprocess
 import sys
 import time
@@ -83,7 +84,11 @@ class Server:
         else:
             argv += ["--drafter", "prompt-lookup"]
         self.mode = mode
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True)
+        # every server on the same kernel threads: a thread count measured while another
+        # server starts beside it could differ (each server chooses its own at load)
+        env = {**os.environ}
+        env.setdefault("SPECDEC_KERNEL_THREADS", "2" if (os.cpu_count() or 1) >= 2 else "1")
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         if " on http" not in line:

@@ -638,22 +638,32 @@ def test_draining_answers_503_and_the_default_host_is_loopback(server: Backgroun
         ServerOptions(drafter="nope").check()
 
 
-def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(
-    model_folder: Path, tmp_path: Path
-) -> None:
+@pytest.fixture(scope="module")
+def served_gguf(model_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """The served test model written as a GGUF file (the Rust batch path:
+    chunked prefill and the prefix cache), and its tokenizer."""
+    from specdec_rs.gguf import load_gguf
+    from specdec_rs.gguf.writer import write_llama
+
+    folder_model, tokenizer = models.load_local(model_folder)
+    path = tmp_path_factory.mktemp("served-gguf") / "served.gguf"
+    write_llama(folder_model, path, linear_type="Q8_0", embed_type="Q8_0")
+    return load_gguf(path, tokenizer=False)[0], tokenizer
+
+
+def gguf_server(served_gguf: Any, **options: Any) -> Background:
+    target, tokenizer = served_gguf
+    opts = ServerOptions(port=0, log_level="warning", model_name="tiny", k=2, **options)
+    return start_in_thread(build_served(target, tokenizer, opts), opts)
+
+
+def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(served_gguf: Any) -> None:
     """A GGUF target (the rounds' chunked prefill): 6 concurrent streams of
     prompts 1..~260 tokens, greedy and sampled with seeds, while others
     decode, give the text each gives alone on a server that prefills at the
     join (prefill_chunk=0)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from specdec_rs.gguf import load_gguf
-    from specdec_rs.gguf.writer import write_llama
-
-    folder_model, tokenizer = models.load_local(model_folder)
-    path = tmp_path / "served.gguf"
-    write_llama(folder_model, path, linear_type="Q8_0", embed_type="Q8_0")
-    target = load_gguf(path, tokenizer=False)[0]
     words = "the sea and the sky and a ship " * 40
     asks = [
         (words[: 8 * n], t, seed)
@@ -675,10 +685,7 @@ def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(
 
     texts = {}
     for chunk in (8, 0):
-        opts = ServerOptions(
-            port=0, log_level="warning", model_name="tiny", k=2, prefill_chunk=chunk
-        )
-        bg = start_in_thread(build_served(target, tokenizer, opts), opts)
+        bg = gguf_server(served_gguf, prefill_chunk=chunk, prefix_cache_mb=0)
         try:
             assert bg.served.worker.engine.chunked == (chunk > 0)
             if chunk:
@@ -690,3 +697,51 @@ def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(
             bg.stop()
     assert texts[8] == texts[0]
     assert any(texts[0])
+
+
+def metric(bg: Background, name: str) -> float:
+    for line in httpx.get(bg.url + "/metrics").text.splitlines():
+        if line.startswith(name + "{"):
+            return float(line.rsplit(" ", 1)[1])
+    raise AssertionError(f"{name} is not in /metrics")
+
+
+def test_prefix_cache_hits_in_usage_and_metrics_under_32_streams(served_gguf: Any) -> None:
+    """32 concurrent chats sharing the template's preamble and a long system
+    message (some asked twice): usage.prompt_tokens_details.cached_tokens
+    adds up to vllm:prefix_cache_hits_total and the prompt tokens to
+    vllm:prefix_cache_queries_total; every answer equals a server's without
+    a prefix cache; a tiny cache evicts and still answers the same."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    system = {"role": "system", "content": "You answer briefly about the sea. " * 12}
+    chats = [
+        [system, {"role": "user", "content": f"Question {i % 20}: tell me about ship {i % 20}"}]
+        for i in range(32)
+    ]
+
+    def ask(bg: Background, messages: Any) -> tuple[str, int, int]:
+        out = client(bg).chat.completions.create(
+            model="tiny", messages=messages, max_tokens=6, temperature=0
+        )
+        details = out.usage.prompt_tokens_details
+        return out.choices[0].message.content, out.usage.prompt_tokens, details.cached_tokens
+
+    answers = {}
+    for mb in (0, 64, 0.2):
+        bg = gguf_server(served_gguf, prefix_cache_mb=mb, max_batch=8)
+        try:
+            assert (bg.served.worker.engine.prefix is None) == (mb == 0)
+            with ThreadPoolExecutor(32) as pool:
+                answers[mb] = list(pool.map(ask, [bg] * 32, chats))
+            if mb:
+                assert metric(bg, "vllm:prefix_cache_hits_total") == sum(c for *_, c in answers[mb])
+                assert metric(bg, "vllm:prefix_cache_queries_total") == sum(
+                    n for _, n, _ in answers[mb]
+                )
+        finally:
+            bg.stop()
+    assert [a for a, *_ in answers[64]] == [a for a, *_ in answers[0]]
+    assert [a for a, *_ in answers[0.2]] == [a for a, *_ in answers[0]]
+    assert all(c == 0 for *_, c in answers[0])
+    assert sum(c > 0 for *_, c in answers[64]) >= 24  # all but the first wave's

@@ -247,6 +247,8 @@ def no_model(monkeypatch: pytest.MonkeyPatch) -> None:
         (["--drafter", "lookahead:0,2,1"], None, "window (W)"),
         (["--drafters", "nope,lookahead:2,3,2"], None, "drafter 'nope' is not understood"),
         (["--max-body-mb", "0"], None, "--max-body-mb"),
+        (["--prefill-chunk", "-1"], None, "--prefill-chunk"),
+        (["--prefix-cache-mb", "-1"], None, "--prefix-cache-mb"),
     ],
 )
 def test_serve_flags_are_refused_before_the_model_loads(

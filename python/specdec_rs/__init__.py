@@ -33,6 +33,7 @@ _EXPORTS = {
     "specdec_rs.generation": (
         "BatchEngine",
         "GenerationResult",
+        "PrefixCache",
         "Request",
         "Round",
         "generate",
@@ -117,6 +118,7 @@ if TYPE_CHECKING:
     from specdec_rs.generation import (
         BatchEngine,
         GenerationResult,
+        PrefixCache,
         Request,
         Round,
         generate,
@@ -171,6 +173,7 @@ __all__ = [
     "Round",
     "SamplingConfig",
     "BatchEngine",
+    "PrefixCache",
     "Request",
     "generate",
     "generate_batch",

@@ -3,7 +3,8 @@
 specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
               [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
               [--k K] [--served-model-name NAME] [--drain-timeout S] [--api-key KEY]
-              [--max-body-mb 8] [--prefill-chunk 64] [--log-level info]
+              [--max-body-mb 8] [--prefill-chunk 64] [--prefix-cache-mb 256]
+              [--log-level info]
 """
 
 from __future__ import annotations
@@ -77,6 +78,14 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         help="the most prompt tokens a batch round prefills beside the running rows, on a GGUF "
         "target (0: a joining request prefills alone, stalling the batch; default: 64)",
     )
+    s.add_argument(
+        "--prefix-cache-mb",
+        type=float,
+        default=None,
+        metavar="MB",
+        help="keys and values of earlier requests' token prefixes kept for later ones that "
+        "start alike, on a GGUF target (0: none; default: 256)",
+    )
     s.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     s.set_defaults(run=run_serve, show=show_serve)
 
@@ -106,6 +115,7 @@ def options(args: argparse.Namespace) -> ServerOptions:
         api_key=api_key,
         max_body_mb=args.max_body_mb,
         **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
+        **({} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}),
     ).check()
 
 

@@ -7,6 +7,8 @@
 - `batch`: `BatchEngine` and `generate_batch`, many rows per target pass;
   `forward` its batched target forward, `profile` the T(B, n, L) table the
   goodput policy reads.
+- `prefix`: `PrefixCache`, prompts' prefixes' keys and values reused
+  between requests.
 - `inputs`: the checks of generate()'s inputs.
 The checks of a drafter's proposals live with `Draft` / `TreeDraft`
 (`specdec_rs.drafters.draft`).
@@ -22,6 +24,7 @@ from specdec_rs.generation.batch import (
 )
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.generation.loop import generate
+from specdec_rs.generation.prefix import PrefixCache
 from specdec_rs.generation.result import Divergence, GenerationResult, divergence
 from specdec_rs.generation.rounds import Round
 
@@ -35,6 +38,7 @@ __all__ = [
     "Decoder",
     "Divergence",
     "GenerationResult",
+    "PrefixCache",
     "Round",
     "divergence",
     "generate",

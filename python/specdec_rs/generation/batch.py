@@ -30,6 +30,11 @@ prompts prefill in one round. A row's values do not depend on the
 chunking or on the rows beside it (the kernels' fixed order), so its
 output is the same bits as alone. prefill_chunk=0, and targets of other
 paths, prefill each request alone when it joins.
+
+With a `PrefixCache` (GGUF targets), a joining row first copies the
+longest stored prefix of its prompt into its cache and prefills only the
+rest; a row's prompt is stored when it is prefilled, and its whole
+sequence when it finishes or is cancelled, for the requests after it.
 A row whose drafter fails its checks, or whose request cannot start, ends
 with its error alone; the other rows go on.
 
@@ -63,6 +68,7 @@ from specdec_rs.generation.inputs import (
     shared_vocab,
 )
 from specdec_rs.generation.loop import Run, constrained
+from specdec_rs.generation.prefix import checked_prefix
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round
 from specdec_rs.limits import MAX_NEW_TOKENS
@@ -76,6 +82,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdec_rs.drafters import Drafter
+    from specdec_rs.generation.prefix import PrefixCache
     from specdec_rs.policy.goodput import ForwardProfile, Goodput
     from specdec_rs.structured import Constraint, Grammar
 
@@ -224,6 +231,8 @@ class BatchEngine:
     prefill_chunk: the most prompt tokens a round prefills beside the
     running rows (default `PREFILL_CHUNK`; 0: a joining request prefills
     alone as it joins). Only a GGUF target prefills in chunks (`chunked`).
+    prefix_cache: a `generation.PrefixCache` the rows read prompts' prefixes
+    from and store their sequences in (a GGUF target's; None: none).
     """
 
     def __init__(
@@ -242,6 +251,7 @@ class BatchEngine:
         on_commit: OnCommit | None = None,
         tokenizer: Any = None,
         prefill_chunk: int | None = None,
+        prefix_cache: PrefixCache | None = None,
     ):
         models.check_model(target, "target")
         self.tokenizer = tokenizer
@@ -272,6 +282,7 @@ class BatchEngine:
         )
         # the prefill in the rounds only where a row's bits cannot depend on it
         self.chunked = self.prefill_chunk > 0 and self.path == "gguf"
+        self.prefix = checked_prefix(prefix_cache, target)
         self.rows: list[Row | None] = [None] * self.max_batch
         self.free_caches: list[Any] = []
         self.queue: deque[_Checked] = deque()
@@ -455,6 +466,7 @@ class BatchEngine:
             cache=cache,
             constraint=item.constraint,
             prefill=not self.chunked,
+            prefix=self.prefix,
         )
         # the row's own γ, else the engine's (a batch policy overrides it each round)
         policy = FixedK(item.k if item.k is not None else self.k)
@@ -463,9 +475,12 @@ class BatchEngine:
             self.goodput.join(item.id)
         return Row(item.id, decoder, run, item.k)
 
-    def _free(self, slot: int) -> None:
+    def _free(self, slot: int, remember: bool = True) -> None:
+        """Free a slot (its sequence kept in the prefix cache, unless it failed)."""
         row = self.rows[slot]
         assert row is not None
+        if remember:
+            row.decoder.remember()
         self.rows[slot] = None
         self.free_caches.append(row.decoder.cache)
         if self.goodput is not None:
@@ -474,7 +489,7 @@ class BatchEngine:
     def _fail(self, slot: int, error: Exception) -> None:
         row = self.rows[slot]
         assert row is not None
-        self._free(slot)
+        self._free(slot, remember=False)
         refused = isinstance(error, GrammarDeadEnd)
         self.finished.append(Finished(row.id, None, f"request {row.id}: {error}", refused))
 
@@ -560,9 +575,14 @@ class BatchEngine:
         for slot, row in sorted(prefilling, key=lambda sr: sr[1].id):
             if budget <= 0:
                 break
-            piece = row.decoder.prefill_piece(min(budget, CHUNK))
-            pieces.append((slot, row, piece))
-            budget -= len(piece)
+            try:
+                piece = row.decoder.prefill_piece(min(budget, CHUNK))
+            except ValueError as e:  # the prompt came whole from the prefix cache; start refused
+                self._fail(slot, e)
+                continue
+            if len(piece):  # empty: the prefix cache gave the rest of the prompt
+                pieces.append((slot, row, piece))
+                budget -= len(piece)
         return pieces
 
     def _settle(

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdec_rs.drafters import Drafter
+    from specdec_rs.generation.prefix import PrefixCache
     from specdec_rs.structured import Constraint, Walk
 
 
@@ -109,6 +110,7 @@ class Decoder:
         cache: Any = None,
         constraint: Constraint | None = None,
         prefill: bool = True,
+        prefix: PrefixCache | None = None,
     ):
         import torch
 
@@ -131,14 +133,20 @@ class Decoder:
         self.cache = models.new_cache(target) if cache is None else cache
         self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
         self.cached = 0  # prompt positions in the target cache (prompt_length - 1 once prefilled)
+        self.prefix = prefix
+        if prefix is not None:  # the prompt's longest stored prefix, unless its states are read
+            prefix.bind(target)
+            reusable = 0 if self.wants_hidden else self.prompt_length - 1
+            self.cached = prefix.restore(self.seq, self.cache, reusable)
+        self.cached_tokens = self.cached  # the prompt positions reused, not computed
         self._prefill_states: list[torch.Tensor] = []
         if not prefill:
-            self._prefilled()  # a one-token prompt has nothing to prefill
+            self._prefilled()  # a one-token prompt, or a prompt all reused: nothing to prefill
             return
         hidden = None
-        if self.prompt_length > 1:
+        if self.prompt_length - 1 > self.cached:
             _, hidden = models.forward_with_hidden(
-                target, self.seq[:-1], self.cache, keep=1, hidden=self.wants_hidden
+                target, self.seq[self.cached : -1], self.cache, keep=1, hidden=self.wants_hidden
             )
         self.cached = self.prompt_length - 1
         self._start_drafter(hidden)
@@ -152,16 +160,29 @@ class Decoder:
 
     def prefill_piece(self, limit: int) -> torch.Tensor:
         """The next up to `limit` prompt tokens to run after the cache (one
-        chunk of the prefill; its forward is the caller's: a batch round)."""
+        chunk of the prefill; its forward is the caller's: a batch round).
+        With a prefix cache, the blocks it now holds past the cache come
+        first (another row may have stored them since this one joined);
+        when they end the prompt, the piece is empty and the drafter starts."""
+        if self.prefix is not None and not self.wants_hidden and self.prefill_left > 0:
+            gained = self.prefix.restore(self.seq, self.cache, self.prompt_length - 1, query=False)
+            self.cached += gained
+            self.cached_tokens += gained
+            if gained and self.prefill_left == 0:
+                self._prefilled()
         return self.seq[self.cached : min(self.cached + limit, self.prompt_length - 1)]
 
     def prefilled_piece(self, n: int, states: torch.Tensor | None) -> bool:
         """The forward ran the `n` tokens of `prefill_piece` after the cache
         (now grown by n); `states` (n, H): their last hidden states (when the
-        drafter reads them). Starts the drafter once the prompt is in; True then."""
+        drafter reads them). The prompt's blocks so far go to the prefix
+        cache (rows prefilling the same prompt read them at their next
+        piece). Starts the drafter once the prompt is in; True then."""
         self.cached += n
         if self.wants_hidden and states is not None:
             self._prefill_states.append(states)
+        if self.prefix is not None and self.prefill_left > 0:
+            self.prefix.store(self.seq, self.cache, self.cached)
         return self._prefilled()
 
     def _prefilled(self) -> bool:
@@ -175,11 +196,21 @@ class Decoder:
         return True
 
     def _start_drafter(self, hidden: torch.Tensor | None) -> None:
-        """The drafter's start on the prefilled prompt; the prefill's time
-        (with chunks, from the decoder's start to the prompt's last chunk)."""
+        """The drafter's start on the prefilled prompt (stored in the prefix
+        cache first); the prefill's time (with chunks, from the decoder's
+        start to the prompt's last chunk)."""
+        if self.prefix is not None:
+            self.prefix.store(self.seq, self.cache, self.prompt_length - 1)
         if self.drafter is not None:
             self.drafter.start(self.seq, self.cache, hidden)
         self.stats.prefill = time.perf_counter() - self.t_start
+
+    def remember(self) -> None:
+        """Keep the sequence's keys and values in the prefix cache (at the
+        generation's end; nothing without one). Cache position t holds seq[t]'s
+        while t < len(seq) (positions past an EOS cut are not stored)."""
+        if self.prefix is not None:
+            self.prefix.store(self.seq, self.cache, len(self.seq))
 
     @property
     def generated(self) -> int:
@@ -464,6 +495,7 @@ class Decoder:
             forced=s.forced,
             forced_accepted=s.forced_accepted,
             grammar_accepting=None if self.constraint is None else self.constraint.accepting,
+            cached_tokens=self.cached_tokens,
         )
 
 

@@ -36,6 +36,7 @@ from specdec_rs.generation.inputs import (
     prompt_tensor,
     shared_vocab,
 )
+from specdec_rs.generation.prefix import checked_prefix
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.generation.rounds import Round
 from specdec_rs.limits import MAX_NEW_TOKENS
@@ -47,6 +48,7 @@ if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
     from specdec_rs.drafters import Drafter
+    from specdec_rs.generation.prefix import PrefixCache
     from specdec_rs.structured import Constraint, Grammar
 
 
@@ -72,6 +74,7 @@ def generate(
     margins: bool = False,
     grammar: Grammar | None = None,
     tokenizer: Any = None,
+    prefix_cache: PrefixCache | None = None,
 ) -> GenerationResult:
     """Sample up to `max_new_tokens` from the target, speculatively.
 
@@ -106,6 +109,10 @@ def generate(
     with a drafter, tokens the grammar forces are proposed as free drafts.
     A budget may end the output before the grammar accepts
     (`GenerationResult.grammar_accepting`). Chains only (no tree=).
+    prefix_cache: a `generation.PrefixCache` (a GGUF target's): the prompt's
+    longest stored prefix is copied into the cache instead of computed (the
+    same bits), and the sequence is stored at the end
+    (`GenerationResult.cached_tokens`).
     """
     import torch
 
@@ -133,6 +140,7 @@ def generate(
     constraint = constrained(grammar, tokenizer, shared_vocab(target, drafter, vocab_size), eos)
     if constraint is not None and trees is not None:
         raise ValueError("a grammar constrains chains only: drop tree= or the grammar")
+    prefix = checked_prefix(prefix_cache, target)
     with torch.inference_mode():
         decoder = Decoder(
             target,
@@ -144,11 +152,13 @@ def generate(
             transfer=transfer,
             margins=margins,
             constraint=constraint,
+            prefix=prefix,
         )
         run = Run(decoder, policy, trees, route, max_new, eos, on_tokens, on_round)
         while not run.done:
             asked, is_tree = run.ask()
             run.commit(decoder._round(asked, is_tree, run.forced_limit))
+        decoder.remember()
     return run.result()
 
 

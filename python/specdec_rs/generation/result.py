@@ -25,6 +25,8 @@ class GenerationResult(Throughput):
     drafted and the histograms too) and those kept. grammar_accepting: with
     a grammar, whether the output is a complete match (always when
     stop_reason is "eos"; a budget may end it before); None without one.
+    cached_tokens: prompt positions whose keys and values came from a
+    prefix cache (not computed).
     Times in seconds; total includes the prefill.
     """
 
@@ -53,6 +55,7 @@ class GenerationResult(Throughput):
     forced: int = 0
     forced_accepted: int = 0
     grammar_accepting: bool | None = None
+    cached_tokens: int = 0
 
     @property
     def tokens_per_pass(self) -> float:
@@ -97,6 +100,7 @@ class GenerationResult(Throughput):
             "forced": self.forced,
             "forced_accepted": self.forced_accepted,
             "grammar_accepting": self.grammar_accepting,
+            "cached_tokens": self.cached_tokens,
         }
 
 

@@ -218,6 +218,7 @@ class Answer:
         self.served, self.rid, self.events, self.text = served, rid, events, text
         self.prompt_tokens, self.started = prompt_tokens, started
         self.figures = Figures(drafter)
+        self.cached_tokens = 0  # prompt tokens the prefix cache gave (known at the end)
         self.finish_reason: str | None = None
         self.first_token: float | None = None
         self.closed = False
@@ -240,6 +241,9 @@ class Answer:
                     yield delta
                 await asyncio.sleep(0)  # queued rounds of one request never hold the loop
             elif isinstance(event, Done):
+                self.cached_tokens = event.result.cached_tokens
+                if self.served.worker.engine.prefix is not None:
+                    self.served.metrics.prefix(self.prompt_tokens, self.cached_tokens)
                 rest = self.text.finish()
                 eos = event.result.stop_reason == "eos"
                 self.finish_reason = "stop" if eos or self.text.stopped else "length"
@@ -258,6 +262,7 @@ class Answer:
     def usage(self) -> dict[str, Any]:
         return {
             "prompt_tokens": self.prompt_tokens,
+            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
             "speculation": self.figures.summary(),

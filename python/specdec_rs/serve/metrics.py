@@ -12,10 +12,14 @@ server unchanged: `vllm:num_requests_running`, `vllm:num_requests_waiting`,
 kept draft `position`, 0-based), and the latency histograms
 `vllm:time_to_first_token_seconds`, `vllm:time_per_output_token_seconds`,
 `vllm:e2e_request_latency_seconds`; every series has the label
-`model_name`. What vLLM lacks is under `specdec:`: rounds by the γ they
-asked for (`specdec:spec_decode_rounds_total{k}`), the mean acceptance
-length 1 + accepted / drafts (`specdec:spec_decode_mean_acceptance_length`),
-and refused requests by reason (`specdec:requests_rejected_total{reason}`).
+`model_name`; with a prefix cache, `vllm:prefix_cache_queries_total` and
+`vllm:prefix_cache_hits_total` (prompt tokens looked up and found, counted
+as each request ends, so they add up to the responses'
+`usage.prompt_tokens_details.cached_tokens`). What vLLM lacks is under
+`specdec:`: rounds by the γ they asked for
+(`specdec:spec_decode_rounds_total{k}`), the mean acceptance length
+1 + accepted / drafts (`specdec:spec_decode_mean_acceptance_length`), and
+refused requests by reason (`specdec:requests_rejected_total{reason}`).
 A request's rounds are counted as its handler receives them, so the
 counters add up to the `usage` of the responses.
 """
@@ -57,6 +61,12 @@ class ServerMetrics:
             return Counter(name, doc, [*labels, label], registry=r)
 
         self.prompt_tokens = counter("vllm:prompt_tokens", "Prompt tokens prefilled")
+        self.prefix_queries = counter(
+            "vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache"
+        )
+        self.prefix_hits = counter(
+            "vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache (not computed)"
+        )
         self.generation_tokens = counter("vllm:generation_tokens", "Tokens generated (returned)")
         self.success = counter_by(
             "vllm:request_success",
@@ -130,6 +140,11 @@ class ServerMetrics:
     def n_answered(self) -> int:
         """Requests that ended whole (a stop, EOS or their budget)."""
         return self.by_reason.get("stop", 0) + self.by_reason.get("length", 0)
+
+    def prefix(self, queried: int, hits: int) -> None:
+        """A finished request's prefix-cache lookup (tokens)."""
+        self.prefix_queries.inc(queried)
+        self.prefix_hits.inc(hits)
 
     def reject(self, reason: str) -> None:
         self.rejected.labels(self.model_name, reason).inc()

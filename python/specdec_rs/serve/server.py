@@ -39,9 +39,12 @@ if TYPE_CHECKING:
 
     import uvicorn
 
+    from specdec_rs.generation.prefix import PrefixCache
+
 MAX_QUEUE = 100_000
 DEFAULT_BODY_MB = 8.0  # a full context of text, JSON-escaped, with room to spare
 MAX_BODY_MB = 1024.0
+DEFAULT_PREFIX_CACHE_MB = 256.0  # about 5,700 positions of SmolLM2's keys and values
 
 
 @dataclass(frozen=True)
@@ -56,7 +59,8 @@ class ServerOptions:
     an empty key is refused, never taken as none); max_body_mb: the largest
     request body (a larger one is a 413); prefill_chunk: the most prompt
     tokens a batch round prefills beside the running rows (0: a joining
-    request prefills alone, stalling the batch)."""
+    request prefills alone, stalling the batch); prefix_cache_mb: the
+    prefix cache's size (0: none; a GGUF target's only)."""
 
     host: str = "127.0.0.1"
     port: int = 8000
@@ -71,6 +75,7 @@ class ServerOptions:
     api_key: str | None = None
     max_body_mb: float = DEFAULT_BODY_MB
     prefill_chunk: int = PREFILL_CHUNK
+    prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB
 
     def check(self) -> ServerOptions:
         """Every option, before a model loads (ValueError naming the flag)."""
@@ -97,6 +102,7 @@ class ServerOptions:
             )
         _checks.real(self.max_body_mb, "--max-body-mb", above=0.0, maximum=MAX_BODY_MB)
         _checks.integer(self.prefill_chunk, "--prefill-chunk", minimum=0, maximum=MAX_PREFILL_CHUNK)
+        _checks.real(self.prefix_cache_mb, "--prefix-cache-mb", minimum=0.0, maximum=1 << 20)
         return self
 
     @property
@@ -118,6 +124,20 @@ def prepare_grammars(engine: BatchEngine, tokenizer: Any) -> None:
     eos = eos_set(None, engine.target)
     if eos:
         prepared(tokenizer, engine.vocab, eos)
+
+
+def prefix_cache(target: Any, megabytes: float) -> PrefixCache | None:
+    """The server's prefix cache: `megabytes` of a GGUF target's prefixes
+    (None at 0, or for a target whose reused entries could differ in bits)."""
+    from specdec_rs.generation.prefix import PrefixCache, check_target
+
+    if megabytes <= 0:
+        return None
+    try:
+        check_target(target)
+    except ValueError:
+        return None
+    return PrefixCache(megabytes)
 
 
 def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
@@ -143,6 +163,7 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         drafters=factories,
         tokenizer=tokenizer,
         prefill_chunk=options.prefill_chunk,
+        prefix_cache=prefix_cache(target, options.prefix_cache_mb),
     )
     prepare_grammars(engine, tokenizer)
     context = getattr(target.config, "max_position_embeddings", None)
