@@ -9,7 +9,9 @@ Target: the law tests' GGUF target (V = 4, the batched Rust layer, a
 requests (seeds 10·run + row): rows 0-3 start, row 2 (greedy, 2 tokens)
 finishes first and row 4 takes its slot, then row 5 joins; every prompt
 is prefilled one token a round (`prefill_chunk=1`), so rows 4 and 5
-prefill in rounds where the others decode and verify. Tests per run
+prefill in rounds where the others decode and verify (even runs); in odd
+runs a prefix cache of one-position blocks (fresh each run) gives rows 4
+and 5 the prompt positions the first rows stored. Tests per run
 set (each at p-value > 1e-6, Pearson chi-square): the pair law of rows 0,
 1, 3, 4, 5 (5 tests), the greedy row's pair equals the target's greedy
 pair every run, and the first tokens of rows 0 and 4 (the same settings)
@@ -42,6 +44,7 @@ import numpy as np
 import pytest
 import specdec_rs as sd
 from specdec_rs.generation.batch import BatchEngine, Request
+from specdec_rs.generation.prefix import PrefixCache
 from specdec_rs.policy import ForwardProfile, Goodput
 from specdec_rs.processors import SamplingConfig
 from specdec_rs.stats import chi2_pvalue
@@ -130,6 +133,7 @@ def batch_counts(
                 k=2,
                 goodput=Goodput(k_max=3, profile=profile(), probe=2),
                 prefill_chunk=1,
+                prefix_cache=PrefixCache(megabytes=1, block=1) if run % 2 else None,
             )
             requests = [
                 Request(

@@ -6,7 +6,7 @@ Blocks of `block` positions form a chain: block i of a sequence is found
 by (the id of block i - 1, its own `block` tokens), so a block is reused
 only after the very same tokens before it (no hash can collide: the key
 holds the tokens). A block holds every layer's keys and values of its
-positions, (layers, kv heads, block, head dim) each, float32. Blocks are
+positions, (layers, 2, kv heads, block, head dim), float32. Blocks are
 stored once however many rows read them, and the least recently used are
 evicted past `megabytes`; a lookup refreshes a chain's blocks from its
 last to its first, so a chain loses its tail before its head.
@@ -33,16 +33,18 @@ from specdec_rs import _checks
 if TYPE_CHECKING:
     import torch
 
-BLOCK = 16  # positions per block (vLLM's default block size)
+BLOCK = 8  # positions per block (a turn recomputes at most BLOCK - 1 stored positions)
 ROOT = 0  # the parent id of every chain's first block
 
 
 @dataclass
 class _Block:
     id: int
-    keys: torch.Tensor  # (layers, kv heads, block, head dim)
-    values: torch.Tensor
-    bytes: int
+    kv: torch.Tensor  # (layers, 2: keys and values, kv heads, block, head dim)
+
+    @property
+    def bytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
 
 
 class PrefixCache:
@@ -106,17 +108,16 @@ class PrefixCache:
             return 0
         found = self._chain(prompt, upto)
         new = found[start // self.block :]
-        if not new or new[0][1].keys.shape[0] != len(cache.layers):
+        if not new or new[0][1].kv.shape[0] != len(cache.layers):
             return 0
+        import torch
+
         m = len(new) * self.block
-        first = new[0][1]
-        _, heads, _, dim = first.keys.shape
+        kv = torch.cat([held.kv for _, held in new], dim=3)  # (layers, 2, heads, m, dim)
         for i, layer in enumerate(cache.layers):
-            keys, values, at = layer.slots(m, (1, heads, dim), first.keys.dtype)
-            for j, (_, held) in enumerate(new):
-                rows = slice(at + j * self.block, at + (j + 1) * self.block)
-                keys[0, :, rows].copy_(held.keys[i])
-                values[0, :, rows].copy_(held.values[i])
+            keys, values, at = layer.slots(m, (1, kv.shape[2], kv.shape[4]), kv.dtype)
+            keys[0, :, at : at + m].copy_(kv[i, 0])
+            values[0, :, at : at + m].copy_(kv[i, 1])
             layer.advance(m)
         for key, _ in reversed(found):  # the chain's head most recent: evicted last
             self.blocks.move_to_end(key)
@@ -131,23 +132,30 @@ class PrefixCache:
 
         upto = min(upto, min(layer.get_seq_length() for layer in cache.layers))
         ids = _ids(tokens, upto - upto % self.block)
-        parent, touched = ROOT, []
+        parent, touched, pending = ROOT, [], []
         for start in range(0, len(ids), self.block):
             key = self._key(parent, ids[start : start + self.block])
             held = self.blocks.get(key)
             if held is None:
-                at = slice(start, start + self.block)
-                keys = torch.stack([layer.keys[0, :, at] for layer in cache.layers])
-                values = torch.stack([layer.values[0, :, at] for layer in cache.layers])
-                size = keys.numel() * keys.element_size() * 2
-                if size > self.budget:
-                    break
-                held = _Block(self.next_id, keys, values, size)
+                # its keys and values are filled below, with the other new blocks'
+                held = _Block(self.next_id, None)  # type: ignore[arg-type]
                 self.next_id += 1
+                pending.append((start, held))
                 self.blocks[key] = held
-                self.bytes += size
             touched.append(key)
             parent = held.id
+        if pending:  # the new blocks' keys and values, gathered once for all of them
+            first, end = pending[0][0], pending[-1][0] + self.block
+            kv = torch.stack(
+                [
+                    torch.stack([layer.keys[0, :, first:end], layer.values[0, :, first:end]])
+                    for layer in cache.layers
+                ]
+            )  # (layers, 2, heads, end - first, dim)
+            for start, held in pending:
+                at = start - first
+                held.kv = kv[:, :, :, at : at + self.block].clone()
+                self.bytes += held.bytes
         for key in reversed(touched):
             self.blocks.move_to_end(key)
         while self.bytes > self.budget:
