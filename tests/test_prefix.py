@@ -7,35 +7,20 @@ q = draft. The server's side is in test_serve.py."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import pytest
 import specdec_rs as sd
+import test_batch
 from specdec_rs import models
 from specdec_rs.generation import PrefixCache
 from specdec_rs.generation.batch import BatchEngine, Request
 from specdec_rs.generation.prefix import BLOCK, ROOT
 
 torch = pytest.importorskip("torch")
-V = 64
-
-
-@pytest.fixture(scope="module")
-def tiny() -> Any:
-    return models.tiny_llama(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
-
-
-@pytest.fixture(scope="module", params=["f32", "q8"])
-def gguf(
-    tiny: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
-) -> Any:
-    from specdec_rs.gguf import load_gguf
-    from specdec_rs.gguf.writer import write_llama
-
-    path = Path(tmp_path_factory.mktemp("prefix")) / "tiny.gguf"
-    write_llama(tiny, path, linear_type="Q4_1", embed_type="Q8_0")
-    return load_gguf(path, tokenizer=False, activations=request.param)[0]
+V = test_batch.V
+tiny = test_batch.tiny  # the batch tests' tiny target and its GGUF files (f32, q8)
+gguf = test_batch.gguf
 
 
 def tokens(n: int, seed: int) -> list[int]:
