@@ -82,9 +82,9 @@ def measure(
             reached[i] += b
     per_token = sorted(r.time_total / max(1, r.new_tokens) * 1e3 for r in results)
     gammas: dict[int, int] = {}
-    for s in out.steps:
-        if s.k is not None:
-            gammas[s.k] = gammas.get(s.k, 0) + 1
+    for s in out.steps:  # row rounds by the γ the policy gave them
+        for k in s.ks or ():
+            gammas[k] = gammas.get(k, 0) + 1
     return Setting(
         workload,
         batch,

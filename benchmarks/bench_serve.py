@@ -16,7 +16,18 @@ same C, same run. --prefill-chunks 0 64 runs each server at each
 `--prefill-chunk` (0: a joining request prefills alone, stalling the
 batch), so the chunked prefill's TTFT and throughput are a same-run ratio.
 
+--trace RATE replays traffic instead of closed-loop concurrency
+(`serve_trace`: Poisson arrivals at RATE sessions per second, mixed code and
+chat prompts and output lengths, a share of multi-turn conversations and of
+repeated requests; the same seeded trace to every server, the servers' turns
+interleaved). Per server: throughput (completion tokens / wall clock from
+the first send to the last answer), TTFT and TPOT p50 / p99, and the
+goodput: requests per second meeting both the TTFT and the TPOT SLO
+(`--slo-ttft`, `--slo-tpot`), and their share.
+
     python benchmarks/bench_serve.py --out benchmarks/results/bench-serve
+    python benchmarks/bench_serve.py --trace 0.5 --sessions 48 --repeats 2 \
+        --out benchmarks/results/bench-serve-trace
     python benchmarks/bench_serve.py --workloads code --concurrency 16 \
         --modes off goodput --prefill-chunks 0 64 --out benchmarks/results/bench-prefill
 """
@@ -35,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
+from serve_trace import make_trace, replay
 from specdec_rs.measure import workloads
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
@@ -207,16 +219,7 @@ def table(settings: list[Setting]) -> str:
     rows = []
     for s in settings:
         base = off.get((s.workload, s.concurrency, s.prefill_chunk))
-        total_rounds = sum(s.rounds_by_k.values())
-        gamma = (
-            ", ".join(
-                f"{k}: {v / total_rounds:.0%}"
-                for k, v in sorted(s.rounds_by_k.items(), key=lambda kv: int(kv[0]))
-                if v
-            )
-            if total_rounds
-            else ""
-        )
+        gamma = gamma_shares(s.rounds_by_k)
         rows.append(
             [
                 s.workload,
@@ -246,6 +249,115 @@ def table(settings: list[Setting]) -> str:
     return markdown_table(header, rows)
 
 
+@dataclass(frozen=True)
+class TraceSetting:
+    mode: str
+    requests: int
+    tokens: int
+    wall_s: float
+    tokens_per_second: float
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    tpot_p50_ms: float
+    tpot_p99_ms: float
+    slo_met: int  # requests within both SLOs
+    goodput_rps: float  # slo_met / wall_s
+    mean_acceptance_length: float | None
+    rounds_by_k: dict[str, float]
+
+
+def measure_trace(server: Server, trace: Any, args: argparse.Namespace) -> TraceSetting:
+    before = server.rounds_by_k()
+    rows, wall = asyncio.run(replay(server.url, server.model, trace))
+    after = server.rounds_by_k()
+    tokens = sum(r["tokens"] for r in rows)
+    drafts = sum(r["speculation"]["num_drafts"] for r in rows)
+    accepted = sum(r["speculation"]["num_accepted_tokens"] for r in rows)
+    met = sum(
+        1
+        for r in rows
+        if r["ttft"] <= args.slo_ttft and (r["tokens"] < 2 or r["tpot"] <= args.slo_tpot)
+    )
+    return TraceSetting(
+        server.mode,
+        len(rows),
+        tokens,
+        wall,
+        tokens / wall,
+        1000 * percentile([r["ttft"] for r in rows], 0.5),
+        1000 * percentile([r["ttft"] for r in rows], 0.99),
+        1000 * percentile([r["tpot"] for r in rows if r["tokens"] > 1], 0.5),
+        1000 * percentile([r["tpot"] for r in rows if r["tokens"] > 1], 0.99),
+        met,
+        met / wall,
+        1 + accepted / drafts if drafts else None,
+        {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after},
+    )
+
+
+def gamma_shares(rounds_by_k: dict[str, float]) -> str:
+    total_rounds = sum(rounds_by_k.values())
+    if not total_rounds:
+        return ""
+    return ", ".join(
+        f"{k}: {v / total_rounds:.0%}"
+        for k, v in sorted(rounds_by_k.items(), key=lambda kv: int(kv[0]))
+        if v
+    )
+
+
+def trace_table(settings: list[TraceSetting]) -> str:
+    off = next((s.tokens_per_second for s in settings if s.mode == "off"), None)
+    rows = [
+        [
+            s.mode,
+            str(s.requests),
+            f"{s.tokens_per_second:.1f}",
+            f"{s.tokens_per_second / off:.2f}x" if off else "",
+            f"{s.ttft_p50_ms:.0f} / {s.ttft_p99_ms:.0f}",
+            f"{s.tpot_p50_ms:.1f} / {s.tpot_p99_ms:.1f}",
+            f"{s.slo_met / s.requests:.0%}",
+            f"{s.goodput_rps:.3f}",
+            fmt(s.mean_acceptance_length, ".2f"),
+            gamma_shares(s.rounds_by_k),
+        ]
+        for s in settings
+    ]
+    header = ["speculation", "requests", "tokens/s", "vs off", "TTFT p50 / p99 ms",
+              "TPOT p50 / p99 ms", "within SLO", "goodput req/s", "accept len",
+              "rounds by γ"]  # fmt: skip
+    return markdown_table(header, rows)
+
+
+def run_trace(servers: list[Server], args: argparse.Namespace) -> tuple[list[Any], str]:
+    trace = make_trace(
+        sessions=args.sessions,
+        rate=args.trace,
+        multi_turn=args.multi_turn,
+        repeated=args.repeated,
+        lengths=args.lengths,
+        think=args.think,
+        seed=args.seed,
+    )
+    kinds = {k: sum(1 for t in trace if t.kind == k) for k in ("single", "conversation", "repeat")}
+    print(f"trace: {len(trace)} sessions ({kinds}), {sum(len(t.turns) for t in trace)} requests")
+    runs: dict[int, list[TraceSetting]] = {id(s): [] for s in servers}
+    for _ in range(args.repeats):
+        for server in servers:  # interleaved: the host's drift hits them all
+            t = measure_trace(server, trace, args)
+            runs[id(server)].append(t)
+            print(
+                f"trace {t.mode}: {t.tokens_per_second:.1f} tokens/s, TTFT p50 {t.ttft_p50_ms:.0f}"
+                f" ms, TPOT p50 {t.tpot_p50_ms:.1f} ms, within SLO {t.slo_met}/{t.requests}",
+                flush=True,
+            )
+    settings = []
+    for server in servers:
+        ordered = sorted(runs[id(server)], key=lambda t: t.tokens_per_second)
+        settings.append(ordered[len(ordered) // 2])
+    return settings, trace_table(settings)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--workloads", nargs="+", default=["code", "chat"])
@@ -264,11 +376,34 @@ def main() -> None:
         help="run every mode at each --prefill-chunk (default: the server's own)",
     )
     ap.add_argument("--server-args", default="", help="more flags for every server")
+    ap.add_argument("--trace", type=float, default=None, help="replay traffic: sessions per s")
+    ap.add_argument("--sessions", type=int, default=48, help="sessions in the trace")
+    ap.add_argument("--multi-turn", type=float, default=0.25, help="share of conversations")
+    ap.add_argument("--repeated", type=float, default=0.15, help="share of repeated requests")
+    ap.add_argument("--lengths", type=int, nargs="+", default=[16, 64, 128, 256])
+    ap.add_argument("--think", type=float, default=1.0, help="mean seconds between turns")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--slo-ttft", type=float, default=2.0, help="seconds")
+    ap.add_argument("--slo-tpot", type=float, default=0.1, help="seconds")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     extra = args.server_args.split()
     chunks: list[int | None] = [None] if args.prefill_chunks is None else args.prefill_chunks
     servers = [Server(m, args.k, args.max_batch, extra, c) for c in chunks for m in args.modes]
+    if args.trace is not None:
+        try:
+            traced, text = run_trace(servers, args)
+        finally:
+            for server in servers:
+                server.stop()
+        print(text)
+        if args.out is not None:
+            record = {
+                "args": vars(args) | {"out": str(args.out)},
+                "settings": [asdict(t) for t in traced],
+            }
+            write_results(args.out, record, text)
+        return
     settings: list[Setting] = []
     try:
         for workload in args.workloads:

@@ -164,7 +164,9 @@ def test_the_goodput_policy_keeps_greedy_output(gguf: Any) -> None:
         max_batch=4,
         eos_token_id=[],
     )
-    assert {s.k for s in out.steps} - {None}  # the policy chose each round
+    decoding = [s for s in out.steps if s.rows]
+    assert all(s.ks is not None and len(s.ks) == s.rows for s in decoding)  # a γ per row
+    assert any(any(s.ks or ()) for s in decoding)  # and some rounds drafted
     assert out.predicted_goodput is not None and out.predicted_goodput > 0
     for i, p in enumerate(prompts()):
         plain = sd.generate(gguf, None, p, max_new_tokens=12, temperature=0, eos_token_id=[])
@@ -309,10 +311,18 @@ class Row:
 class FakeRound:
     """What `Goodput.observe` reads of a `Round`."""
 
-    def __init__(self, asked: int, accepted: int, drafted: int | None = None):
+    def __init__(
+        self,
+        asked: int,
+        accepted: int,
+        drafted: int | None = None,
+        *,
+        draft_s: float = 0.0,
+        verify_s: float = 0.0,
+    ):
         self.asked, self.accepted, self.tree = asked, accepted, False
         self.drafted = asked if drafted is None else drafted
-        self.draft_s, self.verify_s, self.positions = 0.0, 0.0, self.drafted + 1
+        self.draft_s, self.verify_s, self.positions = draft_s, verify_s, self.drafted + 1
 
 
 def trained(policy: Goodput, rows: int, *accepts: int, rounds: int = 40) -> list[Row]:
@@ -327,6 +337,10 @@ def trained(policy: Goodput, rows: int, *accepts: int, rounds: int = 40) -> list
     return out
 
 
+def ks(choice: Any) -> list[int]:
+    return list(choice.ks.values())
+
+
 def memory_bound() -> ForwardProfile:
     """T(B, n) = 1 + 0.05·B·n: a wide pass costs little more than one position."""
     return ForwardProfile({(b, n): 1.0 + 0.05 * b * n for b in (1, 8, 64) for n in range(1, 6)})
@@ -338,9 +352,9 @@ def test_goodput_speculates_at_a_small_batch_and_stops_at_a_large_one() -> None:
     B = 64, where T(64, 2) = 1.76·T(64, 1) costs more than the 1.5 tokens
     a round then emits."""
     small = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
-    assert small.choose(trained(small, 1, 0, 1))[0] == 1
+    assert ks(small.choose(trained(small, 1, 0, 1))) == [1]
     large = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
-    assert large.choose(trained(large, 64, 0, 1))[0] == 0
+    assert ks(large.choose(trained(large, 64, 0, 1))) == [0] * 64
 
 
 def test_goodput_predicts_tokens_over_cost() -> None:
@@ -367,18 +381,102 @@ def test_goodput_costs_a_ragged_batch_by_the_drafts_proposed() -> None:
     assert policy.predicted(ids, 2) == pytest.approx(8 * 2 / (1.0 + 0.05 * 8 * 2), rel=1e-3)
 
 
+def test_goodput_gives_each_row_its_own_gamma() -> None:
+    """Two rows beside each other: one whose drafts are all kept gets
+    k_max, one whose drafts are never kept gets none (a batch-wide γ
+    would pay the second row's positions for nothing, or starve the first)."""
+    policy = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    good, bad = Row(0), Row(1)
+    for r in (good, bad):
+        policy.join(r.id)
+    for _ in range(40):
+        policy.observe([(0, FakeRound(4, 4)), (1, FakeRound(4, 0))], 2, 0.0)
+    assert policy.choose([good, bad]).ks == {0: 4, 1: 0}
+    rates = [policy.predicted([0, 1], k) for k in range(5)]
+    mixed = policy.evaluate([policy.view(0), policy.view(1)], [4, 0])
+    assert mixed[0] / mixed[1] > max(rates)  # it beats every uniform γ
+
+
+def convex() -> ForwardProfile:
+    """T(1, n) = 1 + 0.02·(n - 1)² (cheap for a few positions, dear for many)."""
+    return ForwardProfile({(1, n): 1.0 + 0.02 * (n - 1) ** 2 for n in range(1, 8)})
+
+
+def test_goodput_prices_a_bursty_drafter_by_the_rounds_it_drafts() -> None:
+    """A drafter that proposes all 6 drafts asked (all kept) in half the
+    rounds and nothing in the others: a round costs ½·T(1, 1) + ½·T(1, 7),
+    not T(1, 4) at its mean positions, and its drafting rate is ½, its
+    fill (when it drafts) 1."""
+    policy = Goodput(k_max=6, profile=convex(), prior=0.0)
+    policy.join(0)
+    for i in range(200):
+        policy.observe([(0, FakeRound(6, 6 if i % 2 else 0, 6 if i % 2 else 0))], 1, 0.0)
+    view = policy.view(0)
+    assert view.drafting == pytest.approx(0.5, abs=0.02) and view.fill == 1.0
+    tokens, seconds = policy.evaluate([view], [6])
+    assert tokens == pytest.approx(1 + 6 * view.drafting, rel=0.02)
+    r = view.drafting
+    assert seconds == pytest.approx((1 - r) * 1.0 + r * (1.0 + 0.02 * 36))
+    mean_priced = convex().seconds(1, 1 + 6 * r)
+    assert seconds > 1.1 * mean_priced  # the average would underprice it
+
+
+def test_goodput_counts_a_drafters_cost_at_gamma_zero() -> None:
+    """A drafter whose update costs 0.2 s a row every round, drafting or
+    not (verify_s at one position), and drafting 0.1 s + 0.05 s a draft:
+    C(0) carries the update, C(k) the line fitted to the drafting seconds."""
+    flat = ForwardProfile({(b, n): 1.0 for b in (1, 2) for n in range(1, 5)})
+    policy = Goodput(k_max=3, profile=flat, prior=0.0)
+    for rid in (0, 1):
+        policy.join(rid)
+    for i in range(60):
+        k = i % 4
+        rounds = [(rid, FakeRound(k, 0, draft_s=0.1 + 0.05 * k if k else 0.0, verify_s=0.2))
+                  for rid in (0, 1)]  # fmt: skip
+        policy.observe(rounds, 2, 0.0)
+    views = [policy.view(0), policy.view(1)]
+    assert policy.evaluate(views, [0, 0])[1] == pytest.approx(1.0 + 2 * 0.2)
+    assert policy.evaluate(views, [3, 3])[1] == pytest.approx(1.0 + 2 * (0.2 + 0.1 + 0.15))
+
+
 def test_goodput_hysteresis_and_probe() -> None:
     flat = ForwardProfile({(b, n): 1.0 for b in (1, 2) for n in range(1, 4)})
     policy = Goodput(k_max=2, profile=flat, hysteresis=10.0)  # nothing beats the current γ by 10×
     rows = trained(policy, 2, 2)
-    assert policy.choose(rows)[0] == 2  # the first round takes the model's choice
-    policy.k = 1  # as if the batch had settled at γ = 1
-    assert policy.choose(rows)[0] == 1 == policy.k
+    assert ks(policy.choose(rows)) == [2, 2]  # the first round takes the model's choice
+    for r in rows:
+        policy.rows[r.id].k = 1  # as if the batch had settled at γ = 1
+    assert ks(policy.choose(rows)) == [1, 1] and policy.k == 1
+    assert policy.report().switches == 0
     off = Goodput(k_max=2, profile=memory_bound_steep(), probe=3, probe_k=2)
     rows = trained(off, 2, 0)  # nothing kept: γ = 0, probes after 3, then 6, then 12 rounds
-    chosen = [off.choose(rows)[0] for _ in range(21)]
-    assert off.k == 0 and [i + 1 for i, k in enumerate(chosen) if k] == [3, 9, 21]
-    assert set(chosen) == {0, 2}
+    chosen = [ks(off.choose(rows)) for _ in range(21)]
+    assert off.k == 0 and [i + 1 for i, k in enumerate(chosen) if any(k)] == [3, 9, 21]
+    assert {k for c in chosen for k in c} == {0, 2}
+    report = off.report()
+    assert report.probes == 6 and report.rounds == 21
+    assert report.rows_by_k == (2 * 21 - 6, 0, 6)
+
+
+def test_goodput_trusts_the_rounds_it_measured_over_its_model() -> None:
+    """The model rates γ = 4 at 5 / 1.05... tokens per second a row; the
+    rounds run there measure a fifth of it. After `MEASURED` such rounds
+    the measured ratio rescales every drafting vector (not all rows off),
+    and the policy's next optimisation turns speculation off."""
+    from specdec_rs.policy.goodput import MEASURED, REPLAN
+
+    policy = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    rows = trained(policy, 1, 4)
+    first = policy.choose(rows)
+    assert ks(first) == [4]
+    for i in range(MEASURED):
+        choice = policy.choose(rows)
+        assert ks(choice) == [4], i  # the model's choice until the measured ratio counts
+        policy.observe([(0, FakeRound(4, 4))], 1, 0.0, choice=choice, tokens=5,
+                       seconds=5 * choice.seconds / choice.tokens / 0.2)  # fmt: skip
+    after = [ks(policy.choose(rows)) for _ in range(REPLAN)]  # the next optimisation
+    assert after[-1] == [0], after
+    assert policy.report().measured == pytest.approx(0.2 * first.tokens / first.seconds)
 
 
 def memory_bound_steep() -> ForwardProfile:

@@ -258,6 +258,14 @@ def test_32_concurrent_streams_equal_each_request_alone(server: Background) -> N
         (s["accepted_per_position"] or [0])[0] for s in spec
     )
     assert delta("specdec:spec_decode_rounds_total") == row_rounds
+    # the policy chose for every row round of the requests that fixed neither γ nor drafter
+    chosen = sum(
+        s["rounds"] for s, sp in zip(spec, specs, strict=True) if "speculation" not in sp["extra"]
+    )
+    assert delta("specdec:goodput_row_rounds_total") == chosen > 0
+    assert delta("specdec:goodput_probes_total") <= chosen
+    assert total(after, "specdec:goodput_predicted_tokens_per_second") > 0
+    assert total(after, "specdec:goodput_measured_tokens_per_second") >= 0
     assert delta("vllm:time_to_first_token_seconds_count") == 32
     assert (
         total(after, "vllm:num_requests_running") == total(after, "vllm:num_requests_waiting") == 0

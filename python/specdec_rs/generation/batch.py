@@ -8,8 +8,8 @@ and stop ids, and its own cache: a row is a `Decoder` and its loop state
 rounds it would run alone. A batch round:
 
 1. every row proposes its drafts (k_i may differ, and may be 0; a
-   batch-wide γ policy such as `Goodput` chooses k for the rows that did not
-   fix their own);
+   load-aware policy such as `Goodput` chooses each k_i of the rows that
+   did not fix their own);
 2. one target forward runs every row's block [last token, drafts] after
    that row's cache (`generation.forward`: the weight products over all
    rows at once, attention per row over its own cache, causal within each
@@ -130,12 +130,12 @@ class Finished:
 class BatchStep:
     """One batch round: rows in it (decoding rows; the rows prefilling
     beside them are counted in `prefill`, their tokens), the γ the batch
-    policy chose (None without one), tokens emitted, seconds (wall, and in
-    the one target forward), and the policy's predicted tokens per second
-    (None without)."""
+    policy gave each row it chose for (`ks`, in row order; None without a
+    policy), tokens emitted, seconds (wall, and in the one target forward),
+    and the policy's predicted tokens per second (None without)."""
 
     rows: int
-    k: int | None
+    ks: tuple[int, ...] | None
     tokens: int
     seconds: float
     target_s: float
@@ -184,7 +184,7 @@ class BatchResult:
 @dataclass
 class Row:
     """A slot's request: its id, decoder and loop state; `fixed_k` is its
-    own γ (None: the engine's)."""
+    own γ (0 without a drafter; None: the engine's)."""
 
     id: int
     decoder: Decoder
@@ -216,8 +216,8 @@ class BatchEngine:
     drafter_factory: called once per admitted request for its own drafter
     (e.g. `sd.PromptLookup`, or ``lambda: sd.EarlyExit(target, 8)``); None
     for target-only rows. k: γ of the rows that set none; `goodput`, when
-    given, chooses it every round instead, from the load (k is then the
-    most it may choose). Rows keep their caches' buffers from slot to slot.
+    given, chooses each row's k every round instead, from the load. Rows
+    keep their caches' buffers from slot to slot.
     cache_positions: the most positions the rows' target caches may hold
     together (default: what half of this machine's memory holds,
     `default_cache_positions`); a request reserves its prompt plus its
@@ -468,12 +468,14 @@ class BatchEngine:
             prefill=not self.chunked,
             prefix=self.prefix,
         )
-        # the row's own γ, else the engine's (a batch policy overrides it each round)
-        policy = FixedK(item.k if item.k is not None else self.k)
+        # the row's own γ, else the engine's (a batch policy overrides it each
+        # round); a row without a drafter asks for none
+        fixed = item.k if item.k is not None else 0 if drafter is None else None
+        policy = FixedK(fixed if fixed is not None else self.k)
         run = Run(decoder, policy, None, None, item.max_new, item.eos)
-        if self.goodput is not None:
+        if self.goodput is not None and fixed is None:
             self.goodput.join(item.id)
-        return Row(item.id, decoder, run, item.k)
+        return Row(item.id, decoder, run, fixed)
 
     def _free(self, slot: int, remember: bool = True) -> None:
         """Free a slot (its sequence kept in the prefix cache, unless it failed)."""
@@ -500,12 +502,18 @@ class BatchEngine:
         pieces = self._prefill_pieces(
             [(s, r) for s, r in live if r.decoder.prefill_left > 0], ready
         )
-        chosen, predicted = None, None
+        choice = None
         if self.goodput is not None and ready:
-            chosen, predicted = self.goodput.choose([r for _, r in ready if r.fixed_k is None])
+            choice = self.goodput.choose([r for _, r in ready if r.fixed_k is None])
         pending: list[tuple[int, Row, Pending]] = []
         for slot, row in ready:
-            k = chosen if row.fixed_k is None else row.fixed_k
+            k = (
+                row.fixed_k
+                if row.fixed_k is not None
+                else choice.ks[row.id]
+                if choice is not None
+                else self.k
+            )
             try:
                 asked, tree = row.run.ask(k)
                 pending.append((slot, row, row.decoder.begin(asked, tree, row.run.forced_limit)))
@@ -552,13 +560,17 @@ class BatchEngine:
                 rounds,
                 len(pending),
                 target_s if timed else 0.0,
-                k=chosen if uniform else None,
+                choice=choice if uniform else None,
                 tokens=tokens,
                 seconds=seconds if timed else 0.0,
             )
         if self.steps is not None:
+            ks = None
+            if choice is not None:
+                ks = tuple(choice.ks[row.id] for _, row, _ in pending if row.id in choice.ks)
+            predicted = None if choice is None else choice.predicted
             self.steps.append(
-                BatchStep(len(pending), chosen, tokens, seconds, target_s, predicted, prefilled)
+                BatchStep(len(pending), ks, tokens, seconds, target_s, predicted, prefilled)
             )
 
     def _prefill_pieces(

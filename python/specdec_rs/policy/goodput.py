@@ -1,45 +1,66 @@
-"""`Goodput`, the load-aware γ of a batch: the γ that maximises the batch's
-predicted tokens per second at its current size. p = target, q = draft, k = γ.
+"""`Goodput`, the load-aware γ of each row of a batch: the γ_i that
+maximise the batch's predicted tokens per second at its current size.
+p = target, q = draft, k = γ.
 
-A batch round of B rows with γ drafts each costs
+A batch round of B rows, row i asking for γ_i drafts, costs
 
-    C(γ) = Σ_i D_i(γ) + T(B, n̄(γ)) + Σ_i W_i(1 + γ·f_i)
+    C(γ) = Σ_i [D(γ_i) + W_0 + W·E[n_i]] + E[T(B, n̄)] + R(B),   n̄ = mean_i n_i,
 
-(D_i: row i's drafting, T(B, n): the target forward over B rows × n
-positions, with n̄(γ) = 1 + γ·mean_i f_i since the batch forward is ragged
-and row i's drafter proposes a share f_i of the drafts asked for, W_i: its
-verification, cropping and drafter update) and emits
-Σ_i E_i(γ) tokens, E_i(γ) = 1 + Σ_{j=1}^{γ} a_{i,j}, where a_{i,j} is row
-i's rate of keeping at least j drafts in rounds that asked for j or more (a
-draft the drafter did not propose counts as not kept). The policy picks
-γ* = argmax_γ Σ_i E_i(γ) / C(γ), γ = 0 (speculation off) included.
+and emits Σ_i E_i(γ_i) tokens, E_i(γ) = 1 + Σ_{j≤γ} a_{i,j}, where a_{i,j}
+is row i's rate of keeping at least j drafts in rounds that asked for j or
+more (a draft the drafter did not propose counts as not kept; a_{i,j} ≤
+a_{i,j-1} ≤ r_i, as keeping j drafts implies keeping j - 1).
 
-T comes from a profile (`ForwardProfile`: measured by the engine at start,
-or read from the table cached on disk for this model, host and thread
-count); D and W are measured as the rounds run (decayed means per drafted
-token and per verified position). A row with little history borrows the
-pooled rates of all rows (before any round, a_j = 2^-j). Acceptance alone never
-decides: at a large B, T(B, γ + 1) nears (γ + 1)·T(B, 1) and the same
-acceptance stops paying, which is why γ falls with the load.
+- D(γ) = d_0 + d_1·γ for γ ≥ 1 (a line fitted to the rounds' drafting
+  seconds, pooled over rows), D(0) = d_idle (measured apart: what the
+  drafter costs in a round that asks for nothing).
+- W_0 + W·n: a row's verification, cropping and drafter update after a
+  block of n positions (a line fitted to the rounds). So a drafter's cost
+  at γ = 0 (its update every round) is d_idle + W_0 + W, not nothing.
+- Row i's block: the drafter proposes at all in a share r_i of the rounds
+  that ask (its drafting rate) and then a share f_i of the drafts asked
+  (its fill), so n_i = 1 + γ_i·f_i with probability r_i, else 1. A bursty
+  drafter (prompt lookup: all or nothing) is priced by the rounds in which
+  it drafts: E[T] is the expectation over which rows draft, exact for up
+  to `EXACT_ROWS` rows that may or may not draft, at their mean beyond
+  (where the ragged forward's positions average out).
+- T(B, n̄): the target forward over B rows × n̄ positions (the forward is
+  ragged: only the total counts), from a profile (`ForwardProfile`, at the
+  rows' mean context), times the decayed mean of measured / profiled
+  forward time (kept per positions per row).
+- R(B): the round's own seconds outside its rows and its forward (the
+  engine's glue; a line in B fitted to the rounds).
 
-T is corrected by what the rounds measure: the decayed mean of measured /
-profiled forward time, kept per positions-per-row (the rows' contexts
-differ from the profile's). And where the batch has run a γ at its current
-size for a few recent rounds, that γ's measured tokens per second stands
-in for the model (whose other values are rescaled by measured / predicted
-at the current γ): a model that overrates long drafts is corrected by the
-rounds it chose, so the policy settles on the γ the machine rewards.
-Hysteresis: γ changes only when the new choice is predicted to beat the
-current one by `hysteresis` (relative). While γ = 0, one round drafts
-`probe_k` after `probe` rounds, so the acceptance estimates stay current;
-each probe that leaves speculation off doubles the wait, up to 16 · `probe`
-rounds.
+The policy maximises Σ_i E_i(γ_i) / C(γ) over the vector γ (each γ_i in
+0..k_max) by Dinkelbach's iteration: at the current rate λ, each row in
+turn takes the γ_i that maximises Σ E − λ·C, from the last round's
+vector; the result is checked against every uniform γ. It optimises
+when the batch's rows change and every `REPLAN` rounds (the rates move
+slowly; a choice costs about a millisecond at B = 8 in Python). A row with little
+history borrows the pooled rates of all rows (before any round, a_j =
+2^-j). Acceptance alone never decides: at a large B, T(B, γ + 1) nears
+(γ + 1)·T(B, 1) and the same acceptance stops paying, which is why γ
+falls with the load; and a row whose drafts are rarely kept gets γ = 0
+while a row beside it copying text gets many.
+
+Where the batch has run `MEASURED` or more recent rounds of a kind
+(drafting, or every row off) at its current size, the measured /
+predicted tokens per second of those rounds rescales the model's rate of
+every vector of that kind: a model that overrates drafting (its
+acceptance comes in bursts the rates average away, its blocks cost more
+than the profile says) is corrected by the rounds it chose. Hysteresis:
+the vector changes only when the new one is predicted to beat the
+current one by `hysteresis` (relative). A row at γ = 0 drafts `probe_k`
+in one round after `probe` rounds off, so its rates stay current; each
+probe that leaves it off doubles its wait, up to 16 · `probe` rounds.
+`report()` says what the policy did (the server's /metrics reads it).
 The policy sees only what past rounds did, so every round stays exact.
 """
 
 from __future__ import annotations
 
 import bisect
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -47,7 +68,7 @@ from typing import Any
 from specdec_rs import _checks
 from specdec_rs.policy.base import MAX_K
 
-MAX_PROBE_FACTOR = 16  # probes back off to one in 16 · probe rounds
+MAX_PROBE_FACTOR = 16  # a row's probes back off to one in 16 · probe rounds
 
 
 @dataclass(frozen=True)
@@ -143,18 +164,52 @@ def _interp(xs: list[int], ys: list[float], x: float) -> float:
     return max(y, min(ys) * 0.5)
 
 
-class _Rates:
-    """Counts behind a_j: rounds that asked for j or more drafts, and those
-    that kept j or more (j = 1..k_max), decayed; `fill`, the decayed mean
-    of drafted / asked (a lookup drafter often proposes fewer than asked)."""
+class _Line:
+    """y ≈ a + b·x by decayed least squares, a, b ≥ 0 (through the origin
+    when the free line's intercept would be negative)."""
 
-    def __init__(self, k_max: int):
+    def __init__(self) -> None:
+        self.w = self.x = self.y = self.xx = self.xy = 0.0
+
+    def add(self, x: float, y: float, decay: float) -> None:
+        self.w = decay * self.w + 1.0
+        self.x = decay * self.x + x
+        self.y = decay * self.y + y
+        self.xx = decay * self.xx + x * x
+        self.xy = decay * self.xy + x * y
+
+    def at(self, x: float) -> float:
+        """The fitted y at x (0 before any point)."""
+        if self.w <= 0:
+            return 0.0
+        mx, my = self.x / self.w, self.y / self.w
+        var = self.xx / self.w - mx * mx
+        b = max(0.0, (self.xy / self.w - mx * my) / var) if var > 1e-9 * (1.0 + mx * mx) else 0.0
+        a = my - b * mx
+        if a < 0.0:
+            a, b = 0.0, max(0.0, self.xy / self.xx) if self.xx > 0 else 0.0
+        return a + b * x
+
+
+class _Rates:
+    """A row's (or the pool's) decayed counts: rounds that asked for j or
+    more drafts (`asked[j]`, j = 1..k_max; asked[1] counts every round that
+    asked), those that kept j or more (`kept[j]`), the rounds that asked in
+    which the drafter proposed anything (`drafting`), and the sum of
+    drafted / asked over those (`fill`); and the row's γ state (its last
+    γ, its rounds off and the wait before its next probe)."""
+
+    def __init__(self, k_max: int, probe: int):
         self.asked = [0.0] * (k_max + 1)
         self.kept = [0.0] * (k_max + 1)
-        self.fill: float | None = None
+        self.drafting = self.fill = 0.0
+        self.k: int | None = None  # the γ chosen for it last round (None: new)
+        self.off_rounds = 0
+        self.interval = probe
 
     def add(self, asked: int, drafted: int, accepted: int, decay: float) -> None:
-        self.fill = _mean(self.fill, drafted / asked, decay)
+        self.drafting = decay * self.drafting + float(drafted > 0)
+        self.fill = decay * self.fill + (drafted / asked if drafted > 0 else 0.0)
         for j in range(1, len(self.asked)):
             self.asked[j] *= decay
             self.kept[j] *= decay
@@ -163,14 +218,65 @@ class _Rates:
                 self.kept[j] += float(j <= accepted)
 
 
+@dataclass(frozen=True)
+class _View:
+    """What the cost model reads of one row: E(k) for k = 0..k_max, its
+    drafting rate r and fill f."""
+
+    expected: list[float]
+    drafting: float
+    fill: float
+
+
+@dataclass(frozen=True)
+class Choice:
+    """The policy's γ for one batch round: `ks[row id]` for the rows it
+    chose for (a probe included), and the model's tokens and seconds of
+    that round before any measured rescaling; `predicted`, its tokens per
+    second as the policy rates it (rescaled)."""
+
+    ks: dict[int, int]
+    tokens: float
+    seconds: float
+    predicted: float | None
+
+    @property
+    def drafting(self) -> bool:
+        """Some row asks for drafts (the key of the measured rounds' ratio)."""
+        return any(self.ks.values())
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    """What the policy did since its start: batch rounds it chose for,
+    row rounds by the γ chosen (`rows_by_k[k]`, probes under their γ),
+    probes, changes of the vector, and the last choice's predicted and
+    the decayed measured tokens per second of its rounds."""
+
+    rounds: int
+    rows_by_k: tuple[int, ...]
+    probes: int
+    switches: int
+    predicted: float | None
+    measured: float | None
+
+
+EXACT_ROWS = 4  # E[T] over which rows draft: exact up to 2^4 terms, by the mean beyond
+SWEEPS = 3  # Dinkelbach sweeps over the rows per optimisation
+REPLAN = 4  # rounds between optimisations while the batch keeps its rows
+MEASURED = 16  # rounds of a kind at a B before their measured ratio rescales the model
+STALE = 256  # rounds after which a kind not run again is predicted anew
+
+
 class Goodput:
-    """The batch's γ by predicted goodput (see the module docs).
+    """Each row's γ by the batch's predicted goodput (see the module docs).
 
     k_max: the largest γ considered; profile: T(B, n) (None: measured by the
     engine at start, or read from its cached table); hysteresis: the
-    relative gain a new γ must promise; probe / probe_k: while γ = 0, one
-    round in `probe` drafts probe_k; prior: pseudo-rounds of the pooled
-    rates in each row's estimate; decay: of the counts and cost means.
+    relative gain a new vector must promise; probe / probe_k: a row at
+    γ = 0 drafts probe_k in one round of `probe`; prior: pseudo-rounds of
+    the pooled rates in each row's estimate; decay: of the counts and
+    cost fits.
     """
 
     name = "goodput"
@@ -180,7 +286,7 @@ class Goodput:
         *,
         k_max: int = 6,
         profile: ForwardProfile | None = None,
-        hysteresis: float = 0.1,
+        hysteresis: float = 0.03,
         probe: int = 32,
         probe_k: int = 2,
         prior: float = 4.0,
@@ -201,17 +307,23 @@ class Goodput:
 
     def reset(self) -> None:
         self.rows: dict[int, _Rates] = {}
-        self.pooled = _Rates(self.k_max)
-        self.k = 1  # the current γ (one draft until the rates say more)
-        self.off_rounds = 0
-        self.interval = self.probe  # rounds at γ = 0 before the next probe
+        self.pooled = _Rates(self.k_max, self.probe)
+        self.k = 1  # the γ most rows took last round; a new row starts from it
         self.scales: dict[int, float] = {}  # measured T / profiled T, by positions per row
-        self.runs: dict[tuple[int, int], _Run] = {}  # (B, γ) -> what rounds at γ measured
+        self.runs: dict[tuple[int, int], _Run] = {}  # (B, mean γ) -> measured / predicted
         self.round = 0
         self.context: float | None = None  # the rows' mean length at the last choice
-        self.draft_per_token: float | None = None  # seconds per drafted token, per row
-        self.verify_per_position: float | None = None  # seconds per verified position, per row
-        self.chosen = 0  # rounds chosen since reset
+        self.drafting_s = _Line()  # a row's drafting seconds against γ (rounds that asked)
+        self.idle_s: float | None = None  # a row's drafting seconds in rounds that asked none
+        self.row_s = _Line()  # a row's verification seconds against its block's positions
+        self.round_s = _Line()  # a round's seconds outside its rows and forward, against B
+        self.chosen = 0  # batch rounds chosen since reset
+        self.planned_ids: list[int] = []  # the rows of the last optimisation
+        self.planned_at = 0  # and its round (chosen)
+        self.rows_by_k = [0] * (self.k_max + 1)
+        self.probes = self.switches = 0
+        self.predicted_last: float | None = None
+        self.measured: float | None = None
 
     # ---- the engine's calls
     def start(self, engine: Any) -> None:
@@ -222,118 +334,55 @@ class Goodput:
             self.profile = engine.profile(ks=range(1, self.k_max + 2))
 
     def join(self, rid: int) -> None:
-        self.rows[rid] = _Rates(self.k_max)
+        self.rows[rid] = _Rates(self.k_max, self.probe)
 
     def leave(self, rid: int) -> None:
         self.rows.pop(rid, None)
 
-    def choose(self, rows: Sequence[Any]) -> tuple[int, float | None]:
-        """(γ for this round, its predicted tokens per second) for the
-        batch's rows that take the batch's γ (`rows[i].id`; their contexts
-        from `rows[i].decoder.seq` where they have one)."""
+    def choose(self, rows: Sequence[Any]) -> Choice:
+        """Each row's γ for this round (`Choice`) for the batch's rows that
+        take the policy's γ (`rows[i].id`; their contexts from
+        `rows[i].decoder.seq` where they have one)."""
         ids = [r.id for r in rows]
         if not ids:
-            return self.k, None
+            return Choice({}, 0.0, 0.0, None)
         lengths = [len(r.decoder.seq) for r in rows if hasattr(r, "decoder")]
         self.context = sum(lengths) / len(lengths) if lengths else None
-        predicted = self.model(ids)
-        best, rates = self.best(ids, predicted)
-        if not self.chosen:
-            self.k = best  # the first round takes the model's choice as it is
-        current = rates[self.k]
-        if best != self.k and rates[best] > (1.0 + self.hysteresis) * current:
-            self.k = best
-        k = self.k
-        if k == 0:
-            self.off_rounds += 1
-            if self.off_rounds >= self.interval:
-                k, self.off_rounds = self.probe_k, 0
-                # a probe that does not turn speculation on makes the next one rarer
-                self.interval = min(2 * self.interval, MAX_PROBE_FACTOR * self.probe)
-        else:
-            self.off_rounds, self.interval = 0, self.probe
+        states = [self.rows.setdefault(rid, _Rates(self.k_max, self.probe)) for rid in ids]
+        views = [self.view(rid) for rid in ids]
+        current = [s.k if s.k is not None else self.k for s in states]
+        ks = current
+        if ids != self.planned_ids or self.chosen - self.planned_at >= REPLAN:
+            self.planned_ids, self.planned_at = ids, self.chosen
+            candidates = [current, *([k] * len(ids) for k in range(self.k_max + 1))]
+            candidates.append(self.per_row(views, current))
+            rated = [(self.rate(views, ks), ks) for ks in candidates]
+            best_rate, best = max(rated, key=lambda rk: (rk[0], -sum(rk[1])))
+            if not self.chosen or best_rate > (1.0 + self.hysteresis) * rated[0][0]:
+                if self.chosen and best != current:
+                    self.switches += 1
+                ks = best
+        run = list(ks)
+        for i, state in enumerate(states):
+            state.k = ks[i]
+            if ks[i] == 0:
+                state.off_rounds += 1
+                if state.off_rounds >= state.interval:
+                    run[i], state.off_rounds = self.probe_k, 0
+                    # a probe that does not turn the row on makes its next one rarer
+                    state.interval = min(2 * state.interval, MAX_PROBE_FACTOR * self.probe)
+                    self.probes += 1
+            else:
+                state.off_rounds, state.interval = 0, self.probe
+        counts = [ks.count(k) for k in range(self.k_max + 1)]
+        self.k = max(range(self.k_max + 1), key=lambda k: (counts[k], -k))
+        for k in run:
+            self.rows_by_k[k] += 1
+        tokens, seconds = self.evaluate(views, run)
+        predicted = self.rate(views, run)
         self.chosen += 1
-        return k, predicted[k]
-
-    def best(self, ids: Sequence[int], model: list[float] | None = None) -> tuple[int, list[float]]:
-        """(argmax γ, the goodput of each γ = 0..k_max) for these rows: the
-        measured tokens per second of recent rounds at that γ and batch
-        size where there are `MEASURED` or more, else the model's prediction
-        (`model`, computed when not given) on the measured scale (times
-        measured / predicted at the current γ; γ = 0 as predicted)."""
-        b = len(ids)
-        model = self.model(ids) if model is None else model
-        here = self._measured(b, self.k)
-        scale = here / model[self.k] if here is not None and model[self.k] > 0 else 1.0
-        rates = []
-        for k, m in enumerate(model):
-            seen = self._measured(b, k)
-            # γ = 0 is not rescaled: one token a row in T(B, 1) (the profile
-            # corrected by measured forwards) is the model's surest figure,
-            # and a scale learnt from drafting rounds would carry their error to it
-            rates.append(seen if seen is not None else m if k == 0 else m * scale)
-        return max(range(len(rates)), key=lambda k: (rates[k], -k)), rates
-
-    def _measured(self, b: int, k: int) -> float | None:
-        """Tokens per second of the recent batch rounds of b rows at γ = k."""
-        run = self.runs.get((b, k))
-        if run is None or run.count < MEASURED or self.round - run.last > STALE:
-            return None
-        return run.tokens / run.seconds
-
-    def predicted(self, ids: Sequence[int], k: int) -> float:
-        """Σ_i E_i(k) / C(k): tokens per second of a round at γ = k."""
-        return self.model(ids)[k]
-
-    def model(self, ids: Sequence[int]) -> list[float]:
-        """Σ_i E_i(k) / C(k) for k = 0..k_max: the cost model's tokens per
-        second of a round at each γ. The batch forward is ragged (no
-        padding), so its positions per row are the mean 1 + k·fill_i over
-        the rows, fill_i the share of asked drafts row i's drafter proposes."""
-        assert self.profile is not None, "start() first"
-        b = len(ids)
-        tokens = [0.0] * (self.k_max + 1)
-        for rid in ids:
-            for k, e in enumerate(self.expected_all(rid)):
-                tokens[k] += e
-        fill = sum(self.fill(rid) for rid in ids) / b
-        out = []
-        for k in range(self.k_max + 1):
-            draft = (self.draft_per_token or 0.0) * k * b
-            verify = (self.verify_per_position or 0.0) * b * (1 + k * fill)
-            out.append(tokens[k] / (draft + self.forward_seconds(b, 1 + k * fill) + verify))
-        return out
-
-    def forward_seconds(self, b: int, n: float) -> float:
-        """T(b, n, the rows' mean context) from the profile, times the measured over profiled ratio
-        of the rounds nearest n positions per row (the rows' contexts are
-        longer than the profile's, and attention grows with both)."""
-        assert self.profile is not None, "start() first"
-        t = self.profile.seconds(b, n, self.context)
-        if not self.scales:
-            return t
-        near = min(self.scales, key=lambda m: (abs(m - n), m))
-        return t * self.scales[near]
-
-    def fill(self, rid: int) -> float:
-        """The share of asked drafts row `rid` gets (its mean, else the pool's, else 1)."""
-        row = self.rows.get(rid)
-        if row is not None and row.fill is not None:
-            return row.fill
-        return 1.0 if self.pooled.fill is None else self.pooled.fill
-
-    def expected_all(self, rid: int) -> list[float]:
-        """E_i(k) = 1 + Σ_{j<=k} a_{i,j} for k = 0..k_max: the row's counts
-        plus `prior` rounds at the pooled rate of all rows (itself 2^-j
-        before any round)."""
-        row = self.rows.get(rid) or _Rates(self.k_max)
-        pooled = self.pooled
-        out = [1.0]
-        for j in range(1, self.k_max + 1):
-            pool_rate = (pooled.kept[j] + 0.5**j) / (pooled.asked[j] + 1.0)
-            a = (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
-            out.append(out[-1] + a)
-        return out
+        self.predicted_last = predicted
+        return Choice(dict(zip(ids, run, strict=True)), tokens, seconds, predicted)
 
     def observe(
         self,
@@ -341,19 +390,24 @@ class Goodput:
         rows: int,
         target_s: float,
         *,
-        k: int | None = None,
+        choice: Choice | None = None,
         tokens: int = 0,
         seconds: float = 0.0,
     ) -> None:
         """A batch round: each row's (id, `Round`), the rows in its forward
-        and its seconds; decayed means of the drafting and verification
-        seconds and of the forward's measured / profiled time; with `k` (the
-        round ran every row at the batch's γ = k), its tokens and seconds."""
+        and its seconds; the cost fits (drafting, verification, the
+        forward's measured / profiled time) and the rates; with `choice`
+        (every row ran at the policy's γ), its measured tokens and seconds
+        against the choice's prediction."""
         rounds = list(rounds)
         self.round += 1
-        if k is not None and seconds > 0:
-            run = self.runs.setdefault((rows, k), _Run())
-            run.add(tokens, seconds, self.round, self.decay)
+        if choice is not None and seconds > 0 and choice.seconds > 0:
+            run = self.runs.setdefault((rows, choice.drafting), _Run())
+            run.add(tokens, seconds, choice.tokens, choice.seconds, self.round, self.decay)
+            self.measured = _mean(self.measured, tokens / seconds, self.decay)
+        if seconds > 0 and target_s > 0:
+            rows_s = sum(r.draft_s + r.verify_s for _, r in rounds)
+            self.round_s.add(rows, max(0.0, seconds - target_s - rows_s), self.decay)
         if self.profile is not None and rounds and target_s > 0:
             n = sum(r.positions for _, r in rounds) / len(rounds)
             ratio = target_s / self.profile.seconds(rows, n, self.context)
@@ -362,33 +416,193 @@ class Goodput:
         for rid, r in rounds:
             if r.tree:
                 continue
-            rates = self.rows.get(rid)
-            if rates is not None and r.asked > 0:
-                rates.add(r.asked, r.drafted, r.accepted, self.decay)
             if r.asked > 0:
+                rates = self.rows.get(rid)
+                if rates is not None:
+                    rates.add(r.asked, r.drafted, r.accepted, self.decay)
                 self.pooled.add(r.asked, r.drafted, r.accepted, self.decay)
-                self.draft_per_token = _mean(self.draft_per_token, r.draft_s / r.asked, self.decay)
-            self.verify_per_position = _mean(
-                self.verify_per_position, r.verify_s / r.positions, self.decay
-            )
+                self.drafting_s.add(r.asked, r.draft_s, self.decay)
+            else:
+                self.idle_s = _mean(self.idle_s, r.draft_s, self.decay)
+            self.row_s.add(r.positions, r.verify_s, self.decay)
 
+    def report(self) -> GoodputReport:
+        return GoodputReport(
+            self.chosen,
+            tuple(self.rows_by_k),
+            self.probes,
+            self.switches,
+            self.predicted_last,
+            self.measured,
+        )
 
-MEASURED = 32  # rounds at a (B, γ) before their measured rate replaces the model's
-STALE = 256  # rounds after which a (B, γ) not run again is predicted anew
+    # ---- the model
+    def view(self, rid: int) -> _View:
+        """Row `rid`'s E(k), drafting rate r and fill f: its counts plus
+        `prior` rounds at the pool's (r = drafting rounds / asking rounds,
+        f = Σ drafted / asked over drafting rounds; the pool's own with one
+        more round at r = f = 1), so that r ≥ a_1 as the data has it."""
+        row = self.rows.get(rid) or _Rates(self.k_max, self.probe)
+        pooled, prior = self.pooled, self.prior
+        pool_r = (pooled.drafting + 1.0) / (pooled.asked[1] + 1.0)
+        pool_f = (pooled.fill + 1.0) / (pooled.drafting + 1.0)
+        asking = row.asked[1] + prior
+        drafting = (row.drafting + prior * pool_r) / asking if asking > 0 else pool_r
+        drafts = row.drafting + prior
+        fill = (row.fill + prior * pool_f) / drafts if drafts > 0 else pool_f
+        return _View(self.expected_all(rid, drafting), drafting, fill)
+
+    def expected_all(self, rid: int, drafting: float = 1.0) -> list[float]:
+        """E_i(k) = 1 + Σ_{j<=k} a_{i,j} for k = 0..k_max: the row's counts
+        plus `prior` rounds at the pooled rate of all rows (itself 2^-j
+        before any round), each a_j at most a_{j-1} (a_0: the row's
+        drafting rate), as keeping j drafts implies keeping j - 1."""
+        row = self.rows.get(rid) or _Rates(self.k_max, self.probe)
+        pooled = self.pooled
+        out = [1.0]
+        for j in range(1, self.k_max + 1):
+            pool_rate = (pooled.kept[j] + 0.5**j) / (pooled.asked[j] + 1.0)
+            a = (row.kept[j] + self.prior * pool_rate) / (row.asked[j] + self.prior)
+            a = min(a, out[-1] - out[-2] if j > 1 else drafting)
+            out.append(out[-1] + a)
+        return out
+
+    def fill(self, rid: int) -> float:
+        """The share of asked drafts row `rid` gets in the rounds it drafts."""
+        return self.view(rid).fill
+
+    def evaluate(self, views: Sequence[_View], ks: Sequence[int]) -> tuple[float, float]:
+        """(Σ_i E_i(γ_i), C(γ)): the model's tokens and seconds of a round
+        in which row i asks for ks[i] drafts (see the module docs)."""
+        b = len(ks)
+        tokens = seconds = 0.0
+        certain, uncertain = 0.0, []
+        for v, k in zip(views, ks, strict=True):
+            tokens += v.expected[k]
+            extra = k * v.fill
+            seconds += self._row_seconds(v, k)
+            if k == 0 or v.drafting <= 0.0:
+                continue
+            if v.drafting >= 1.0:
+                certain += extra
+            else:
+                uncertain.append((v.drafting, extra))
+        if len(uncertain) > EXACT_ROWS:  # many rows: their positions average out
+            certain += sum(r * m for r, m in uncertain)
+            uncertain = []
+        forward = 0.0
+        for mask in range(1 << len(uncertain)):
+            chance, total = 1.0, certain
+            for j, (r, m) in enumerate(uncertain):
+                if mask >> j & 1:
+                    chance *= r
+                    total += m
+                else:
+                    chance *= 1.0 - r
+            forward += chance * self.forward_seconds(b, 1.0 + total / b)
+        return tokens, seconds + forward + self.round_s.at(b)
+
+    def per_row(self, views: Sequence[_View], start: Sequence[int]) -> list[int]:
+        """Dinkelbach's iteration from `start`: at λ = the vector's rate,
+        each row in turn takes argmax_k E_i(k) − λ·C_i(k) (ties: the smaller
+        k), C_i(k) its own seconds and the forward's, priced with row i
+        drafting or not (r_i) and the other rows at their mean positions."""
+        b, ks_all = len(start), range(self.k_max + 1)
+        own = [v.expected for v in views]
+        cost = [[self._row_seconds(v, k) for k in ks_all] for v in views]
+        extra = [[k * v.fill for k in ks_all] for v in views]
+        ks = list(start)
+        for _ in range(SWEEPS):
+            before = list(ks)
+            tokens, seconds = self.evaluate(views, ks)
+            lam = tokens / seconds
+            total = sum(v.drafting * extra[i][ks[i]] for i, v in enumerate(views))
+            for i, v in enumerate(views):
+                r = v.drafting
+                rest = total - r * extra[i][ks[i]]
+                off = self.forward_seconds(b, 1.0 + rest / b)
+
+                scores = []
+                for k in ks_all:
+                    forward = off
+                    if k and r > 0.0:
+                        at = self.forward_seconds(b, 1.0 + (rest + extra[i][k]) / b)
+                        forward = r * at + (1.0 - r) * off
+                    scores.append(own[i][k] - lam * (cost[i][k] + forward))
+                ks[i] = max(ks_all, key=lambda k: (scores[k], -k))
+                total = rest + r * extra[i][ks[i]]
+            if ks == before:  # a fixed point: λ is the vector's own rate
+                break
+        return ks
+
+    def _row_seconds(self, v: _View, k: int) -> float:
+        """A row's own seconds at γ = k: drafting, and verification at its
+        expected positions."""
+        draft = self.drafting_s.at(k) if k > 0 else (self.idle_s or 0.0)
+        return draft + self.row_s.at(1.0 + v.drafting * k * v.fill)
+
+    def rate(self, views: Sequence[_View], ks: Sequence[int]) -> float:
+        """The vector's tokens per second as the policy rates it: the
+        model's, times the measured / predicted ratio of the recent rounds
+        of its kind (drafting, or all rows off) at its batch size."""
+        tokens, seconds = self.evaluate(views, ks)
+        ratio = self._ratio(len(ks), any(ks))
+        return tokens / seconds * (1.0 if ratio is None else ratio)
+
+    def _ratio(self, b: int, drafting: bool) -> float | None:
+        run = self.runs.get((b, drafting))
+        if run is None or run.count < MEASURED or self.round - run.last > STALE:
+            return None
+        return run.ratio
+
+    def predicted(self, ids: Sequence[int], k: int) -> float:
+        """Σ_i E_i(k) / C(k): the model's tokens per second of a round at γ = k for every row."""
+        tokens, seconds = self.evaluate([self.view(rid) for rid in ids], [k] * len(ids))
+        return tokens / seconds
+
+    def forward_seconds(self, b: int, n: float) -> float:
+        """T(b, n, the rows' mean context) from the profile, times the
+        measured over profiled ratio of the rounds nearest n positions per
+        row (the rows' contexts are longer than the profile's, and
+        attention grows with both)."""
+        assert self.profile is not None, "start() first"
+        t = self.profile.seconds(b, n, self.context)
+        if not self.scales:
+            return t
+        near = math.ceil(n - 0.5)  # the nearest whole n (ties: the smaller), the keys' kind
+        if near not in self.scales:
+            near = min(self.scales, key=lambda m: (abs(m - n), m))
+        return t * self.scales[near]
 
 
 class _Run:
-    """Decayed tokens and seconds of the batch rounds at one (B, γ)."""
+    """Decayed measured and predicted tokens and seconds of the batch
+    rounds at one (B, mean γ)."""
 
     def __init__(self) -> None:
-        self.tokens = self.seconds = 0.0
+        self.tokens = self.seconds = self.model_tokens = self.model_seconds = 0.0
         self.count, self.last = 0, 0
 
-    def add(self, tokens: int, seconds: float, now: int, decay: float) -> None:
+    def add(
+        self,
+        tokens: int,
+        seconds: float,
+        model_tokens: float,
+        model_seconds: float,
+        now: int,
+        decay: float,
+    ) -> None:
         self.tokens = decay * self.tokens + tokens
         self.seconds = decay * self.seconds + seconds
+        self.model_tokens = decay * self.model_tokens + model_tokens
+        self.model_seconds = decay * self.model_seconds + model_seconds
         self.count += 1
         self.last = now
+
+    @property
+    def ratio(self) -> float:
+        """Measured over predicted tokens per second."""
+        return (self.tokens / self.seconds) / (self.model_tokens / self.model_seconds)
 
 
 def _mean(old: float | None, new: float, decay: float) -> float:

@@ -56,6 +56,7 @@ from specdec_rs.serve.text import TextAssembler
 from specdec_rs.serve.worker import Done, EngineWorker, Failed, Tokens, log
 
 if TYPE_CHECKING:
+    from specdec_rs.policy.goodput import GoodputReport
     from specdec_rs.structured import Grammar
 
 
@@ -92,11 +93,19 @@ class Served:
 
     def __post_init__(self) -> None:
         self.metrics = ServerMetrics(
-            self.model_name, lambda: self.worker.running, lambda: self.worker.waiting
+            self.model_name,
+            lambda: self.worker.running,
+            lambda: self.worker.waiting,
+            self.policy_report,
         )
         self.tokenizing = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="specdec-tokenize"
         )
+
+    def policy_report(self) -> GoodputReport | None:
+        """What the engine's goodput policy did (None without one)."""
+        policy = self.worker.engine.goodput
+        return None if policy is None else policy.report()
 
     async def off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:
         """fn(*args) on the tokenizing thread, the event loop free meanwhile."""

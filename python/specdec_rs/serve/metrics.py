@@ -19,15 +19,25 @@ as each request ends, so they add up to the responses'
 `specdec:`: rounds by the γ they asked for
 (`specdec:spec_decode_rounds_total{k}`), the mean acceptance length
 1 + accepted / drafts (`specdec:spec_decode_mean_acceptance_length`), and
-refused requests by reason (`specdec:requests_rejected_total{reason}`).
+refused requests by reason (`specdec:requests_rejected_total{reason}`),
+and, under the goodput policy, what it did: row rounds by the γ it chose
+(`specdec:goodput_row_rounds_total{k}`, probes under their γ), its probes
+(`specdec:goodput_probes_total`), the times it changed the rows' γ
+(`specdec:goodput_switches_total`), and its last predicted and its
+measured (decayed) tokens per second
+(`specdec:goodput_predicted_tokens_per_second`,
+`specdec:goodput_measured_tokens_per_second`).
 A request's rounds are counted as its handler receives them, so the
 counters add up to the `usage` of the responses.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from specdec_rs.policy.goodput import GoodputReport
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0, 60.0)
 
@@ -35,7 +45,13 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 
 class ServerMetrics:
     """The series above; `running` and `waiting` are read at each scrape."""
 
-    def __init__(self, model_name: str, running: Callable[[], int], waiting: Callable[[], int]):
+    def __init__(
+        self,
+        model_name: str,
+        running: Callable[[], int],
+        waiting: Callable[[], int],
+        policy: Callable[[], GoodputReport | None] | None = None,
+    ):
         import prometheus_client
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -102,6 +118,8 @@ class ServerMetrics:
                 model_name
             )
 
+        if policy is not None:
+            r.register(_PolicyCollector(model_name, policy))
         self.ttft = histogram("vllm:time_to_first_token_seconds", "Time to first token")
         self.tpot = histogram("vllm:time_per_output_token_seconds", "Time per output token")
         self.e2e = histogram("vllm:e2e_request_latency_seconds", "Request latency, end to end")
@@ -153,3 +171,49 @@ class ServerMetrics:
         from prometheus_client import generate_latest
 
         return bytes(generate_latest(self.registry))
+
+
+class _PolicyCollector:
+    """The goodput policy's series, read from its `report()` at each scrape."""
+
+    def __init__(self, model_name: str, read: Callable[[], GoodputReport | None]):
+        self.model_name, self.read = model_name, read
+
+    def collect(self) -> Iterator[Any]:
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+
+        report = self.read()
+        if report is None:
+            return
+        name = [self.model_name]
+        rows = CounterMetricFamily(
+            "specdec:goodput_row_rounds",
+            "Row rounds by the γ the goodput policy gave them (probes included)",
+            labels=["model_name", "k"],
+        )
+        for k, n in enumerate(report.rows_by_k):
+            rows.add_metric([self.model_name, str(k)], n)
+        yield rows
+        probes = CounterMetricFamily(
+            "specdec:goodput_probes",
+            "Row rounds the policy drafted to probe",
+            labels=["model_name"],
+        )
+        probes.add_metric(name, report.probes)
+        yield probes
+        switches = CounterMetricFamily(
+            "specdec:goodput_switches",
+            "Rounds the policy changed the rows' γ",
+            labels=["model_name"],
+        )
+        switches.add_metric(name, report.switches)
+        yield switches
+        for series, doc, value in (
+            ("predicted", "The last round's predicted tokens per second", report.predicted),
+            ("measured", "Tokens per second of the policy's rounds (decayed)", report.measured),
+        ):
+            gauge = GaugeMetricFamily(
+                f"specdec:goodput_{series}_tokens_per_second", doc, labels=["model_name"]
+            )
+            gauge.add_metric(name, 0.0 if value is None else value)
+            yield gauge
