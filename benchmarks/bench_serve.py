@@ -117,6 +117,15 @@ class Server:
                 out[k] = out.get(k, 0.0) + float(value)
         return out
 
+    def policy(self) -> dict[str, float]:
+        """The goodput policy's probes and switches so far (empty for the other servers)."""
+        out: dict[str, float] = {}
+        for line in httpx.get(self.url + "/metrics").text.splitlines():
+            for name in ("probes", "switches"):
+                if line.startswith(f"specdec:goodput_{name}_total{{"):
+                    out[name] = float(line.rsplit(" ", 1)[1])
+        return out
+
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.communicate(timeout=120)
@@ -264,12 +273,13 @@ class TraceSetting:
     goodput_rps: float  # slo_met / wall_s
     mean_acceptance_length: float | None
     rounds_by_k: dict[str, float]
+    policy: dict[str, float]  # the goodput policy's probes and switches during the trace
 
 
 def measure_trace(server: Server, trace: Any, args: argparse.Namespace) -> TraceSetting:
-    before = server.rounds_by_k()
+    before, policy_before = server.rounds_by_k(), server.policy()
     rows, wall = asyncio.run(replay(server.url, server.model, trace))
-    after = server.rounds_by_k()
+    after, policy_after = server.rounds_by_k(), server.policy()
     tokens = sum(r["tokens"] for r in rows)
     drafts = sum(r["speculation"]["num_drafts"] for r in rows)
     accepted = sum(r["speculation"]["num_accepted_tokens"] for r in rows)
@@ -292,6 +302,7 @@ def measure_trace(server: Server, trace: Any, args: argparse.Namespace) -> Trace
         met / wall,
         1 + accepted / drafts if drafts else None,
         {k: after.get(k, 0.0) - before.get(k, 0.0) for k in after},
+        {k: v - policy_before.get(k, 0.0) for k, v in policy_after.items()},
     )
 
 
@@ -320,12 +331,13 @@ def trace_table(settings: list[TraceSetting]) -> str:
             f"{s.goodput_rps:.3f}",
             fmt(s.mean_acceptance_length, ".2f"),
             gamma_shares(s.rounds_by_k),
+            " / ".join(f"{s.policy[k]:.0f}" for k in ("probes", "switches")) if s.policy else "",
         ]
         for s in settings
     ]
     header = ["speculation", "requests", "tokens/s", "vs off", "TTFT p50 / p99 ms",
               "TPOT p50 / p99 ms", "within SLO", "goodput req/s", "accept len",
-              "rounds by γ"]  # fmt: skip
+              "rounds by γ", "probes / switches"]  # fmt: skip
     return markdown_table(header, rows)
 
 
