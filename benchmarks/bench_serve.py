@@ -36,17 +36,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2 as httpx
-from serve_trace import make_trace, replay
+from serve_trace import make_trace, replay, request
 from specdec_rs.measure import workloads
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
@@ -108,65 +107,24 @@ class Server:
         self.url = line.split(" on ")[1].split("/v1")[0]
         self.model = line.split("specdec serve: ")[1].split(" on ")[0]
 
-    def rounds_by_k(self) -> dict[str, float]:
-        out: dict[str, float] = {}
+    def counters(self) -> tuple[dict[str, float], dict[str, float]]:
+        """From one /metrics scrape: row rounds by the γ asked, and the
+        goodput policy's probes and switches (empty for the other servers)."""
+        by_k: dict[str, float] = {}
+        policy: dict[str, float] = {}
         for line in httpx.get(self.url + "/metrics").text.splitlines():
             if line.startswith("specdec:spec_decode_rounds_total{"):
                 head, value = line.rsplit(" ", 1)
                 k = head.split('k="')[1].split('"')[0]
-                out[k] = out.get(k, 0.0) + float(value)
-        return out
-
-    def policy(self) -> dict[str, float]:
-        """The goodput policy's probes and switches so far (empty for the other servers)."""
-        out: dict[str, float] = {}
-        for line in httpx.get(self.url + "/metrics").text.splitlines():
+                by_k[k] = by_k.get(k, 0.0) + float(value)
             for name in ("probes", "switches"):
                 if line.startswith(f"specdec:goodput_{name}_total{{"):
-                    out[name] = float(line.rsplit(" ", 1)[1])
-        return out
+                    policy[name] = float(line.rsplit(" ", 1)[1])
+        return by_k, policy
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.communicate(timeout=120)
-
-
-async def one(
-    client: httpx.AsyncClient, url: str, model: str, messages: Any, max_tokens: int
-) -> dict[str, Any]:
-    body = {
-        "model": model,
-        "messages": messages,
-        "max_tokens": max_tokens,
-        "temperature": 0,
-        "stream": True,
-        "stream_options": {"include_usage": True},
-        "ignore_eos": True,
-    }
-    sent = time.perf_counter()
-    first = last = None
-    usage = None
-    async with client.stream("POST", url + "/v1/chat/completions", json=body) as r:
-        r.raise_for_status()
-        async for line in r.aiter_lines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if chunk.get("usage"):
-                usage = chunk["usage"]
-            for c in chunk.get("choices", []):
-                if c.get("delta", {}).get("content"):
-                    now = time.perf_counter()
-                    first = first or now
-                    last = now
-    assert usage is not None and first is not None and last is not None
-    n = usage["completion_tokens"]
-    return {
-        "ttft": first - sent,
-        "tpot": (last - first) / (n - 1) if n > 1 else float("nan"),
-        "tokens": n,
-        "speculation": usage["speculation"],
-    }
 
 
 async def level(
@@ -179,7 +137,7 @@ async def level(
         async def gated(i: int) -> dict[str, Any]:
             async with gate:
                 messages = [{"role": "user", "content": prompts[i % len(prompts)]}]
-                return await one(c, server.url, server.model, messages, max_tokens)
+                return await request(c, server.url, server.model, messages, max_tokens)
 
         started = time.perf_counter()
         out = await asyncio.gather(*(gated(i) for i in range(requests)))
@@ -189,9 +147,9 @@ async def level(
 def measure(
     server: Server, workload: str, prompts: list[Any], args: argparse.Namespace, c: int
 ) -> Setting:
-    before = server.rounds_by_k()
+    before, _ = server.counters()
     rows, wall = asyncio.run(level(server, prompts, args.requests, c, args.max_tokens))
-    after = server.rounds_by_k()
+    after, _ = server.counters()
     tokens = sum(r["tokens"] for r in rows)
     drafts = sum(r["speculation"]["num_drafts"] for r in rows)
     accepted = sum(r["speculation"]["num_accepted_tokens"] for r in rows)
@@ -213,7 +171,10 @@ def measure(
     )
 
 
-def median_setting(runs: list[Setting]) -> Setting:
+Run = TypeVar("Run", "Setting", "TraceSetting")
+
+
+def median_setting(runs: list[Run]) -> Run:
     """The run whose throughput is the median (its other figures with it)."""
     ordered = sorted(runs, key=lambda s: s.tokens_per_second)
     return ordered[len(ordered) // 2]
@@ -277,9 +238,9 @@ class TraceSetting:
 
 
 def measure_trace(server: Server, trace: Any, args: argparse.Namespace) -> TraceSetting:
-    before, policy_before = server.rounds_by_k(), server.policy()
+    before, policy_before = server.counters()
     rows, wall = asyncio.run(replay(server.url, server.model, trace))
-    after, policy_after = server.rounds_by_k(), server.policy()
+    after, policy_after = server.counters()
     tokens = sum(r["tokens"] for r in rows)
     drafts = sum(r["speculation"]["num_drafts"] for r in rows)
     accepted = sum(r["speculation"]["num_accepted_tokens"] for r in rows)
@@ -363,11 +324,30 @@ def run_trace(servers: list[Server], args: argparse.Namespace) -> tuple[list[Any
                 f" ms, TPOT p50 {t.tpot_p50_ms:.1f} ms, within SLO {t.slo_met}/{t.requests}",
                 flush=True,
             )
-    settings = []
-    for server in servers:
-        ordered = sorted(runs[id(server)], key=lambda t: t.tokens_per_second)
-        settings.append(ordered[len(ordered) // 2])
+    settings = [median_setting(runs[id(server)]) for server in servers]
     return settings, trace_table(settings)
+
+
+def run_levels(servers: list[Server], args: argparse.Namespace) -> tuple[list[Any], str]:
+    """Closed loop: every workload at every concurrency, the servers interleaved."""
+    settings: list[Setting] = []
+    for workload in args.workloads:
+        prompts = workloads.prompts(workload)
+        for c in args.concurrency:
+            runs: dict[int, list[Setting]] = {id(s): [] for s in servers}
+            for _ in range(args.repeats):
+                for server in servers:  # interleaved: the host's drift hits them all
+                    runs[id(server)].append(measure(server, workload, prompts, args, c))
+            for server in servers:
+                s = median_setting(runs[id(server)])
+                settings.append(s)
+                print(
+                    f"{workload} C={c} {s.mode} chunk {s.prefill_chunk}: "
+                    f"{s.tokens_per_second:.1f} tokens/s, "
+                    f"TTFT p50 {s.ttft_p50_ms:.0f} ms, TPOT p50 {s.tpot_p50_ms:.1f} ms",
+                    flush=True,
+                )
+    return settings, table(settings)
 
 
 def main() -> None:
@@ -402,42 +382,14 @@ def main() -> None:
     extra = args.server_args.split()
     chunks: list[int | None] = [None] if args.prefill_chunks is None else args.prefill_chunks
     servers = [Server(m, args.k, args.max_batch, extra, c) for c in chunks for m in args.modes]
-    if args.trace is not None:
-        try:
-            traced, text = run_trace(servers, args)
-        finally:
-            for server in servers:
-                server.stop()
-        print(text)
-        if args.out is not None:
-            record = {
-                "args": vars(args) | {"out": str(args.out)},
-                "settings": [asdict(t) for t in traced],
-            }
-            write_results(args.out, record, text)
-        return
-    settings: list[Setting] = []
     try:
-        for workload in args.workloads:
-            prompts = workloads.prompts(workload)
-            for c in args.concurrency:
-                runs: dict[int, list[Setting]] = {id(s): [] for s in servers}
-                for _ in range(args.repeats):
-                    for server in servers:  # interleaved: the host's drift hits them all
-                        runs[id(server)].append(measure(server, workload, prompts, args, c))
-                for server in servers:
-                    s = median_setting(runs[id(server)])
-                    settings.append(s)
-                    print(
-                        f"{workload} C={c} {s.mode} chunk {s.prefill_chunk}: "
-                        f"{s.tokens_per_second:.1f} tokens/s, "
-                        f"TTFT p50 {s.ttft_p50_ms:.0f} ms, TPOT p50 {s.tpot_p50_ms:.1f} ms",
-                        flush=True,
-                    )
+        if args.trace is not None:
+            settings, text = run_trace(servers, args)
+        else:
+            settings, text = run_levels(servers, args)
     finally:
         for server in servers:
             server.stop()
-    text = table(settings)
     print(text)
     if args.out is not None:
         record = {

@@ -356,7 +356,7 @@ class Goodput:
             self.planned_ids, self.planned_at = ids, self.chosen
             candidates = [current, *([k] * len(ids) for k in range(self.k_max + 1))]
             candidates.append(self.per_row(views, current))
-            rated = [(self.rate(views, ks), ks) for ks in candidates]
+            rated = [(self.rate(ks, *self.evaluate(views, ks)), ks) for ks in candidates]
             best_rate, best = max(rated, key=lambda rk: (rk[0], -sum(rk[1])))
             if not self.chosen or best_rate > (1.0 + self.hysteresis) * rated[0][0]:
                 if self.chosen and best != current:
@@ -379,7 +379,7 @@ class Goodput:
         for k in run:
             self.rows_by_k[k] += 1
         tokens, seconds = self.evaluate(views, run)
-        predicted = self.rate(views, run)
+        predicted = self.rate(run, tokens, seconds)
         self.chosen += 1
         self.predicted_last = predicted
         return Choice(dict(zip(ids, run, strict=True)), tokens, seconds, predicted)
@@ -541,11 +541,11 @@ class Goodput:
         draft = self.drafting_s.at(k) if k > 0 else (self.idle_s or 0.0)
         return draft + self.row_s.at(1.0 + v.drafting * k * v.fill)
 
-    def rate(self, views: Sequence[_View], ks: Sequence[int]) -> float:
+    def rate(self, ks: Sequence[int], tokens: float, seconds: float) -> float:
         """The vector's tokens per second as the policy rates it: the
-        model's, times the measured / predicted ratio of the recent rounds
-        of its kind (drafting, or all rows off) at its batch size."""
-        tokens, seconds = self.evaluate(views, ks)
+        model's (`evaluate`'s tokens / seconds), times the measured /
+        predicted ratio of the recent rounds of its kind (drafting, or all
+        rows off) at its batch size."""
         ratio = self._ratio(len(ks), any(ks))
         return tokens / seconds * (1.0 if ratio is None else ratio)
 

@@ -194,20 +194,13 @@ class _PolicyCollector:
         for k, n in enumerate(report.rows_by_k):
             rows.add_metric([self.model_name, str(k)], n)
         yield rows
-        probes = CounterMetricFamily(
-            "specdec:goodput_probes",
-            "Row rounds the policy drafted to probe",
-            labels=["model_name"],
-        )
-        probes.add_metric(name, report.probes)
-        yield probes
-        switches = CounterMetricFamily(
-            "specdec:goodput_switches",
-            "Rounds the policy changed the rows' γ",
-            labels=["model_name"],
-        )
-        switches.add_metric(name, report.switches)
-        yield switches
+        for series, doc, value in (
+            ("probes", "Row rounds the policy drafted to probe", report.probes),
+            ("switches", "Rounds the policy changed the rows' γ", report.switches),
+        ):
+            counter = CounterMetricFamily(f"specdec:goodput_{series}", doc, labels=["model_name"])
+            counter.add_metric(name, value)
+            yield counter
         for series, doc, value in (
             ("predicted", "The last round's predicted tokens per second", report.predicted),
             ("measured", "Tokens per second of the policy's rounds (decayed)", report.measured),
