@@ -201,12 +201,12 @@ class _PolicyCollector:
             counter = CounterMetricFamily(f"specdec:goodput_{series}", doc, labels=["model_name"])
             counter.add_metric(name, value)
             yield counter
-        for series, doc, value in (
+        for series, doc, rate in (
             ("predicted", "The last round's predicted tokens per second", report.predicted),
             ("measured", "Tokens per second of the policy's rounds (decayed)", report.measured),
         ):
             gauge = GaugeMetricFamily(
                 f"specdec:goodput_{series}_tokens_per_second", doc, labels=["model_name"]
             )
-            gauge.add_metric(name, 0.0 if value is None else value)
+            gauge.add_metric(name, 0.0 if rate is None else rate)
             yield gauge
