@@ -33,12 +33,13 @@ from typing import Any
 import specdec_rs as sd
 import torch
 from specdec_rs import _files, drafters, models
-from specdec_rs.generation.batch import BatchEngine, BatchResult, Request
-from specdec_rs.generation.profile import profile_forward
-from specdec_rs.measure import workloads
+from specdec_rs.engine import BatchEngine, BatchResult, Request
+from specdec_rs.engine.build import engine_for
+from specdec_rs.engine.profile import profile_forward
 from specdec_rs.measure.plotting import pyplot, save
 from specdec_rs.measure.tables import fmt, markdown_table
 from specdec_rs.policy import ForwardProfile
+from specdec_rs.prompts import workloads
 
 
 @dataclass(frozen=True)
@@ -107,7 +108,9 @@ def measure(
 
 def run(
     target: Any,
-    make: Any,
+    tokenizer: Any,
+    built: dict[str, Any],
+    spec: str,
     prompts: list[Any],
     batch: int,
     max_new: int,
@@ -115,9 +118,11 @@ def run(
     k: int,
     goodput: sd.Goodput | None,
 ) -> BatchResult:
-    engine = BatchEngine(
-        target, make, max_batch=batch, k=k, goodput=goodput, vocab_size=models.vocab_of(target)
-    )
+    """The prompts through one engine of `batch` rows drafting by `spec`
+    (its drafter from `built`) at γ `k`, or by `goodput`."""
+    engine = engine_for(
+        target, tokenizer, spec, k=k, goodput=goodput, built=built, max_batch=batch
+    ).engine
     requests = [Request(p, max_new, temperature, seed=i) for i, p in enumerate(prompts)]
     return engine.run(requests)
 
@@ -192,8 +197,8 @@ def main() -> None:
     print(f"forward profile in {time.perf_counter() - started:.1f} s", flush=True)
     built = {name: drafters.from_spec(name, target, tok) for name in args.drafters}
     warm = workloads.encode(tok, workloads.prompts("chat")[0])
-    for make in [None, *(drafters.copies(d) for d in built.values())]:  # warm every path once
-        run(target, make, [warm, warm], 2, 8, args.temperature, 2, None)
+    for spec in ["none", *built]:  # warm every path once
+        run(target, tok, built, spec, [warm, warm], 2, 8, args.temperature, 2, None)
     settings: list[Setting] = []
     versus: dict[tuple[str, str], tuple[float, float]] = {}  # (batched B = 1, generate) tok/s
     contexts: dict[str, float] = {}  # the mean context of a workload's rows
@@ -216,8 +221,9 @@ def main() -> None:
                 for i in [*range(r % len(todo), len(todo)), *range(r % len(todo))]:
                     name, policy, k, make, goodput = todo[i]
                     out = run(
-                        target, make, prompts, b, args.max_new_tokens, args.temperature, k, goodput
-                    )
+                        target, tok, built, name, prompts, b, args.max_new_tokens,
+                        args.temperature, k, goodput,
+                    )  # fmt: skip
                     s = measure(workload, b, name, policy, k, out)
                     runs[i].append(s)
                     print(

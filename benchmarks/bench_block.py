@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import specdec_rs as sd
 from specdec_rs import drafters, models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 
 def record(

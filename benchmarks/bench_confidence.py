@@ -4,7 +4,7 @@ and target-only, in one process, prompt by prompt (drift hits all alike).
 p = target, q = draft, k = γ.
 
 For each workload and temperature: target-only, then the head at each k
-and τ, on the same held-out prompts (`measure.workloads`, never trained on).
+and τ, on the same held-out prompts (`prompts.workloads`, never trained on).
 Columns: tokens per target pass, drafts per round, first-draft acceptance,
 tokens/s (new tokens over decode time, prefill excluded) and speedup over
 target-only.
@@ -21,8 +21,9 @@ import time
 import specdec_rs as sd
 import torch
 from specdec_rs import models
-from specdec_rs.measure import Method, Run, Totals, workloads
+from specdec_rs.measure import Method, Run, Totals
 from specdec_rs.measure.bench import TARGET_ONLY
+from specdec_rs.prompts import workloads
 
 
 def main() -> None:

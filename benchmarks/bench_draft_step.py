@@ -16,8 +16,8 @@ from typing import Any
 
 import torch
 from specdec_rs import drafters, models
-from specdec_rs.measure import workloads
 from specdec_rs.measure.costs import decode_step_time, drafter_step_time
+from specdec_rs.prompts import workloads
 from specdec_rs.timing import median_seconds
 
 

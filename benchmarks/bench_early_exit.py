@@ -16,7 +16,7 @@ import argparse
 import specdec_rs as sd
 import torch
 from specdec_rs import models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 
 def cache_bytes(cache: object) -> int:

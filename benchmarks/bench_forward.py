@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from lscpu import flags, lscpu
 from specdec_rs import _core, models
-from specdec_rs.generation import BatchEngine
+from specdec_rs.engine import BatchEngine
 from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.measure.tables import markdown_table
 

@@ -38,12 +38,12 @@ from lscpu import flags, lscpu
 from specdec_rs import _core, drafters, models
 from specdec_rs.generation.inputs import eos_set
 from specdec_rs.gguf.modules import QuantLinear
-from specdec_rs.measure import workloads
 from specdec_rs.measure.costs import measure_costs
 from specdec_rs.measure.hf import hf_generate
 from specdec_rs.measure.methods import adaptive_policy
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.prompts import workloads
 from specdec_rs.timing import median_seconds
 
 

@@ -22,7 +22,7 @@ import time
 import specdec_rs as sd
 from specdec_rs import drafters, models
 from specdec_rs.generation import divergence
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 
 def main() -> None:

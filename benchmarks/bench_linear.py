@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 from specdec_rs import _core, drafters, generate, kernels, models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 from specdec_rs.timing import median_seconds
 
 SHAPES = (  # (out, in): q and o, k and v, gate and up, down, the LM head

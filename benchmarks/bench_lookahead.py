@@ -32,10 +32,11 @@ from typing import Any
 import specdec_rs as sd
 from specdec_rs import models
 from specdec_rs.drafters.lookahead import parse_shape
-from specdec_rs.measure import costs, workloads
+from specdec_rs.measure import costs
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
 from specdec_rs.policy import measured_policy
+from specdec_rs.prompts import workloads
 
 SHAPES = ("1,2,1", "2,2,2", "4,2,4", "1,3,1", "2,3,2", "4,3,4", "2,4,2", "4,4,4")
 

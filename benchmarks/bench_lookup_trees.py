@@ -29,7 +29,7 @@ import numpy as np
 import specdec_rs as sd
 from specdec_rs import models
 from specdec_rs.drafters.lookup import lookup, lookup_all
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 from specdec_rs.trees import trie
 
 MIN_NGRAM, MAX_NGRAM = 2, 64  # PromptLookup's defaults

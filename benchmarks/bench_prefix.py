@@ -27,9 +27,9 @@ from typing import Any
 
 import httpx2 as httpx
 from bench_serve import Server, percentile
-from specdec_rs.measure import workloads
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import markdown_table
+from specdec_rs.prompts import workloads
 
 SYSTEM = "You are a helpful assistant. Answer clearly and keep each answer short."
 

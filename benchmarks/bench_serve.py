@@ -46,9 +46,9 @@ from typing import Any, TypeVar
 
 import httpx2 as httpx
 from serve_trace import make_trace, replay, request
-from specdec_rs.measure import workloads
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
+from specdec_rs.prompts import workloads
 
 
 @dataclass(frozen=True)

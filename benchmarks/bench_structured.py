@@ -42,7 +42,7 @@ from typing import Any
 import specdec_rs as sd
 from lscpu import flags, lscpu
 from specdec_rs import models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 from specdec_rs.structured import Constraint, Grammar
 
 SCHEMAS: list[tuple[str, str, dict[str, Any]]] = [

@@ -31,10 +31,11 @@ from typing import Any
 
 import specdec_rs as sd
 from specdec_rs import drafters, models
-from specdec_rs.measure import repeated, workloads
+from specdec_rs.measure import repeated
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import fmt, markdown_table
 from specdec_rs.policy import measured_policy
+from specdec_rs.prompts import workloads
 
 DRAFTERS = ("none", "prompt-lookup", "suffix")
 

@@ -35,9 +35,9 @@ from typing import Any
 
 import specdec_rs as sd
 from specdec_rs import drafters, models
-from specdec_rs.measure import workloads
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.policy import measured_policy
+from specdec_rs.prompts import workloads
 
 SETTLE = 0.01
 DEFAULT_DRAFTERS = (

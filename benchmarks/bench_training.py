@@ -1,7 +1,7 @@
 """Training recipes for the EAGLE-style head, judged on the evaluation prompts.
 
 The target answers the held-out evaluation prompts greedily (chat and code,
-`measure.workloads`; never trained on); each head's argmax agreement with the
+`prompts.workloads`; never trained on); each head's argmax agreement with the
 target's next tokens is then measured by draft depth, teacher-forced, the
 same measure as the training's held-out agreement (`holdout_agreement`),
 whose figure on the training-distribution answers is printed beside it.
@@ -31,7 +31,8 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 from specdec_rs import heads, models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
+from specdec_rs.prompts.training import TOPICS
 from specdec_rs.training.data import (
     DataConfig,
     Sequence,
@@ -41,7 +42,6 @@ from specdec_rs.training.data import (
     write_shard,
 )
 from specdec_rs.training.pipeline import default_data_dir
-from specdec_rs.training.prompts import TOPICS
 from specdec_rs.training.train import (
     TrainConfig,
     draft_vocab_index,

@@ -20,7 +20,7 @@ import time
 
 import torch
 from specdec_rs import models
-from specdec_rs.generation import BatchEngine
+from specdec_rs.engine import BatchEngine
 
 
 def main() -> None:

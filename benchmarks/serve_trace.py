@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx2 as httpx
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Batched generation (`generation.batch`): each row equals the same request
+"""Batched generation (`specdec_rs.engine`): each row equals the same request
 run alone with the same seed (bitwise on a GGUF target, whose kernels are
 order-fixed; on the tiny float32 transformers Llama too, whose products run
 over all rows at once: torch could sum them in another order for another
@@ -17,9 +17,11 @@ import pytest
 import specdec_rs as sd
 from specdec_rs import models
 from specdec_rs.drafters.draft import Draft
-from specdec_rs.generation.batch import MAX_ROWS, BatchEngine, Request
-from specdec_rs.generation.profile import profile_forward
+from specdec_rs.engine import BatchEngine, Request
+from specdec_rs.engine.engine import MAX_ROWS
+from specdec_rs.engine.profile import profile_forward
 from specdec_rs.policy import ForwardProfile, Goodput
+from specdec_rs.policy.goodput import BatchRow as Row
 
 torch = pytest.importorskip("torch")
 V = 64
@@ -296,16 +298,11 @@ def test_empty_and_wrong_prompt_lists(gguf: Any) -> None:
         sd.generate_batch(gguf, None, [], max_new_tokens=4)
     with pytest.raises(ValueError, match="list of prompts"):
         sd.generate_batch(gguf, None, "text", max_new_tokens=4)
-    with pytest.raises(ValueError, match="pass a generation.Request"):
+    with pytest.raises(ValueError, match="pass an engine.Request"):
         BatchEngine(gguf, None).submit([1, 2, 3])  # type: ignore[arg-type]
 
 
 # ---- the goodput policy --------------------------------------------------------------
-
-
-class Row:
-    def __init__(self, rid: int):
-        self.id = rid
 
 
 class FakeRound:
@@ -530,7 +527,7 @@ def test_the_engine_measures_its_forward(gguf: Any) -> None:
 # ---- bounds (issue: hardening) -----------------------------------------------------------
 def test_the_profile_follows_the_work_not_max_batch(gguf: Any) -> None:
     """Its rows stop at 64, and at what the cache holds at the longer context."""
-    from specdec_rs.generation.profile import MAX_PROFILE_ROWS
+    from specdec_rs.engine.profile import MAX_PROFILE_ROWS
 
     engine = BatchEngine(gguf, None, max_batch=MAX_ROWS, cache_positions=10 * (64 + 3))
     p = profile_forward(engine, [1, 3], context=8, long_context=64, repeats=1, cached=False)

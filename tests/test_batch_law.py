@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specdec_rs as sd
-from specdec_rs.generation.batch import BatchEngine, Request
+from specdec_rs.engine import BatchEngine, Request
 from specdec_rs.generation.prefix import PrefixCache
 from specdec_rs.policy import ForwardProfile, Goodput
 from specdec_rs.processors import SamplingConfig

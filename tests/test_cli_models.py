@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from specdec_rs import models
 from specdec_rs.cli import main
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 from test_cli import one_line_error
 
 pytest.importorskip("transformers")

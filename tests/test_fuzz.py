@@ -29,9 +29,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from specdec_rs import models, theory
 from specdec_rs.measure import acceptance as measure
-from specdec_rs.measure import workloads
 from specdec_rs.measure.predict import forecast
 from specdec_rs.policy import AdaptiveK, FixedK, HeuristicK
+from specdec_rs.prompts import workloads
 
 torch = pytest.importorskip("torch")
 

@@ -395,7 +395,7 @@ PROMPT_FILES = [
 def test_prompts_files(
     tmp_path: Path, name: str, suffix: str, body: bytes, prompts: Any, message: Any
 ) -> None:
-    from specdec_rs.training.prompts import read_prompts_file
+    from specdec_rs.prompts.training import read_prompts_file
 
     path = tmp_path / f"p{suffix}"
     path.write_bytes(body)
@@ -772,7 +772,7 @@ def test_generated_prompts_files(
 ) -> None:
     """Any UTF-8 text: a list of prompts, each a non-empty string (or a
     conversation) that encodes as UTF-8, or a ValueError naming the file."""
-    from specdec_rs.training.prompts import read_prompts_file
+    from specdec_rs.prompts.training import read_prompts_file
 
     path = tmp_path_factory.mktemp("prompts") / f"p{suffix}"
     path.write_bytes((b"\xef\xbb\xbf" if bom else b"") + text.encode("utf-8"))

@@ -297,3 +297,28 @@ def test_generation_on_cuda_matches_the_cpu(target: Any, draft: Any) -> None:
         assert out.tokens == plain.tokens, drafter.name
     sampled = sd.generate(gpu_target, sd.DraftModel(gpu_draft), [3, 4, 5], max_new_tokens=16, k=3)
     assert sampled.new_tokens == 16
+
+
+def test_the_tally_of_a_generation_is_the_sum_of_its_rounds() -> None:
+    """`GenerationResult.tally` (from its fields) equals the `+` of
+    `Tally.of` over the rounds `on_round` saw, and its α is kept / checked
+    counted by hand from the rounds."""
+    from specdec_rs.models import tiny_llama
+    from specdec_rs.rounds import Tally
+
+    target = tiny_llama(num_layers=2, seed=3)
+    draft = tiny_llama(num_layers=1, seed=4)
+    rounds: list[Any] = []
+    out = sd.generate(
+        target, sd.DraftModel(draft), [5, 6, 7, 5, 6], max_new_tokens=30, k=sd.HeuristicK(3),
+        temperature=1.0, seed=7, eos_token_id=[], on_round=rounds.append,
+    )  # fmt: skip
+    summed = sum((Tally.of(r) for r in rounds), Tally())
+    assert summed == out.tally and summed.rounds == out.rounds == len(rounds)
+    kept = sum(r.accepted for r in rounds)
+    checked = sum(min(r.accepted + 1, r.depth) for r in rounds)
+    assert checked > kept > 0  # some drafts kept, some rejected: the check can fail
+    assert out.alpha == kept / checked == summed.alpha
+    assert summed.drafting == sum(r.drafted > 0 for r in rounds)
+    assert sum(summed.histogram) == summed.rounds == sum(summed.by_k)
+    assert Tally.of(rounds[0]) + Tally() == Tally.of(rounds[0])

@@ -408,8 +408,8 @@ def test_distillation_labels_are_the_targets_distribution(
 
 
 def test_own_prompts_file(target: Any, tmp_path: Path) -> None:
+    from specdec_rs.prompts.training import read_prompts_file
     from specdec_rs.training.data import DataConfig, manifest
-    from specdec_rs.training.prompts import read_prompts_file
 
     mine = tmp_path / "mine.jsonl"
     mine.write_text('{"prompt": "Fix this:\\nx = 1"}\n\n"Plain string"\n')

@@ -351,7 +351,7 @@ def test_chain_theory_matches_the_engine() -> None:
 
 
 def _round(asked: int, accepted: int, target_s: float, verify_s: float = 0.0) -> Any:
-    from specdec_rs.generation.rounds import Round
+    from specdec_rs.rounds import Round
 
     return Round(
         0, asked, asked, asked, accepted, tuple(range(accepted + 1)), None, False,
@@ -365,9 +365,9 @@ def test_every_chain_policy_counts_a_lookahead_round_alike() -> None:
     built-in, measured, per source or foreign, hands its `observe` the same
     counts (asked, asked, kept), and ends in the state that `observe` of
     those counts gives it."""
-    from specdec_rs.generation.rounds import Round
     from specdec_rs.policy import AdaptiveK, BySource, HeuristicK, MeasuredK
     from specdec_rs.policy.chain import as_policy
+    from specdec_rs.rounds import Round
 
     window_round = Round(
         0, 4, 1, 1, 0, (7,), None, False, 0.0, 0.01, 0.0, 1 + 1 + 8, window=8,

@@ -13,8 +13,8 @@ import pytest
 import specdec_rs as sd
 import test_batch
 from specdec_rs import models
+from specdec_rs.engine import BatchEngine, Request
 from specdec_rs.generation import PrefixCache
-from specdec_rs.generation.batch import BatchEngine, Request
 from specdec_rs.generation.prefix import BLOCK, ROOT
 
 torch = pytest.importorskip("torch")

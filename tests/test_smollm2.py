@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import specdec_rs as sd
 from specdec_rs import models
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 pytest.importorskip("transformers")
 pytest.importorskip("gguf")

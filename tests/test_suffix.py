@@ -176,7 +176,7 @@ def test_the_repeated_workload_asks_twice_and_quotes_the_answer() -> None:
     follow = seen[5]
     assert [m["role"] for m in follow] == ["user", "assistant", "user"]
     assert '"First sentence here."' in follow[2]["content"]
-    from specdec_rs.training.prompts import check_held_out
+    from specdec_rs.prompts.training import check_held_out
 
     check_held_out([m[0]["content"] for m in seen])  # not the evaluation prompts
 

@@ -30,15 +30,8 @@ _EXPORTS = {
         "PromptLookup",
         "SuffixDrafter",
     ),
-    "specdec_rs.generation": (
-        "BatchEngine",
-        "GenerationResult",
-        "PrefixCache",
-        "Request",
-        "Round",
-        "generate",
-        "generate_batch",
-    ),
+    "specdec_rs.engine": ("BatchEngine", "Request", "generate_batch"),
+    "specdec_rs.generation": ("GenerationResult", "PrefixCache", "Round", "generate"),
     "specdec_rs.lab": ("speculative_step",),
     "specdec_rs.policy": (
         "AdaptiveK",
@@ -115,15 +108,8 @@ if TYPE_CHECKING:
         PromptLookup,
         SuffixDrafter,
     )
-    from specdec_rs.generation import (
-        BatchEngine,
-        GenerationResult,
-        PrefixCache,
-        Request,
-        Round,
-        generate,
-        generate_batch,
-    )
+    from specdec_rs.engine import BatchEngine, Request, generate_batch
+    from specdec_rs.generation import GenerationResult, PrefixCache, Round, generate
     from specdec_rs.lab import speculative_step
     from specdec_rs.policy import (
         AdaptiveK,

@@ -1,4 +1,5 @@
-"""What one draft-verify round did (`Round`) and the running sums of a
+"""What one draft-verify round did (`Round`), the acceptance of many rounds
+as one value (`Tally`, added with +), and the running sums of a
 generation's rounds (`Stats`). p = target, q = draft, k = γ.
 """
 
@@ -100,39 +101,123 @@ class Round:
         return min(self.accepted + 1, self.depth)
 
 
+def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
+    """Element-wise sum of tuples of different lengths."""
+    if len(a) < len(b):
+        a, b = b, a
+    return tuple(x + (b[i] if i < len(b) else 0) for i, x in enumerate(a))
+
+
+@dataclass(frozen=True)
+class Tally:
+    """The acceptance of some rounds, one value (`+` adds two; `Tally.of`
+    one round). A chain round counts under k = asked, a tree round under
+    its depth.
+
+    rounds; drafting: rounds that proposed a draft; drafted: drafts proposed
+    (tree nodes included); histogram[m]: rounds that kept m drafts;
+    reached[i], accepted[i]: rounds whose draft i (0-based) was checked /
+    kept, so position_alpha[i] = accepted[i] / reached[i] is P(keep i |
+    reached i) and alpha = Σ accepted / Σ reached the i.i.d. estimate of α;
+    by_k[k]: rounds at k."""
+
+    rounds: int = 0
+    drafting: int = 0
+    drafted: int = 0
+    histogram: tuple[int, ...] = (0,)
+    reached: tuple[int, ...] = ()
+    accepted: tuple[int, ...] = ()
+    by_k: tuple[int, ...] = ()
+
+    @classmethod
+    def of(cls, r: Round) -> Tally:
+        k = r.depth if r.tree else r.asked
+        histogram = [0] * (k + 1)
+        histogram[r.accepted] += 1
+        checked = r.checked  # drafts 0..m-1 kept, draft m (if any) rejected
+        by_k = [0] * (k + 1)
+        by_k[k] = 1
+        return cls(
+            1,
+            int(r.drafted > 0),
+            r.drafted,
+            tuple(histogram),
+            (1,) * checked + (0,) * (k - checked),
+            (1,) * r.accepted + (0,) * (k - r.accepted),
+            tuple(by_k),
+        )
+
+    def __add__(self, other: Tally) -> Tally:
+        return Tally(
+            self.rounds + other.rounds,
+            self.drafting + other.drafting,
+            self.drafted + other.drafted,
+            _add(self.histogram, other.histogram),
+            _add(self.reached, other.reached),
+            _add(self.accepted, other.accepted),
+            _add(self.by_k, other.by_k),
+        )
+
+    @property
+    def kept(self) -> int:
+        """Drafts kept."""
+        return sum(self.accepted)
+
+    @property
+    def checked(self) -> int:
+        """Drafts the verifier reached."""
+        return sum(self.reached)
+
+    @property
+    def alpha(self) -> float | None:
+        """Drafts kept / drafts checked (None when none was checked)."""
+        return self.kept / self.checked if self.checked else None
+
+    @property
+    def position_alpha(self) -> list[float]:
+        """P(keep draft i | reached i), i = 0.. (NaN where none reached i)."""
+        return [
+            a / r if r else float("nan") for a, r in zip(self.accepted, self.reached, strict=True)
+        ]
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Drafts kept / drafts proposed (None without drafts)."""
+        return self.kept / self.drafted if self.drafted else None
+
+    @property
+    def mean_acceptance_length(self) -> float | None:
+        """1 + drafts kept per drafting round (None without one)."""
+        return 1 + self.kept / self.drafting if self.drafting else None
+
+    @property
+    def kept_positions(self) -> list[int]:
+        """accepted, cut after the last position any round kept."""
+        last = max((i + 1 for i, a in enumerate(self.accepted) if a), default=0)
+        return list(self.accepted[:last])
+
+
 class Stats:
-    """The running sums of a generation's rounds (lists grow with the longest
-    round seen). A chain round counts under k = asked, a tree round under its
-    depth; drafted counts every proposal (tree nodes included)."""
+    """The running sums of a generation's rounds: their `Tally`, k and kept
+    per round, the grammar's forced drafts, and the seconds by part."""
 
     def __init__(self) -> None:
-        self.rounds = 0
-        self.drafted = 0
-        self.histogram = [0]
-        self.reached: list[int] = []
-        self.accepted: list[int] = []
+        self.tally = Tally()
         self.k_per_round: list[int] = []
         self.kept_per_round: list[int] = []
         self.forced = self.forced_accepted = 0
         self.prefill = self.draft = self.target = self.verify = 0.0
 
     def add(self, r: Round) -> None:
-        k = r.depth if r.tree else r.asked
-        grow = k - len(self.reached)
-        if grow > 0:
-            self.histogram += [0] * grow
-            self.reached += [0] * grow
-            self.accepted += [0] * grow
-        self.rounds += 1
-        self.drafted += r.drafted
-        self.k_per_round.append(k)
+        self.tally += Tally.of(r)
+        self.k_per_round.append(r.depth if r.tree else r.asked)
         self.kept_per_round.append(r.accepted)
-        self.histogram[r.accepted] += 1
-        for i in range(r.checked):  # drafts 0..m-1 kept, draft m (if any) rejected
-            self.reached[i] += 1
-            self.accepted[i] += i < r.accepted
         self.forced += r.forced_drafts
         self.forced_accepted += r.forced_accepted
         self.draft += r.draft_s
         self.target += r.target_s
         self.verify += r.verify_s
+
+    @property
+    def rounds(self) -> int:
+        return self.tally.rounds

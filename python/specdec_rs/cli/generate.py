@@ -22,13 +22,15 @@ from rich.console import Console
 from specdec_rs import _checks, drafters
 from specdec_rs.cli.flags import add_sampling_arguments, check_model_flags, load_target, sampling
 from specdec_rs.cli.show import fmt, progress_bars, table
-from specdec_rs.generation import BatchEngine, GenerationResult, Request, generate
-from specdec_rs.generation.batch import MAX_ROWS
+from specdec_rs.engine import Request
+from specdec_rs.engine.build import engine_for
+from specdec_rs.engine.engine import MAX_ROWS
+from specdec_rs.generation import GenerationResult, generate
 from specdec_rs.limits import MAX_NEW_TOKENS
-from specdec_rs.measure import workloads
 from specdec_rs.measure.demo import DemoReport, demo, demo_job
 from specdec_rs.measure.methods import Method, Policy
 from specdec_rs.policy import MAX_K, MAX_TREE, measured_policy
+from specdec_rs.prompts import workloads
 
 if TYPE_CHECKING:
     from specdec_rs.structured import Grammar
@@ -199,7 +201,7 @@ def check_generate_flags(args: argparse.Namespace) -> list[Any]:
             raise ValueError("--batch runs ungated drafters; drop --draft-confidence")
     if args.prompt is not None:
         return [_checks.utf8_text(args.prompt, "the prompt")]
-    from specdec_rs.training.prompts import read_prompts_file
+    from specdec_rs.prompts.training import read_prompts_file
 
     prompts = read_prompts_file(args.prompts_file)
     if args.raw and any(isinstance(p, list) for p in prompts):
@@ -296,21 +298,19 @@ def run_batch(
     (and no more rows than prompts; prompt i with seed --seed + i; γ --k,
     else the goodput policy, started once every prompt passed its checks),
     texts in the file's order."""
-    from specdec_rs.policy import Goodput
-
     config = sampling(args)
-    probe = drafters.from_spec(args.drafter, target, tokenizer, greedy=args.greedy_draft)
-    goodput = Goodput() if args.k is None and probe is not None else None
     rows = min(args.batch, len(prompts))
-    engine = BatchEngine(
+    made = engine_for(
         target,
-        drafters.copies(probe) if probe is not None else None,
+        tokenizer,
+        args.drafter,
+        k=args.k,
+        greedy_draft=args.greedy_draft,
+        start=False,
         max_batch=rows,
-        k=args.k if args.k is not None else 0 if probe is None else 4,
-        vocab_size=len(tokenizer) if probe is not None else None,
         allow_past_context=args.allow_past_context,
-        tokenizer=tokenizer,
     )
+    engine, goodput = made.engine, made.policy
     requests = [
         Request(
             encode(args, tokenizer, prompt),

@@ -21,13 +21,14 @@ from specdec_rs import _checks, drafters
 from specdec_rs.cli.flags import check_model_flags, load_target
 from specdec_rs.cli.show import progress_bars, table
 from specdec_rs.limits import MAX_NEW_TOKENS
-from specdec_rs.measure import bench, workloads
+from specdec_rs.measure import bench
 from specdec_rs.measure.bench import MAX_TREE_SIZE
 from specdec_rs.measure.job import DEFAULT_DRAFTERS, MAX_K_MAX, Job, check_drafter_specs
 from specdec_rs.measure.methods import DEFAULT_POLICIES, POLICIES
 from specdec_rs.measure.predict import PredictReport, predict
 from specdec_rs.measure.report import bench_markdown, to_json, write_bench
 from specdec_rs.policy import MAX_K
+from specdec_rs.prompts import workloads
 
 __all__ = ["add_parsers", "to_json"]
 

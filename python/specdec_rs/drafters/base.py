@@ -160,6 +160,52 @@ def gated(drafter: Any, confidence: float) -> Any:
     return gate(confidence)
 
 
+@dataclass(frozen=True)
+class Members:
+    """A drafter's optional members, found once when it is bound (None: it
+    has none). wants_hidden: it reads the target's hidden states
+    (`needs_target_hidden`); propose_tree(seq, budget, sampler) drafts
+    trees, check_tree() refuses tree rounds it is not configured for;
+    observe_window(logits) reads a window's rows (lookahead); end(seq) reads
+    the whole output once; catch_up(seq) says what it must run before its
+    first draft (a draft model); source(seq) names the part that drafts next
+    and `parts` the parts by name (the hybrid); fresh() a like drafter for
+    another row."""
+
+    wants_hidden: bool = False
+    propose_tree: Callable[..., Any] | None = None
+    check_tree: Callable[[], Any] | None = None
+    observe_window: Callable[[Any], Any] | None = None
+    end: Callable[[Any], Any] | None = None
+    catch_up: Callable[[Any], int] | None = None
+    source: Callable[[Any], Any] | None = None
+    parts: dict[str, Any] | None = None
+    fresh: Callable[[], Any] | None = None
+
+    @classmethod
+    def of(cls, drafter: Any) -> Members:
+        """`drafter`'s optional members (all None for None)."""
+        if drafter is None:
+            return cls()
+
+        def member(name: str) -> Any:
+            found = getattr(drafter, name, None)
+            return found if callable(found) else None
+
+        parts = getattr(drafter, "parts", None)
+        return cls(
+            wants_hidden=bool(getattr(drafter, "needs_target_hidden", False)),
+            propose_tree=member("propose_tree"),
+            check_tree=member("check_tree"),
+            observe_window=member("observe_window"),
+            end=member("end"),
+            catch_up=member("catch_up"),
+            source=member("source"),
+            parts=parts if isinstance(parts, dict) else None,
+            fresh=member("fresh"),
+        )
+
+
 def copies(drafter: Any) -> Callable[[], Any]:
     """A factory of drafters like `drafter` for the rows of a batch: the
     first call returns `drafter` itself, each later one its ``fresh()`` (or
@@ -171,8 +217,8 @@ def copies(drafter: Any) -> Callable[[], Any]:
     def make() -> Any:
         if spare:
             return spare.pop()
-        fresh = getattr(drafter, "fresh", None)
-        return fresh() if callable(fresh) else copy.copy(drafter)
+        fresh = Members.of(drafter).fresh
+        return fresh() if fresh is not None else copy.copy(drafter)
 
     return make
 

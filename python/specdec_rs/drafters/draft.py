@@ -47,6 +47,11 @@ class Draft:
     source: str | None = None
     window: Window | None = None
 
+    @property
+    def parents(self) -> None:
+        """A chain's drafts have no parents (a `TreeDraft`'s do)."""
+        return None
+
 
 @dataclass(frozen=True)
 class TreeDraft:

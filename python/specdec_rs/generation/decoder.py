@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
 from specdec_rs._core import row_seed
+from specdec_rs.drafters.base import Members
 from specdec_rs.drafters.draft import (
     Draft,
     Flag,
@@ -41,8 +42,8 @@ from specdec_rs.drafters.draft import (
 )
 from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
 from specdec_rs.generation.result import GenerationResult
-from specdec_rs.generation.rounds import Round, Stats
 from specdec_rs.processors import Sampler, SamplingConfig, one_hot
+from specdec_rs.rounds import Round, Stats
 from specdec_rs.structured.constraint import FORCED_SOURCE, GrammarSampler, masked_logits
 from specdec_rs.verify import verify, verify_gathered, verify_tree
 
@@ -131,7 +132,8 @@ class Decoder:
         self.stats = Stats()
         # an empty cache to reuse (a batch slot's), else a new one
         self.cache = models.new_cache(target) if cache is None else cache
-        self.wants_hidden = bool(getattr(drafter, "needs_target_hidden", False))
+        self.members = Members.of(drafter)  # its optional members, found once
+        self.wants_hidden = self.members.wants_hidden
         self.cached = 0  # prompt positions in the target cache (prompt_length - 1 once prefilled)
         self.prefix = prefix
         if prefix is not None:  # the prompt's longest stored prefix, unless its states are read
@@ -220,14 +222,12 @@ class Decoder:
         """One round with a chain of up to k drafts (k = 0, or no drafter: a
         plain target step through the same code). Its `emitted` tokens
         (1..k+1) go to append() next (or a prefix of them, at EOS)."""
-        return self._round(k, tree=False)
+        return self.round(k, tree=False)
 
-    def step_tree(self, budget: int) -> Round:
-        """One round with a draft tree of at most `budget` nodes (the
-        drafter's `propose_tree`); emits 1..depth + 1 tokens."""
-        return self._round(budget, tree=True)
-
-    def _round(self, asked: int, tree: bool, forced: int = 0) -> Round:
+    def round(self, asked: int, tree: bool, forced: int = 0) -> Round:
+        """One whole round: `begin`, the target forward, `finish` (a chain of
+        up to `asked` drafts, or a tree of at most `asked` nodes; up to
+        `forced` grammar-forced tokens)."""
         pending = self.begin(asked, tree, forced)
         t1 = time.perf_counter()
         logits, hidden = self.forward(pending)
@@ -253,7 +253,7 @@ class Decoder:
                 asked += len(walk.tail)
                 forced_drafts = len(walk.tail)
         block = None
-        if getattr(proposal, "parents", None) is None and proposal.window is None:
+        if proposal.parents is None and proposal.window is None:
             block = torch.cat([self.seq[-1:].to(self.device), proposal.tokens.to(self.device)])
         seconds = time.perf_counter() - t0
         return Pending(asked, tree, proposal, flags, block, seconds, walk, forced_drafts)
@@ -291,7 +291,7 @@ class Decoder:
     def forward(self, pending: Pending) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The target forward of a pending round, alone: logits (n, V) and
         (for drafters that read them) hidden states (n, H). A batch runs
-        many rounds' blocks in one forward instead (`generation.batch`)."""
+        many rounds' blocks in one forward instead (`specdec_rs.engine`)."""
         proposal = pending.proposal
         if pending.block is not None:
             return models.forward_with_hidden(
@@ -302,7 +302,7 @@ class Decoder:
                 hidden=self.wants_hidden,
             )
         tokens = proposal.tokens.to(self.device)
-        parents = getattr(proposal, "parents", None)
+        parents = proposal.parents
         if parents is None:  # a chain with a window: the chain as a tree
             parents = list(range(-1, len(tokens) - 1))
         rows = None
@@ -331,7 +331,7 @@ class Decoder:
 
         seq, sampler, drafter = self.seq, self.sampler, self.drafter
         proposal, flags, asked, tree = pending.proposal, pending.flags, pending.asked, pending.tree
-        tokens, parents = proposal.tokens, getattr(proposal, "parents", None)
+        tokens, parents = proposal.tokens, proposal.parents
         t2 = time.perf_counter()
         window, window_logits = proposal.window, None
         window_nodes = 0 if window is None else len(window.tokens)
@@ -359,8 +359,8 @@ class Decoder:
             keep = [*range(n), *(n + i for i in kept)]
             models.keep_positions(self.cache, torch.tensor(keep))
         if window_logits is not None:
-            observe = getattr(drafter, "observe_window", None)
-            if not callable(observe):
+            observe = self.members.observe_window
+            if observe is None:
                 raise ValueError(
                     f"drafter {getattr(drafter, 'name', drafter)!r} proposed a window but has "
                     "no observe_window(logits) to read its rows; give it one or drop the window"
@@ -413,7 +413,8 @@ class Decoder:
                 return Draft(tokens, one_hot(tokens, self.vocab), FORCED_SOURCE), []
         if tree:
             assert drafter is not None
-            propose_tree = getattr(drafter, "propose_tree")  # noqa: B009 (optional member)
+            propose_tree = self.members.propose_tree
+            assert propose_tree is not None  # checked with the tree budget (check_tree_drafter)
             draft = propose_tree(self.seq, asked, self.sampler)
             return checked_tree(draft, asked, self.vocab, drafter.name), []
         if drafter is None or asked == 0:
@@ -437,7 +438,7 @@ class Decoder:
         self, p: torch.Tensor, proposal: Any, flags: list[Flag], seed: int
     ) -> tuple[tuple[int, ...], list[int]]:
         """(emitted tokens, indices of the drafts kept) of the round's verification."""
-        parents = getattr(proposal, "parents", None)
+        parents = proposal.parents
         if parents is not None:
             for flag, what in self.sampler.take_flags():
                 if bool(flag):
@@ -479,11 +480,11 @@ class Decoder:
             temperature=self.config.temperature,
             seed=self.seed,
             stop_reason=stop,
-            rounds=s.rounds,
-            drafted=s.drafted,
-            accepted_histogram=s.histogram,
-            reached=s.reached,
-            accepted=s.accepted,
+            rounds=s.tally.rounds,
+            drafted=s.tally.drafted,
+            accepted_histogram=list(s.tally.histogram),
+            reached=list(s.tally.reached),
+            accepted=list(s.tally.accepted),
             time_prefill=s.prefill,
             time_draft=s.draft,
             time_target=s.target,
@@ -496,6 +497,7 @@ class Decoder:
             forced_accepted=s.forced_accepted,
             grammar_accepting=None if self.constraint is None else self.constraint.accepting,
             cached_tokens=self.cached_tokens,
+            drafting=s.tally.drafting,
         )
 
 

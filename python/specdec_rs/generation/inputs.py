@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
+from specdec_rs.drafters.base import Members
 from specdec_rs.policy import as_tree_policy
 
 if TYPE_CHECKING:
@@ -135,13 +136,13 @@ def check_context(
 def check_tree_drafter(drafter: Any, tree: Any) -> Any:
     """The tree budget (nodes per round) or tree policy, checked with the drafter."""
     budget = as_tree_policy(tree)
-    if drafter is None or not callable(getattr(drafter, "propose_tree", None)):
+    members = Members.of(drafter)
+    if drafter is None or members.propose_tree is None:
         name = getattr(drafter, "name", None)
         raise ValueError(
             f"tree = {tree!r} needs a drafter that drafts trees (propose_tree): prompt-lookup, "
             f"suffix, lookahead, eagle, medusa or hybrid; got {name or drafter!r}"
         )
-    check = getattr(drafter, "check_tree", None)
-    if callable(check):
-        check()  # a drafter configured for chains only says so here, before any work
+    if members.check_tree is not None:
+        members.check_tree()  # a drafter configured for chains only says so here, before any work
     return budget

@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
+from specdec_rs.drafters.base import Members
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.generation.inputs import (
     check_context,
@@ -38,10 +39,10 @@ from specdec_rs.generation.inputs import (
 )
 from specdec_rs.generation.prefix import checked_prefix
 from specdec_rs.generation.result import GenerationResult
-from specdec_rs.generation.rounds import Round
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.policy import FixedK, KPolicy, as_policy
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.rounds import Round
 from specdec_rs.structured.constraint import MAX_FORCED
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def generate(
         run = Run(decoder, policy, trees, route, max_new, eos, on_tokens, on_round)
         while not run.done:
             asked, is_tree = run.ask()
-            run.commit(decoder._round(asked, is_tree, run.forced_limit))
+            run.commit(decoder.round(asked, is_tree, run.forced_limit))
         decoder.remember()
     return run.result()
 
@@ -166,7 +167,7 @@ class Run:
     """One generation's loop state around its `Decoder`: what each round
     asks for (γ from the policy, or a tree's budget), and what a finished
     round commits (the policy's observation, the budget and EOS cut, the
-    hooks). `generate` drives one; `generation.batch` drives many, their
+    hooks). `generate` drives one; `engine.BatchEngine` drives many, their
     target forwards run together."""
 
     def __init__(
@@ -232,8 +233,8 @@ class Run:
             self.stop = "eos"
         self.decoder.append(new, r.margins)
         if self.done:  # a drafter may read the whole output once (optional `end(seq)`)
-            end = getattr(self.decoder.drafter, "end", None)
-            if callable(end):
+            end = self.decoder.members.end
+            if end is not None:
                 end(self.decoder.seq)
         if self.on_tokens is not None:
             self.on_tokens(new)
@@ -279,15 +280,15 @@ def source_router(policy: KPolicy, drafter: Any) -> Callable[[Any], None] | None
     use = getattr(policy, "use", None)
     if not callable(use) or drafter is None:
         return None
-    source = getattr(drafter, "source", None)
-    if not callable(source):
+    members = Members.of(drafter)
+    source = members.source
+    if source is None:
         raise ValueError(
             f"the policy {policy.name} chooses γ per source of drafts, but the drafter "
             f"{getattr(drafter, 'name', drafter)!r} has no source(seq); use it with a drafter "
             "that mixes sources (e.g. hybrid) or give a single policy"
         )
-    parts = getattr(drafter, "parts", None)
-    for name in parts if isinstance(parts, dict) else ():
+    for name in members.parts or ():
         use(name)  # every source the drafter may name has a policy (checked before any work)
     policy.reset()
 
@@ -302,8 +303,8 @@ def announce_catch_up(policy: Any, drafter: Any, decoder: Decoder, max_new: int)
     the drafter must run before its first draft (`DraftModel.catch_up`),
     what one of its steps costs, and the target's prefill time."""
     starting = getattr(policy, "observe_start", None)
-    catch_up = getattr(drafter, "catch_up", None)
-    if not callable(starting) or not callable(catch_up):
+    catch_up = decoder.members.catch_up
+    if not callable(starting) or catch_up is None:
         return
     behind = catch_up(decoder.seq)
     if behind > 0:

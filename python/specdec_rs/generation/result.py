@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from specdec_rs.rounds import Tally
 from specdec_rs.timing import Throughput
 
 
@@ -26,7 +27,8 @@ class GenerationResult(Throughput):
     a grammar, whether the output is a complete match (always when
     stop_reason is "eos"; a budget may end it before); None without one.
     cached_tokens: prompt positions whose keys and values came from a
-    prefix cache (not computed).
+    prefix cache (not computed). drafting: rounds that proposed a draft.
+    `tally`: the acceptance fields as one `rounds.Tally`.
     Times in seconds; total includes the prefill.
     """
 
@@ -56,6 +58,20 @@ class GenerationResult(Throughput):
     forced_accepted: int = 0
     grammar_accepting: bool | None = None
     cached_tokens: int = 0
+    drafting: int = 0  # rounds that proposed at least one draft
+
+    @property
+    def tally(self) -> Tally:
+        """The acceptance of its rounds as one value (`rounds.Tally`)."""
+        return Tally(
+            self.rounds,
+            self.drafting,
+            self.drafted,
+            tuple(self.accepted_histogram),
+            tuple(self.reached),
+            tuple(self.accepted),
+            tuple(self.k_per_round.count(k) for k in range(max(self.k_per_round, default=0) + 1)),
+        )
 
     @property
     def tokens_per_pass(self) -> float:
@@ -65,14 +81,12 @@ class GenerationResult(Throughput):
     @property
     def alpha(self) -> float:
         """Accepted drafts / drafts checked (nan when nothing was drafted)."""
-        checked = sum(self.reached)
-        return sum(self.accepted) / checked if checked else float("nan")
+        alpha = self.tally.alpha
+        return float("nan") if alpha is None else alpha
 
     @property
     def position_alpha(self) -> list[float]:
-        return [
-            a / r if r else float("nan") for a, r in zip(self.accepted, self.reached, strict=True)
-        ]
+        return self.tally.position_alpha
 
     def summary(self) -> dict[str, Any]:
         """The statistics as a flat dict (NaN where undefined; `to_json` writes null)."""

@@ -1,5 +1,5 @@
 """One forward of a GGUF model over the blocks of several sequences, each
-after its own cache: the batch step of `generation.batch`.
+after its own cache: the batch step of `engine.engine`.
 
 The blocks' rows go through every layer together (`FusedLlamaLayer.forward_rows`:
 one Rust call per layer, the weight products over all N = Σ n_s rows at once,

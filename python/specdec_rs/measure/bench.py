@@ -25,6 +25,7 @@ from specdec_rs.measure.methods import DEFAULT_POLICIES, POLICIES, TARGET_ONLY, 
 from specdec_rs.measure.predict import Answers, ForecastPoint, PredictReport, predict
 from specdec_rs.policy import MAX_K
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.rounds import Tally
 
 MAX_TREE_SIZE = 256  # the largest tree a bench runs (nodes per round)
 
@@ -53,6 +54,7 @@ class Counts:
         prefill = (
             None if self.prefill is None or other.prefill is None else self.prefill + other.prefill
         )
+        positions = self.tally + other.tally
         return Counts(
             tokens=self.tokens + other.tokens,
             seconds=self.seconds + other.seconds,
@@ -60,9 +62,14 @@ class Counts:
             passes=self.passes + other.passes,
             kept=self.kept + other.kept,
             checked=self.checked + other.checked,
-            kept_at=_add(self.kept_at, other.kept_at),
-            checked_at=_add(self.checked_at, other.checked_at),
+            kept_at=positions.accepted,
+            checked_at=positions.reached,
         )
+
+    @property
+    def tally(self) -> Tally:
+        """The per-position counts as a `rounds.Tally` (its α part)."""
+        return Tally(reached=self.checked_at, accepted=self.kept_at)
 
     @property
     def tokens_per_second(self) -> float:
@@ -80,9 +87,7 @@ class Counts:
     @property
     def alpha_by_position(self) -> list[float]:
         """P(draft i + 1 kept | checked), i = 0.. (NaN where none was checked)."""
-        return [
-            k / c if c else float("nan") for k, c in zip(self.kept_at, self.checked_at, strict=True)
-        ]
+        return self.tally.position_alpha
 
     def speedup_vs(self, baseline: Counts) -> float:
         """tokens/s over the baseline's tokens/s."""
@@ -94,12 +99,6 @@ class Counts:
             return None
         mine = self.tokens / (self.seconds - self.prefill)
         return mine / (baseline.tokens / (baseline.seconds - baseline.prefill))
-
-
-def _add(a: tuple[int, ...], b: tuple[int, ...]) -> tuple[int, ...]:
-    """Element-wise sum of tuples of different lengths."""
-    width = max(len(a), len(b))
-    return tuple((a[i] if i < len(a) else 0) + (b[i] if i < len(b) else 0) for i in range(width))
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 from specdec_rs import _checks
 from specdec_rs.generation import generate
-from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.bench import BenchRow, Run, totals_rows
 from specdec_rs.measure.job import Job, Progress, no_progress
 from specdec_rs.measure.methods import TARGET_ONLY, Method, Policy
+from specdec_rs.prompts import workloads as workloads_mod
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase

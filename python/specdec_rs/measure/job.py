@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters
 from specdec_rs.limits import MAX_NEW_TOKENS
-from specdec_rs.measure import workloads as workloads_mod
 from specdec_rs.measure.costs import Costs, measure_costs
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.prompts import workloads as workloads_mod
 
 if TYPE_CHECKING:
     import torch

@@ -1,5 +1,5 @@
 """A multi-request workload that repeats as real traffic does, built from
-the training prompts (`training.prompts`, disjoint from the evaluation
+the training prompts (`prompts.training`, disjoint from the evaluation
 workloads): each code task asked twice, the second time with a small edit
 to its wording, and chat conversations whose follow-up turn quotes the
 model's first answer. Run in order through one drafter object (as a
@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
+from specdec_rs.rounds import Tally
 
 if TYPE_CHECKING:
     from specdec_rs.generation import GenerationResult
@@ -64,7 +65,7 @@ def run_repeated(
     with edit=False, as a retried or re-run request) and `chat`
     conversations of two turns (the second quoting the first answer),
     through `generate(messages) -> (text, result)`, in that order."""
-    from specdec_rs.training.prompts import chat_prompts, code_prompts
+    from specdec_rs.prompts.training import chat_prompts, code_prompts
 
     code = _checks.integer(code, "code", minimum=0)
     chat = _checks.integer(chat, "chat", minimum=0)
@@ -92,13 +93,12 @@ def totals(asked: list[Asked], where: Callable[[Asked], bool] = lambda a: True) 
     chosen = [a.result for a in asked if where(a)]
     tokens = sum(r.new_tokens for r in chosen)
     seconds = sum(r.time_total for r in chosen)
-    rounds = sum(r.rounds for r in chosen)
-    checked = sum(sum(r.reached) for r in chosen)
+    tally = sum((r.tally for r in chosen), Tally())
     return {
         "requests": len(chosen),
         "tokens": tokens,
         "seconds": seconds,
         "tokens_per_second": tokens / seconds if seconds > 0 else 0.0,
-        "tokens_per_pass": tokens / rounds if rounds else 0.0,
-        "alpha": sum(sum(r.accepted) for r in chosen) / checked if checked else None,
+        "tokens_per_pass": tokens / tally.rounds if tally.rounds else 0.0,
+        "alpha": tally.alpha,
     }

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from specdec_rs.generation.rounds import Round
+    from specdec_rs.rounds import Round
 
 MAX_K = 1024  # the most drafts a policy may ask for in one round
 MAX_TREE = 4096  # the most nodes of a draft tree

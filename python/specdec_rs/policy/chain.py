@@ -22,7 +22,7 @@ from specdec_rs import _checks
 from specdec_rs.policy.base import MAX_K, ChainPolicy, Foreign, KPolicy, is_policy
 
 if TYPE_CHECKING:
-    from specdec_rs.generation.rounds import Round
+    from specdec_rs.rounds import Round
 
 
 class FixedK(ChainPolicy):

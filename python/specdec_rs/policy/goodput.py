@@ -63,7 +63,7 @@ import bisect
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from specdec_rs import _checks
 from specdec_rs.policy.base import MAX_K
@@ -228,6 +228,14 @@ class _View:
     fill: float
 
 
+class BatchRow(NamedTuple):
+    """A row the policy chooses a γ for: its request id, and the positions
+    in its cache (its context length; None: not known)."""
+
+    id: int
+    length: int | None = None
+
+
 @dataclass(frozen=True)
 class Choice:
     """The policy's γ for one batch round: `ks[row id]` for the rows it
@@ -326,12 +334,17 @@ class Goodput:
         self.measured: float | None = None
 
     # ---- the engine's calls
-    def start(self, engine: Any) -> None:
-        """At the engine's start: past rows forgotten, the forward profile
-        (measured on the engine, or its cached table) unless given."""
+    def profiled_positions(self) -> range:
+        """The positions per row n the forward profile must cover: 1..k_max + 1."""
+        return range(1, self.k_max + 2)
+
+    def start(self, profile: ForwardProfile) -> None:
+        """At the engine's start: past rows forgotten; `profile` the engine's
+        T(B, n, L) (measured on it, or its cached table; the given one)."""
+        if not isinstance(profile, ForwardProfile):
+            raise ValueError(f"profile is a {type(profile).__name__}; pass a ForwardProfile")
         self.reset()
-        if self.profile is None:
-            self.profile = engine.profile(ks=range(1, self.k_max + 2))
+        self.profile = profile
 
     def join(self, rid: int) -> None:
         self.rows[rid] = _Rates(self.k_max, self.probe)
@@ -339,14 +352,13 @@ class Goodput:
     def leave(self, rid: int) -> None:
         self.rows.pop(rid, None)
 
-    def choose(self, rows: Sequence[Any]) -> Choice:
+    def choose(self, rows: Sequence[BatchRow]) -> Choice:
         """Each row's γ for this round (`Choice`) for the batch's rows that
-        take the policy's γ (`rows[i].id`; their contexts from
-        `rows[i].decoder.seq` where they have one)."""
+        take the policy's γ (`BatchRow`: id and, where known, context length)."""
         ids = [r.id for r in rows]
         if not ids:
             return Choice({}, 0.0, 0.0, None)
-        lengths = [len(r.decoder.seq) for r in rows if hasattr(r, "decoder")]
+        lengths = [r.length for r in rows if r.length is not None]
         self.context = sum(lengths) / len(lengths) if lengths else None
         states = [self.rows.setdefault(rid, _Rates(self.k_max, self.probe)) for rid in ids]
         views = [self.view(rid) for rid in ids]

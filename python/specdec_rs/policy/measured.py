@@ -14,7 +14,7 @@ from specdec_rs.policy.base import ChainPolicy, KPolicy, chain_counts
 from specdec_rs.policy.chain import AdaptiveK, BySource
 
 if TYPE_CHECKING:
-    from specdec_rs.generation.rounds import Round
+    from specdec_rs.rounds import Round
 
 
 class MeasuredK(ChainPolicy):

@@ -1,7 +1,7 @@
 """The built-in training prompts: open-ended chat over many topics and kinds
 of instruction, and code tasks on functions taken from the installed Python's
 standard library. Disjoint from the evaluation prompts in
-`specdec_rs.measure.workloads` (checked by `check_held_out`), which stay held
+`specdec_rs.prompts.workloads` (checked by `check_held_out`), which stay held
 out. Deterministic for a seed.
 """
 
@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from specdec_rs import _checks
-from specdec_rs.measure import workloads
+from specdec_rs.prompts import workloads
 
 TOPICS = (
     "photosynthesis",

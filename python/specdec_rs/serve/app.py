@@ -42,8 +42,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from specdec_rs.generation import Request
+from specdec_rs.engine import Request
 from specdec_rs.limits import MAX_NEW_TOKENS
+from specdec_rs.rounds import Tally
 from specdec_rs.serve.metrics import ServerMetrics
 from specdec_rs.serve.protocol import (
     ChatRequest,
@@ -168,44 +169,29 @@ class Refusal(Exception):
 
 @dataclass
 class Figures:
-    """A request's speculation so far: its rounds, the rounds that drafted,
-    drafts proposed / reached by the verifier / accepted, rounds that kept
-    draft j (per_position[j]), and rounds by γ asked."""
+    """A request's speculation so far: the `Tally` of its rounds (rounds,
+    the rounds that drafted, drafts proposed / reached / kept, per position,
+    rounds by γ asked)."""
 
     drafter: str
-    rounds: int = 0
-    drafts: int = 0
-    draft_tokens: int = 0
-    checked: int = 0
-    accepted: int = 0
-    per_position: list[int] = field(default_factory=list)
-    by_k: dict[int, int] = field(default_factory=dict)
+    tally: Tally = field(default_factory=Tally)
 
     def add(self, t: Tokens) -> None:
-        self.rounds += 1
-        self.by_k[t.asked] = self.by_k.get(t.asked, 0) + 1
-        if t.drafted == 0:
-            return
-        self.drafts += 1
-        self.draft_tokens += t.drafted
-        self.accepted += t.accepted
-        self.checked += min(t.accepted + 1, t.drafted)
-        self.per_position += [0] * (t.accepted - len(self.per_position))
-        for j in range(t.accepted):
-            self.per_position[j] += 1
+        self.tally += Tally.of(t.round)
 
     def summary(self) -> dict[str, Any]:
+        t = self.tally
         return {
             "drafter": self.drafter,
-            "rounds": self.rounds,
-            "num_drafts": self.drafts,
-            "num_draft_tokens": self.draft_tokens,
-            "num_accepted_tokens": self.accepted,
-            "accepted_per_position": self.per_position,
-            "acceptance_rate": self.accepted / self.draft_tokens if self.draft_tokens else None,
-            "alpha": self.accepted / self.checked if self.checked else None,
-            "mean_acceptance_length": 1 + self.accepted / self.drafts if self.drafts else None,
-            "rounds_by_k": {str(k): n for k, n in sorted(self.by_k.items())},
+            "rounds": t.rounds,
+            "num_drafts": t.drafting,
+            "num_draft_tokens": t.drafted,
+            "num_accepted_tokens": t.kept,
+            "accepted_per_position": t.kept_positions,
+            "acceptance_rate": t.acceptance_rate,
+            "alpha": t.alpha,
+            "mean_acceptance_length": t.mean_acceptance_length,
+            "rounds_by_k": {str(k): n for k, n in enumerate(t.by_k) if n},
         }
 
 
@@ -239,7 +225,8 @@ class Answer:
             event = await self.events.get()
             if isinstance(event, Tokens):
                 self.figures.add(event)
-                self.served.metrics.round(event.asked, event.drafted, event.accepted)
+                r = event.round
+                self.served.metrics.round(r.asked, r.drafted, r.accepted)
                 if event.ids and self.first_token is None:
                     self.first_token = time.perf_counter()
                 delta = self.text.feed(event.ids)
@@ -299,7 +286,7 @@ class Answer:
 def prompt_ids(served: Served, body: Sampling) -> list[int]:
     """The prompt's token ids: a completion's text (or ids) as given, a
     chat's messages through the model's chat template."""
-    from specdec_rs.measure import workloads
+    from specdec_rs.prompts import workloads
 
     tokenizer = served.tokenizer
     if isinstance(body, ChatRequest):

@@ -28,8 +28,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, drafters
-from specdec_rs.generation import BatchEngine
-from specdec_rs.generation.batch import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK
+from specdec_rs.engine import BatchEngine
+from specdec_rs.engine.build import engine_for
+from specdec_rs.engine.engine import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.serve.app import Served, build_app, prompt_char_limit
 from specdec_rs.serve.worker import EngineWorker
@@ -142,29 +143,18 @@ def prefix_cache(target: Any, megabytes: float) -> PrefixCache | None:
 
 def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
     """The engine, its worker (not started yet) and the routes' state."""
-    from specdec_rs.policy import Goodput
-
     options.check()
-    specs = list(dict.fromkeys([options.drafter, *options.drafters]))
-    factories: dict[str, Any] = {}
-    built: dict[str, Any] = {}
-    for spec in specs:
-        drafter = built[spec] = drafters.from_spec(spec, target, tokenizer)
-        factories[spec] = None if drafter is None else drafters.copies(drafter)
-    speculating = any(f is not None for f in factories.values())
-    goodput = Goodput() if options.k is None and speculating else None
-    engine = BatchEngine(
+    made = engine_for(
         target,
-        factories[options.drafter],
+        tokenizer,
+        options.drafter,
+        drafters=options.drafters,
+        k=options.k,
         max_batch=options.max_batch,
-        k=options.k if options.k is not None else 4,
-        goodput=goodput,
-        vocab_size=len(tokenizer) if speculating else None,
-        drafters=factories,
-        tokenizer=tokenizer,
         prefill_chunk=options.prefill_chunk,
         prefix_cache=prefix_cache(target, options.prefix_cache_mb),
     )
+    engine, built = made.engine, made.drafters
     prepare_grammars(engine, tokenizer)
     context = getattr(target.config, "max_position_embeddings", None)
     context = int(context) if context else None

@@ -2,11 +2,11 @@
 p = target, q = draft, k = γ.
 
 `EngineWorker` owns a `BatchEngine`; only its thread touches it. Handlers
-send commands (submit, cancel) through a thread-safe queue; between two
+send commands (`Submit`, `Cancel`, `Stop`) through a thread-safe queue; between two
 batch rounds the thread takes every waiting command, so a request joins the
 batch at the next round (continuous batching) and a cancelled one leaves
 it at once. Each row's round comes back to its handler's asyncio queue as a
-`Tokens` event (the ids it kept and the round's figures), and its end as
+`Tokens` event (the ids it kept and its `Round`), and its end as
 `Done` (the `GenerationResult`) or `Failed` (the error). A failure of the
 whole round (a bug, not a request's fault) fails the rows in it and the
 worker goes on with the next requests.
@@ -19,25 +19,25 @@ import concurrent.futures
 import logging
 import queue
 import threading
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from specdec_rs.generation import BatchEngine, GenerationResult, Request
-    from specdec_rs.generation.rounds import Round
+    from specdec_rs.engine import BatchEngine, Request
+    from specdec_rs.generation import GenerationResult
+    from specdec_rs.rounds import Round
 
 log = logging.getLogger("specdec_rs.serve")
 
 
 @dataclass(frozen=True)
 class Tokens:
-    """One round of a row: the ids it kept (after the budget and EOS cut),
-    drafts asked for (γ), proposed and accepted."""
+    """One round of a row: the ids it kept (after the budget and EOS cut)
+    and the `Round` (its γ asked, drafts proposed and kept; without the
+    verifier's probability rows, which stay on the engine's thread)."""
 
     ids: list[int]
-    asked: int
-    drafted: int
-    accepted: int
+    round: Round
 
 
 @dataclass(frozen=True)
@@ -55,6 +55,31 @@ class Failed:
 
 
 Event = Tokens | Done | Failed
+
+
+@dataclass(frozen=True)
+class Submit:
+    """Queue `request`; its id (or the engine's ValueError) goes to `answer`,
+    its events to `sink`."""
+
+    request: Request
+    sink: Sink
+    answer: concurrent.futures.Future[int]
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """Free request `id`'s row or queue place."""
+
+    id: int
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Finish the rows running and queued, then end the thread."""
+
+
+Command = Submit | Cancel | Stop
 
 
 @dataclass(frozen=True)
@@ -78,7 +103,7 @@ class EngineWorker:
     def __init__(self, engine: BatchEngine):
         self.engine = engine
         engine.on_commit = self._on_commit
-        self.commands: queue.SimpleQueue[tuple[Any, ...]] = queue.SimpleQueue()
+        self.commands: queue.SimpleQueue[Command] = queue.SimpleQueue()
         self.sinks: dict[int, Sink] = {}
         self.running = self.waiting = 0
         self.rounds = 0
@@ -90,7 +115,7 @@ class EngineWorker:
 
     def stop(self, timeout: float | None = None) -> None:
         """Finish the rows running and queued, then end the thread."""
-        self.commands.put(("stop",))
+        self.commands.put(Stop())
         self._thread.join(timeout)
 
     @property
@@ -104,35 +129,33 @@ class EngineWorker:
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event] = asyncio.Queue()
         answer: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self.commands.put(("submit", request, Sink(loop, events), answer))
+        self.commands.put(Submit(request, Sink(loop, events), answer))
         rid = await asyncio.wrap_future(answer)
         return rid, events
 
     def cancel(self, rid: int) -> None:
         """Free request `rid`'s row (or queue place) before the next round."""
-        self.commands.put(("cancel", rid))
+        self.commands.put(Cancel(rid))
 
     # ---- the engine's thread
     def _on_commit(self, rid: int, r: Round, ids: list[int]) -> None:
         sink = self.sinks.get(rid)
         if sink is not None:
-            sink.put(Tokens(ids, r.asked, r.drafted, r.accepted))
+            sink.put(Tokens(ids, replace(r, p=None, q=None, tokens=None)))
 
-    def _take(self, command: tuple[Any, ...]) -> None:
-        kind = command[0]
-        if kind == "submit":
-            _, request, sink, answer = command
+    def _take(self, command: Command) -> None:
+        if isinstance(command, Submit):
             try:
-                rid = self.engine.submit(request)
+                rid = self.engine.submit(command.request)
             except ValueError as e:
-                answer.set_exception(e)
+                command.answer.set_exception(e)
                 return
-            self.sinks[rid] = sink
-            answer.set_result(rid)
-        elif kind == "cancel":
-            self.engine.cancel(command[1])
-            self.sinks.pop(command[1], None)
-        elif kind == "stop":
+            self.sinks[rid] = command.sink
+            command.answer.set_result(rid)
+        elif isinstance(command, Cancel):
+            self.engine.cancel(command.id)
+            self.sinks.pop(command.id, None)
+        else:
             self._stopping = True
 
     def _busy(self) -> bool:

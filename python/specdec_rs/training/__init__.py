@@ -1,5 +1,5 @@
 """Training the draft heads on a frozen target: self-distilled data
-(`data`), the built-in prompts (`prompts`), the trainer (`train`, on
+(`data`; its prompts in `specdec_rs.prompts`), the trainer (`train`, on
 accelerate) and the two together (`pipeline.train_head`)."""
 
 from specdec_rs.training.data import DataConfig, build_dataset, load_dataset

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, _files, models
 from specdec_rs.limits import MAX_BATCH, MAX_PROMPTS, MAX_TOKENS
-from specdec_rs.training.prompts import prompts_digest, read_prompts_file, training_prompts
+from specdec_rs.prompts.training import prompts_digest, read_prompts_file, training_prompts
 
 if TYPE_CHECKING:
     import torch
@@ -76,7 +76,7 @@ class Sequence:
 def encode_prompts(tokenizer: PreTrainedTokenizerBase, config: DataConfig) -> list[torch.Tensor]:
     """The training prompts in the chat template, at most max_prompt_tokens
     long, sorted by length (so a batch pads little)."""
-    from specdec_rs.measure.workloads import encode
+    from specdec_rs.prompts.workloads import encode
 
     messages = (
         read_prompts_file(config.prompts_file)[: config.prompts]
