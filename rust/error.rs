@@ -1,5 +1,5 @@
 //! Errors of the core. Every message says what is wrong, where, what was
-//! expected and how to fix it; `py.rs` turns each into a Python `ValueError`.
+//! expected and how to fix it; `py/` turns each into a Python `ValueError`.
 
 use std::fmt;
 

@@ -1,7 +1,7 @@
 //! specdec_rs core: exact speculative-sampling verification and a Monte Carlo
 //! engine for toy models. p = target, q = draft, k = γ (drafts per round).
 //!
-//! Only `py.rs` (feature `python`) touches pyo3/numpy; everything else is
+//! Only `py/` (feature `python`) touches pyo3/numpy; everything else is
 //! plain Rust on ndarray views, tested with `cargo test`.
 
 pub mod attention;

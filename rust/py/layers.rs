@@ -1,0 +1,442 @@
+//! The decoder stack's bindings: `LlamaStack` (one call per forward) and `llama_layer`.
+
+use super::*;
+
+/// An array a `LlamaStack` reads on every call: kept alive by its reference,
+/// and read without a borrow check (nothing writes a model's weights).
+pub(super) struct Held<T: numpy::Element> {
+    _array: Py<PyArray1<T>>,
+    ptr: usize,
+    len: usize,
+}
+
+impl<T: numpy::Element> Held<T> {
+    fn of(array: Bound<'_, PyArray1<T>>, what: &str) -> PyResult<Self> {
+        let view = array.readonly();
+        let slice = c_slice(&view, what)?;
+        let (ptr, len) = (slice.as_ptr() as usize, slice.len());
+        drop(view);
+        Ok(Held {
+            _array: array.unbind(),
+            ptr,
+            len,
+        })
+    }
+
+    fn slice(&self) -> &[T] {
+        // SAFETY: the array is alive (held) and contiguous (checked when
+        // held); a model's weights are never written after loading.
+        unsafe { std::slice::from_raw_parts(self.ptr as *const T, self.len) }
+    }
+}
+
+pub(super) struct HeldLayer {
+    weights: Vec<(Held<u8>, crate::quant::QType)>,
+    attn_norm: Held<f32>,
+    ffn_norm: Held<f32>,
+    qkv_bias: Option<Held<f32>>,
+    qk_norms: Option<(Held<f32>, Held<f32>)>,
+    shape: crate::llama::Shape,
+}
+
+/// A GGUF model's whole decoder for one call per forward (`llama::forward`):
+/// each layer's packed weights (qkv, o, gate_up, down; or q, k, v, o, gate,
+/// up, down), norms and shape, the final norm, and the LM head.
+#[pyclass(frozen, module = "specdec_rs._core")]
+pub(super) struct LlamaStack {
+    layers: Vec<HeldLayer>,
+    norm: Held<f32>,
+    eps: f32,
+    head: (Held<u8>, crate::quant::QType),
+    vocab: usize,
+    hidden: usize,
+}
+
+/// Two float32 matrices handed back to Python.
+type Arrays2<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>);
+
+/// (heads, kv heads, head size, intermediate size, eps, sliding window or 0).
+type Dims = (usize, usize, usize, usize, f32, usize);
+
+/// A layer's optional q, k, v biases and (q norm, k norm) weights.
+type ExtrasSpec<'py> = (
+    Option<Bound<'py, PyArray1<f32>>>,
+    Option<(Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>)>,
+);
+
+type LayerSpec<'py> = (
+    Vec<(Bound<'py, PyArray1<u8>>, u32)>,
+    Bound<'py, PyArray1<f32>>,
+    Bound<'py, PyArray1<f32>>,
+    Dims,
+    ExtrasSpec<'py>,
+);
+
+pub(super) fn shape_of(hidden: usize, (heads, kv_heads, head_dim, inter, eps, window): Dims) -> crate::llama::Shape {
+    crate::llama::Shape {
+        hidden,
+        heads,
+        kv_heads,
+        head_dim,
+        inter,
+        eps,
+        window,
+    }
+}
+
+#[pymethods]
+impl LlamaStack {
+    #[new]
+    fn new(
+        layers: Vec<LayerSpec<'_>>,
+        norm: Bound<'_, PyArray1<f32>>,
+        eps: f32,
+        head: (Bound<'_, PyArray1<u8>>, u32),
+        vocab: usize,
+    ) -> PyResult<Self> {
+        let mut held = Vec::with_capacity(layers.len());
+        for (i, (weights, attn_norm, ffn_norm, dims, (bias, norms))) in layers.into_iter().enumerate() {
+            if weights.len() != 4 && weights.len() != 7 {
+                return Err(PyValueError::new_err(format!(
+                    "LlamaStack: layer {i} has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
+                    weights.len()
+                )));
+            }
+            let mut ws = Vec::with_capacity(weights.len());
+            for (j, (w, id)) in weights.into_iter().enumerate() {
+                ws.push((
+                    Held::of(w, &format!("LlamaStack: layer {i} weight {j}"))?,
+                    qtype_of(id)?,
+                ));
+            }
+            let attn_norm = Held::of(attn_norm, "LlamaStack: attn_norm")?;
+            let ffn_norm = Held::of(ffn_norm, "LlamaStack: ffn_norm")?;
+            let qkv_bias = match bias {
+                Some(b) => Some(Held::of(b, &format!("LlamaStack: layer {i} qkv_bias"))?),
+                None => None,
+            };
+            let qk_norms = match norms {
+                Some((q, k)) => Some((
+                    Held::of(q, &format!("LlamaStack: layer {i} q_norm"))?,
+                    Held::of(k, &format!("LlamaStack: layer {i} k_norm"))?,
+                )),
+                None => None,
+            };
+            let shape = shape_of(attn_norm.len, dims);
+            held.push(HeldLayer {
+                weights: ws,
+                attn_norm,
+                ffn_norm,
+                qkv_bias,
+                qk_norms,
+                shape,
+            });
+        }
+        let norm = Held::of(norm, "LlamaStack: norm")?;
+        let hidden = norm.len;
+        if held.is_empty() || held.iter().any(|l| l.shape.hidden != hidden) {
+            return Err(PyValueError::new_err(
+                "LlamaStack: at least one layer, every norm of the hidden size",
+            ));
+        }
+        let q = qtype_of(head.1)?;
+        Ok(LlamaStack {
+            layers: held,
+            norm,
+            eps,
+            head: (Held::of(head.0, "LlamaStack: head")?, q),
+            vocab,
+            hidden,
+        })
+    }
+
+    /// The stack over x (N, hidden) in place (see `llama::forward`):
+    /// keys[s · L + l], values[s · L + l] sequence s's cache of layer l
+    /// (kv_heads, capacity, head_dim), pasts[s] its filled positions,
+    /// lengths[s] its rows of x; mask None (causal) or, for one sequence,
+    /// (n, past + n) uint8; the logits of rows `rows`. Returns (logits
+    /// (len(rows), vocab), the final-normed states (N, hidden)).
+    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32"))]
+    #[allow(clippy::too_many_arguments)]
+    fn forward<'py>(
+        &self,
+        py: Python<'py>,
+        mut x: PyReadwriteArray2<'py, f32>,
+        cos: PyReadonlyArray2<'py, f32>,
+        sin: PyReadonlyArray2<'py, f32>,
+        mut keys: Vec<numpy::PyReadwriteArray3<'py, f32>>,
+        mut values: Vec<numpy::PyReadwriteArray3<'py, f32>>,
+        pasts: Vec<usize>,
+        lengths: Vec<usize>,
+        mask: Option<PyReadonlyArray2<'py, u8>>,
+        rows: Vec<usize>,
+        threads: usize,
+        path: Option<&str>,
+        activations: &str,
+    ) -> PyResult<Arrays2<'py>> {
+        let (path, act) = (path_of(path)?, act_of(activations)?);
+        let (sequences, depth) = (lengths.len(), self.layers.len());
+        if sequences == 0 || pasts.len() != sequences || keys.len() != sequences * depth || values.len() != keys.len() {
+            return Err(PyValueError::new_err(format!(
+                "LlamaStack.forward: {} keys, {} values, {} pasts for {sequences} sequences of {depth} layers; \
+                 pass one key and value array per sequence and layer (sequence-major)",
+                keys.len(),
+                values.len(),
+                pasts.len()
+            )));
+        }
+        if mask.is_some() && sequences != 1 {
+            return Err(PyValueError::new_err(
+                "LlamaStack.forward: a mask is for one sequence (a tree)",
+            ));
+        }
+        let n: usize = lengths.iter().sum();
+        if x.shape() != [n, self.hidden] {
+            return Err(PyValueError::new_err(format!(
+                "LlamaStack.forward: x is {:?}; expected ({n}, {}) for the lengths given",
+                x.shape(),
+                self.hidden
+            )));
+        }
+        for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+            let l = &self.layers[i % depth].shape;
+            let capacity = k.shape()[1];
+            if k.shape() != [l.kv_heads, capacity, l.head_dim] || v.shape() != k.shape() {
+                return Err(PyValueError::new_err(format!(
+                    "LlamaStack.forward: sequence {} layer {}: keys {:?}, values {:?}; expected ({}, capacity, {})",
+                    i / depth,
+                    i % depth,
+                    k.shape(),
+                    v.shape(),
+                    l.kv_heads,
+                    l.head_dim
+                )));
+            }
+        }
+        let stack = crate::llama::Stack {
+            layers: self.layers.iter().map(|l| (layer_weights(l), l.shape)).collect(),
+            norm: self.norm.slice(),
+            eps: self.eps,
+            head: crate::llama::Weight {
+                packed: self.head.0.slice(),
+                q: self.head.1,
+            },
+            vocab: self.vocab,
+        };
+        let (cs, ss) = (
+            c_slice(&cos, "LlamaStack.forward: cos")?,
+            c_slice(&sin, "LlamaStack.forward: sin")?,
+        );
+        let ms = match &mask {
+            Some(m) => Some(c_slice(m, "LlamaStack.forward: mask")?),
+            None => None,
+        };
+        let contiguous =
+            |what: String| PyValueError::new_err(format!("LlamaStack.forward: {what} must be C-contiguous"));
+        let mut caches: Vec<Vec<crate::llama::Segment>> = (0..depth).map(|_| Vec::with_capacity(sequences)).collect();
+        for (i, (k, v)) in keys.iter_mut().zip(values.iter_mut()).enumerate() {
+            let (seq, layer) = (i / depth, i % depth);
+            let capacity = k.shape()[1];
+            caches[layer].push(crate::llama::Segment {
+                n: lengths[seq],
+                cache: crate::llama::Cache {
+                    keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+                    values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                    capacity,
+                    past: pasts[seq],
+                },
+                mask: ms,
+            });
+        }
+        let xs = x.as_slice_mut().map_err(|_| contiguous("x".into()))?;
+        let mut logits = vec![0.0f32; rows.len() * self.vocab];
+        let mut states = vec![0.0f32; n * self.hidden];
+        py.detach(|| {
+            crate::llama::forward(
+                xs,
+                cs,
+                ss,
+                &mut caches,
+                &stack,
+                &rows,
+                &mut logits,
+                &mut states,
+                threads,
+                path,
+                act,
+            )
+        })?;
+        let shape = |e: numpy::ndarray::ShapeError| PyRuntimeError::new_err(format!("LlamaStack.forward: {e}"));
+        Ok((
+            Array2::from_shape_vec((rows.len(), self.vocab), logits)
+                .map_err(shape)?
+                .into_pyarray(py),
+            Array2::from_shape_vec((n, self.hidden), states)
+                .map_err(shape)?
+                .into_pyarray(py),
+        ))
+    }
+}
+
+pub(super) fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
+    use crate::llama::{Proj, Weight};
+    let w: Vec<Weight> = l
+        .weights
+        .iter()
+        .map(|(h, q)| Weight {
+            packed: h.slice(),
+            q: *q,
+        })
+        .collect();
+    let (qd, kvd) = (l.shape.heads * l.shape.head_dim, l.shape.kv_heads * l.shape.head_dim);
+    let (qkv, o, gate_up, down) = if w.len() == 4 {
+        (Proj::One(w[0]), w[1], Proj::One(w[2]), w[3])
+    } else {
+        (
+            Proj::Parts(vec![(w[0], qd), (w[1], kvd), (w[2], kvd)]),
+            w[3],
+            Proj::Parts(vec![(w[4], l.shape.inter), (w[5], l.shape.inter)]),
+            w[6],
+        )
+    };
+    crate::llama::Weights {
+        qkv,
+        o,
+        gate_up,
+        down,
+        attn_norm: l.attn_norm.slice(),
+        ffn_norm: l.ffn_norm.slice(),
+        extras: crate::llama::Extras {
+            qkv_bias: l.qkv_bias.as_ref().map(|b| b.slice()),
+            qk_norms: l.qk_norms.as_ref().map(|(q, k)| (q.slice(), k.slice())),
+        },
+    }
+}
+
+/// One Llama decoder layer in place on `x` (N, hidden): see `llama.rs`.
+/// The N rows are the `lengths` (n_s) rows of each sequence s, one after
+/// another. `cos`, `sin` (N, head_dim); `keys[s]`, `values[s]` (kv_heads,
+/// capacity_s, head_dim) with `pasts[s]` positions filled (this step writes
+/// the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
+/// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
+/// types; `shape` (heads, kv_heads, head_dim, intermediate, eps, sliding
+/// window or 0); `qkv_bias` (heads·d + 2·kv_heads·d) and `qk_norms` (q
+/// norm, k norm), (d,) each, where the architecture has them.
+#[pyfunction]
+#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32", qkv_bias=None, qk_norms=None))]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn llama_layer(
+    py: Python<'_>,
+    mut x: PyReadwriteArray2<'_, f32>,
+    cos: PyReadonlyArray2<'_, f32>,
+    sin: PyReadonlyArray2<'_, f32>,
+    mut keys: Vec<numpy::PyReadwriteArray3<'_, f32>>,
+    mut values: Vec<numpy::PyReadwriteArray3<'_, f32>>,
+    pasts: Vec<usize>,
+    lengths: Vec<usize>,
+    mask: Option<PyReadonlyArray2<'_, u8>>,
+    weights: Vec<(PyReadonlyArray1<'_, u8>, u32)>,
+    attn_norm: PyReadonlyArray1<'_, f32>,
+    ffn_norm: PyReadonlyArray1<'_, f32>,
+    shape: Dims,
+    threads: usize,
+    path: Option<&str>,
+    activations: &str,
+    qkv_bias: Option<PyReadonlyArray1<'_, f32>>,
+    qk_norms: Option<(PyReadonlyArray1<'_, f32>, PyReadonlyArray1<'_, f32>)>,
+) -> PyResult<()> {
+    let path = path_of(path)?;
+    let act = act_of(activations)?;
+    if weights.len() != 4 && weights.len() != 7 {
+        return Err(PyValueError::new_err(
+            "llama_layer: weights are (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
+        ));
+    }
+    let sequences = lengths.len();
+    if sequences == 0 || keys.len() != sequences || values.len() != sequences || pasts.len() != sequences {
+        return Err(PyValueError::new_err(format!(
+            "llama_layer: {} keys, {} values, {} pasts for {sequences} sequences; pass one of each per sequence (at least one)",
+            keys.len(),
+            values.len(),
+            pasts.len()
+        )));
+    }
+    if mask.is_some() && sequences != 1 {
+        return Err(PyValueError::new_err(
+            "llama_layer: a mask is for one sequence (a tree); a batch of sequences is causal",
+        ));
+    }
+    let hidden = x.shape()[1];
+    let (heads, kv_heads, head_dim, inter, _, _) = shape;
+    for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
+        let capacity = k.shape()[1];
+        if k.shape() != [kv_heads, capacity, head_dim] || v.shape() != k.shape() {
+            return Err(PyValueError::new_err(format!(
+                "llama_layer: sequence {i}: keys {:?} and values {:?}; expected ({kv_heads}, capacity, {head_dim})",
+                k.shape(),
+                v.shape()
+            )));
+        }
+    }
+    let mut ws = Vec::with_capacity(4);
+    for (i, (packed, id)) in weights.iter().enumerate() {
+        ws.push(crate::llama::Weight {
+            packed: c_slice(packed, &format!("llama_layer: weights[{i}]"))?,
+            q: qtype_of(*id)?,
+        });
+    }
+    use crate::llama::Proj;
+    let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+    let (qkv, o, gate_up, down) = if ws.len() == 4 {
+        (Proj::One(ws[0]), ws[1], Proj::One(ws[2]), ws[3])
+    } else {
+        (
+            Proj::Parts(vec![(ws[0], qd), (ws[1], kvd), (ws[2], kvd)]),
+            ws[3],
+            Proj::Parts(vec![(ws[4], inter), (ws[5], inter)]),
+            ws[6],
+        )
+    };
+    let w = crate::llama::Weights {
+        qkv,
+        o,
+        gate_up,
+        down,
+        attn_norm: c_slice(&attn_norm, "llama_layer: attn_norm")?,
+        ffn_norm: c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
+        extras: crate::llama::Extras {
+            qkv_bias: match &qkv_bias {
+                Some(b) => Some(c_slice(b, "llama_layer: qkv_bias")?),
+                None => None,
+            },
+            qk_norms: match &qk_norms {
+                Some((q, k)) => Some((c_slice(q, "llama_layer: q_norm")?, c_slice(k, "llama_layer: k_norm")?)),
+                None => None,
+            },
+        },
+    };
+    let s = shape_of(hidden, shape);
+    let (cs, ss) = (c_slice(&cos, "llama_layer: cos")?, c_slice(&sin, "llama_layer: sin")?);
+    let ms = match &mask {
+        Some(m) => Some(c_slice(m, "llama_layer: mask")?),
+        None => None,
+    };
+    let contiguous = |what: String| PyValueError::new_err(format!("llama_layer: {what} must be C-contiguous"));
+    let xs = x.as_slice_mut().map_err(|_| contiguous("x".into()))?;
+    let mut segments = Vec::with_capacity(sequences);
+    for (i, (k, v)) in keys.iter_mut().zip(values.iter_mut()).enumerate() {
+        let capacity = k.shape()[1];
+        segments.push(crate::llama::Segment {
+            n: lengths[i],
+            cache: crate::llama::Cache {
+                keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+                values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                capacity,
+                past: pasts[i],
+            },
+            mask: ms,
+        });
+    }
+    py.detach(|| crate::llama::layer(xs, cs, ss, &mut segments, w, s, threads, path, act))?;
+    Ok(())
+}
