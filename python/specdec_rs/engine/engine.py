@@ -48,8 +48,14 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
-from specdec_rs.engine.requests import Admission, Checked, Factory, Finished, Request
-from specdec_rs.engine.requests import named_factories as named_factories
+from specdec_rs.engine.requests import (
+    Admission,
+    Checked,
+    Factory,
+    Finished,
+    Request,
+    named_factories,
+)
 from specdec_rs.engine.scheduler import Row, Scheduler, default_cache_positions
 from specdec_rs.generation.decoder import Decoder, Pending
 from specdec_rs.generation.forward import batch_path, forward_blocks
