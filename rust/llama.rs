@@ -140,6 +140,105 @@ fn bad(what: String) -> SpecError {
     SpecError::Invalid(format!("llama layer: {what}"))
 }
 
+impl<'a> Weights<'a> {
+    /// A layer's weights from its packed products as a file stores them:
+    /// four, (qkv, o, gate_up, down) with q, k, v and gate, up stacked, or
+    /// seven, (q, k, v, o, gate, up, down) each apart (split by `s`).
+    pub fn of(
+        packed: &[Weight<'a>],
+        s: &Shape,
+        attn_norm: &'a [f32],
+        ffn_norm: &'a [f32],
+        extras: Extras<'a>,
+    ) -> crate::Result<Weights<'a>> {
+        let (qd, kvd) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let (qkv, o, gate_up, down) = match packed {
+            [qkv, o, gate_up, down] => (Proj::One(*qkv), *o, Proj::One(*gate_up), *down),
+            [q, k, v, o, gate, up, down] => (
+                Proj::Parts(vec![(*q, qd), (*k, kvd), (*v, kvd)]),
+                *o,
+                Proj::Parts(vec![(*gate, s.inter), (*up, s.inter)]),
+                *down,
+            ),
+            _ => {
+                return Err(SpecError::Shape(format!(
+                    "a layer has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
+                    packed.len()
+                )))
+            }
+        };
+        Ok(Weights {
+            qkv,
+            o,
+            gate_up,
+            down,
+            attn_norm,
+            ffn_norm,
+            extras,
+        })
+    }
+}
+
+/// The shapes of one step's arrays, checked before any is borrowed: x (N,
+/// hidden) with N = Σ lengths; one past per sequence; one keys and one
+/// values array (kv_heads, capacity, head_dim) per sequence and layer,
+/// sequence-major (`layers[l]` the shape of layer l); a mask for one
+/// sequence only. `what` names the call in the message.
+pub struct StepShapes<'s> {
+    pub x: &'s [usize],
+    pub lengths: &'s [usize],
+    pub pasts: usize,
+    pub keys: Vec<&'s [usize]>,
+    pub values: Vec<&'s [usize]>,
+    pub masked: bool,
+}
+
+impl StepShapes<'_> {
+    pub fn check(&self, what: &str, layers: &[Shape], hidden: usize) -> crate::Result<()> {
+        let (sequences, depth) = (self.lengths.len(), layers.len());
+        if sequences == 0
+            || depth == 0
+            || self.pasts != sequences
+            || self.keys.len() != sequences * depth
+            || self.values.len() != self.keys.len()
+        {
+            return Err(SpecError::Shape(format!(
+                "{what}: {} keys, {} values, {} pasts for {sequences} sequences of {depth} layers; \
+                 pass one past per sequence and one key and value array per sequence and layer \
+                 (sequence-major), at least one",
+                self.keys.len(),
+                self.values.len(),
+                self.pasts
+            )));
+        }
+        if self.masked && sequences != 1 {
+            return Err(SpecError::Shape(format!(
+                "{what}: a mask is for one sequence (a tree); a batch of {sequences} sequences is causal"
+            )));
+        }
+        let n: usize = self.lengths.iter().sum();
+        if self.x != [n, hidden] {
+            return Err(SpecError::Shape(format!(
+                "{what}: x is {:?}; expected ({n}, {hidden}) for the lengths given",
+                self.x
+            )));
+        }
+        for (i, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
+            let l = &layers[i % depth];
+            if k.len() != 3 || *k != [l.kv_heads, k[1], l.head_dim] || v != k {
+                return Err(SpecError::Shape(format!(
+                    "{what}: sequence {} layer {}: keys {k:?}, values {v:?}; expected ({}, capacity, {})",
+                    i / depth,
+                    i % depth,
+                    l.kv_heads,
+                    l.head_dim
+                )));
+            }
+        }
+        Ok(())
+    }
+}
+
 /// `x` (N, hidden), the residual stream of N = Σ n_s rows (the segments'
 /// rows one after another: one sequence, or a batch of sequences of
 /// ragged lengths), goes through the layer in place. `cos`, `sin` (N, d):
@@ -563,5 +662,55 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("sequence 0"), "{e}");
+    }
+
+    /// A step's shapes and a layer's weight count are checked in the core,
+    /// each error naming what is wrong and what was expected.
+    #[test]
+    fn bad_step_shapes_and_weight_counts_are_shape_errors() {
+        let s = Shape {
+            hidden: 16,
+            heads: 2,
+            kv_heads: 1,
+            head_dim: 8,
+            inter: 24,
+            eps: 1e-5,
+            window: 0,
+        };
+        let kv = [1usize, 32, 8];
+        let good = || StepShapes {
+            x: &[5, 16],
+            lengths: &[3, 2],
+            pasts: 2,
+            keys: vec![&kv[..]; 4],
+            values: vec![&kv[..]; 4],
+            masked: false,
+        };
+        let layers = [s, s];
+        good().check("t", &layers, 16).unwrap();
+        let message = |shapes: StepShapes| match shapes.check("t", &layers, 16) {
+            Err(SpecError::Shape(m)) => m,
+            other => panic!("expected a shape error, got {:?}", other.map(|_| ())),
+        };
+        assert!(message(StepShapes { x: &[4, 16], ..good() }).contains("expected (5, 16)"));
+        assert!(message(StepShapes { pasts: 1, ..good() }).contains("1 pasts"));
+        assert!(message(StepShapes { masked: true, ..good() }).contains("a mask is for one sequence"));
+        let wrong = [2usize, 32, 8];
+        let mut keys = vec![&kv[..]; 4];
+        keys[3] = &wrong;
+        assert!(message(StepShapes { keys, ..good() }).contains("sequence 1 layer 1"));
+        let packed = vec![0u8; 4];
+        let w = Weight {
+            packed: &packed,
+            q: QType::F32,
+        };
+        let norm = [0.0f32; 16];
+        for count in [4, 7] {
+            assert!(Weights::of(&vec![w; count], &s, &norm, &norm, Extras::NONE).is_ok());
+        }
+        match Weights::of(&[w; 5], &s, &norm, &norm, Extras::NONE) {
+            Err(SpecError::Shape(m)) => assert!(m.contains("has 5 weights"), "{m}"),
+            _ => panic!("5 weights must be a shape error"),
+        }
     }
 }

@@ -96,12 +96,6 @@ impl LlamaStack {
     ) -> PyResult<Self> {
         let mut held = Vec::with_capacity(layers.len());
         for (i, (weights, attn_norm, ffn_norm, dims, (bias, norms))) in layers.into_iter().enumerate() {
-            if weights.len() != 4 && weights.len() != 7 {
-                return Err(PyValueError::new_err(format!(
-                    "LlamaStack: layer {i} has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
-                    weights.len()
-                )));
-            }
             let mut ws = Vec::with_capacity(weights.len());
             for (j, (w, id)) in weights.into_iter().enumerate() {
                 ws.push((
@@ -123,14 +117,16 @@ impl LlamaStack {
                 None => None,
             };
             let shape = shape_of(attn_norm.len, dims);
-            held.push(HeldLayer {
+            let layer = HeldLayer {
                 weights: ws,
                 attn_norm,
                 ffn_norm,
                 qkv_bias,
                 qk_norms,
                 shape,
-            });
+            };
+            layer_weights(&layer).map_err(|e| PyValueError::new_err(format!("LlamaStack: layer {i}: {e}")))?;
+            held.push(layer);
         }
         let norm = Held::of(norm, "LlamaStack: norm")?;
         let hidden = norm.len;
@@ -176,45 +172,23 @@ impl LlamaStack {
     ) -> PyResult<Arrays2<'py>> {
         let (path, act) = (path_of(path)?, act_of(activations)?);
         let (sequences, depth) = (lengths.len(), self.layers.len());
-        if sequences == 0 || pasts.len() != sequences || keys.len() != sequences * depth || values.len() != keys.len() {
-            return Err(PyValueError::new_err(format!(
-                "LlamaStack.forward: {} keys, {} values, {} pasts for {sequences} sequences of {depth} layers; \
-                 pass one key and value array per sequence and layer (sequence-major)",
-                keys.len(),
-                values.len(),
-                pasts.len()
-            )));
+        let shapes: Vec<crate::llama::Shape> = self.layers.iter().map(|l| l.shape).collect();
+        crate::llama::StepShapes {
+            x: x.shape(),
+            lengths: &lengths,
+            pasts: pasts.len(),
+            keys: keys.iter().map(|k| k.shape()).collect(),
+            values: values.iter().map(|v| v.shape()).collect(),
+            masked: mask.is_some(),
         }
-        if mask.is_some() && sequences != 1 {
-            return Err(PyValueError::new_err(
-                "LlamaStack.forward: a mask is for one sequence (a tree)",
-            ));
-        }
+        .check("LlamaStack.forward", &shapes, self.hidden)?;
         let n: usize = lengths.iter().sum();
-        if x.shape() != [n, self.hidden] {
-            return Err(PyValueError::new_err(format!(
-                "LlamaStack.forward: x is {:?}; expected ({n}, {}) for the lengths given",
-                x.shape(),
-                self.hidden
-            )));
-        }
-        for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
-            let l = &self.layers[i % depth].shape;
-            let capacity = k.shape()[1];
-            if k.shape() != [l.kv_heads, capacity, l.head_dim] || v.shape() != k.shape() {
-                return Err(PyValueError::new_err(format!(
-                    "LlamaStack.forward: sequence {} layer {}: keys {:?}, values {:?}; expected ({}, capacity, {})",
-                    i / depth,
-                    i % depth,
-                    k.shape(),
-                    v.shape(),
-                    l.kv_heads,
-                    l.head_dim
-                )));
-            }
-        }
         let stack = crate::llama::Stack {
-            layers: self.layers.iter().map(|l| (layer_weights(l), l.shape)).collect(),
+            layers: self
+                .layers
+                .iter()
+                .map(|l| Ok((layer_weights(l)?, l.shape)))
+                .collect::<crate::Result<_>>()?,
             norm: self.norm.slice(),
             eps: self.eps,
             head: crate::llama::Weight {
@@ -278,9 +252,9 @@ impl LlamaStack {
     }
 }
 
-pub(super) fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
-    use crate::llama::{Proj, Weight};
-    let w: Vec<Weight> = l
+pub(super) fn layer_weights(l: &HeldLayer) -> crate::Result<crate::llama::Weights<'_>> {
+    use crate::llama::{Extras, Weight, Weights};
+    let packed: Vec<Weight> = l
         .weights
         .iter()
         .map(|(h, q)| Weight {
@@ -288,29 +262,11 @@ pub(super) fn layer_weights(l: &HeldLayer) -> crate::llama::Weights<'_> {
             q: *q,
         })
         .collect();
-    let (qd, kvd) = (l.shape.heads * l.shape.head_dim, l.shape.kv_heads * l.shape.head_dim);
-    let (qkv, o, gate_up, down) = if w.len() == 4 {
-        (Proj::One(w[0]), w[1], Proj::One(w[2]), w[3])
-    } else {
-        (
-            Proj::Parts(vec![(w[0], qd), (w[1], kvd), (w[2], kvd)]),
-            w[3],
-            Proj::Parts(vec![(w[4], l.shape.inter), (w[5], l.shape.inter)]),
-            w[6],
-        )
+    let extras = Extras {
+        qkv_bias: l.qkv_bias.as_ref().map(|b| b.slice()),
+        qk_norms: l.qk_norms.as_ref().map(|(q, k)| (q.slice(), k.slice())),
     };
-    crate::llama::Weights {
-        qkv,
-        o,
-        gate_up,
-        down,
-        attn_norm: l.attn_norm.slice(),
-        ffn_norm: l.ffn_norm.slice(),
-        extras: crate::llama::Extras {
-            qkv_bias: l.qkv_bias.as_ref().map(|b| b.slice()),
-            qk_norms: l.qk_norms.as_ref().map(|(q, k)| (q.slice(), k.slice())),
-        },
-    }
+    Weights::of(&packed, &l.shape, l.attn_norm.slice(), l.ffn_norm.slice(), extras)
 }
 
 /// One Llama decoder layer in place on `x` (N, hidden): see `llama.rs`.
@@ -347,75 +303,41 @@ pub(super) fn llama_layer(
 ) -> PyResult<()> {
     let path = path_of(path)?;
     let act = act_of(activations)?;
-    if weights.len() != 4 && weights.len() != 7 {
-        return Err(PyValueError::new_err(
-            "llama_layer: weights are (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
-        ));
+    let s = shape_of(x.shape()[1], shape);
+    crate::llama::StepShapes {
+        x: x.shape(),
+        lengths: &lengths,
+        pasts: pasts.len(),
+        keys: keys.iter().map(|k| k.shape()).collect(),
+        values: values.iter().map(|v| v.shape()).collect(),
+        masked: mask.is_some(),
     }
-    let sequences = lengths.len();
-    if sequences == 0 || keys.len() != sequences || values.len() != sequences || pasts.len() != sequences {
-        return Err(PyValueError::new_err(format!(
-            "llama_layer: {} keys, {} values, {} pasts for {sequences} sequences; pass one of each per sequence (at least one)",
-            keys.len(),
-            values.len(),
-            pasts.len()
-        )));
-    }
-    if mask.is_some() && sequences != 1 {
-        return Err(PyValueError::new_err(
-            "llama_layer: a mask is for one sequence (a tree); a batch of sequences is causal",
-        ));
-    }
-    let hidden = x.shape()[1];
-    let (heads, kv_heads, head_dim, inter, _, _) = shape;
-    for (i, (k, v)) in keys.iter().zip(&values).enumerate() {
-        let capacity = k.shape()[1];
-        if k.shape() != [kv_heads, capacity, head_dim] || v.shape() != k.shape() {
-            return Err(PyValueError::new_err(format!(
-                "llama_layer: sequence {i}: keys {:?} and values {:?}; expected ({kv_heads}, capacity, {head_dim})",
-                k.shape(),
-                v.shape()
-            )));
-        }
-    }
-    let mut ws = Vec::with_capacity(4);
-    for (i, (packed, id)) in weights.iter().enumerate() {
-        ws.push(crate::llama::Weight {
-            packed: c_slice(packed, &format!("llama_layer: weights[{i}]"))?,
+    .check("llama_layer", &[s], s.hidden)?;
+    let mut packed = Vec::with_capacity(weights.len());
+    for (i, (w, id)) in weights.iter().enumerate() {
+        packed.push(crate::llama::Weight {
+            packed: c_slice(w, &format!("llama_layer: weights[{i}]"))?,
             q: qtype_of(*id)?,
         });
     }
-    use crate::llama::Proj;
-    let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
-    let (qkv, o, gate_up, down) = if ws.len() == 4 {
-        (Proj::One(ws[0]), ws[1], Proj::One(ws[2]), ws[3])
-    } else {
-        (
-            Proj::Parts(vec![(ws[0], qd), (ws[1], kvd), (ws[2], kvd)]),
-            ws[3],
-            Proj::Parts(vec![(ws[4], inter), (ws[5], inter)]),
-            ws[6],
-        )
-    };
-    let w = crate::llama::Weights {
-        qkv,
-        o,
-        gate_up,
-        down,
-        attn_norm: c_slice(&attn_norm, "llama_layer: attn_norm")?,
-        ffn_norm: c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
-        extras: crate::llama::Extras {
-            qkv_bias: match &qkv_bias {
-                Some(b) => Some(c_slice(b, "llama_layer: qkv_bias")?),
-                None => None,
-            },
-            qk_norms: match &qk_norms {
-                Some((q, k)) => Some((c_slice(q, "llama_layer: q_norm")?, c_slice(k, "llama_layer: k_norm")?)),
-                None => None,
-            },
+    let extras = crate::llama::Extras {
+        qkv_bias: match &qkv_bias {
+            Some(b) => Some(c_slice(b, "llama_layer: qkv_bias")?),
+            None => None,
+        },
+        qk_norms: match &qk_norms {
+            Some((q, k)) => Some((c_slice(q, "llama_layer: q_norm")?, c_slice(k, "llama_layer: k_norm")?)),
+            None => None,
         },
     };
-    let s = shape_of(hidden, shape);
+    let w = crate::llama::Weights::of(
+        &packed,
+        &s,
+        c_slice(&attn_norm, "llama_layer: attn_norm")?,
+        c_slice(&ffn_norm, "llama_layer: ffn_norm")?,
+        extras,
+    )?;
+    let sequences = lengths.len();
     let (cs, ss) = (c_slice(&cos, "llama_layer: cos")?, c_slice(&sin, "llama_layer: sin")?);
     let ms = match &mask {
         Some(m) => Some(c_slice(m, "llama_layer: mask")?),
