@@ -198,7 +198,7 @@ def draft_cost(target: Any, draft_path: Path) -> float:
     """c: one draft-model step over one target step (medians of 15, after 64 positions)."""
     import torch
     from specdec_rs.gguf import load_gguf
-    from specdec_rs.models import new_cache
+    from specdec_rs.runner import new_cache
 
     draft, _ = load_gguf(draft_path, tokenizer=False, activations=target.config.specdec_activations)
 

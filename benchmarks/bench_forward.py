@@ -39,7 +39,7 @@ from typing import Any
 
 import torch
 from lscpu import flags, lscpu
-from specdec_rs import _core, models
+from specdec_rs import _core, models, runner
 from specdec_rs.engine import BatchEngine
 from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.measure.tables import markdown_table
@@ -84,12 +84,12 @@ class Ours:
         self.activations = activations
         self.vocab = models.vocab_of(self.model)
         self.calls = 0.0
-        from specdec_rs.gguf.runner import runner_of
+        from specdec_rs.runner.stack import stack_of
 
         with torch.inference_mode():
-            runner = runner_of(self.model, models.new_cache(self.model), 1)
-        assert runner is not None, "a GGUF model has a runner"
-        stack, bench = runner.stack, self
+            model_stack = stack_of(self.model, runner.new_cache(self.model))
+        assert model_stack is not None, "a GGUF model has a Rust stack"
+        stack, bench = model_stack.stack, self
 
         class Counted:
             """The Rust stack, its calls timed."""
@@ -100,13 +100,13 @@ class Ours:
                 bench.calls += time.perf_counter() - start
                 return out
 
-        runner.stack = Counted()
+        model_stack.stack = Counted()  # type: ignore[assignment]
 
     def prefill(self, length: int) -> None:
         self.length = length
-        self.cache = models.new_cache(self.model)
+        self.cache = runner.new_cache(self.model)
         with torch.inference_mode():
-            models.forward(self.model, context_ids(self.vocab, length), self.cache, keep=1)
+            runner.forward(self.model, context_ids(self.vocab, length), self.cache, keep=1)
 
     def forward(self, n: int) -> dict[str, float]:
         """One timed forward of n positions: total, the layer calls, the phases, the head."""
@@ -116,12 +116,12 @@ class Ours:
         try:
             with torch.inference_mode():
                 start = time.perf_counter()
-                models.forward(self.model, block, self.cache, keep=n)
+                runner.forward(self.model, block, self.cache, keep=n)
                 total = time.perf_counter() - start
         finally:
             phases = dict(_core.layer_profile_totals())
             _core.layer_profile(False)
-        models.crop(self.cache, self.length)
+        runner.crop(self.cache, self.length)
         head = self.model.lm_head
         x = torch.randn(n, head.in_features)
         start = time.perf_counter()
@@ -214,9 +214,9 @@ def breakdown(
 def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> dict[str, float]:
     """T(B, n) in ms at a context of 128 (medians, interleaved)."""
     engine = BatchEngine(ours.model, None, max_batch=max(batches), k=0)
-    base = models.new_cache(ours.model)
+    base = runner.new_cache(ours.model)
     with torch.inference_mode():
-        models.forward(ours.model, context_ids(ours.vocab, 128), base, keep=1)
+        runner.forward(ours.model, context_ids(ours.vocab, 128), base, keep=1)
         import copy
 
         caches = [copy.deepcopy(base) for _ in range(max(batches))]
@@ -229,7 +229,7 @@ def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> d
                     engine.forward_blocks(blocks, caches[:b], hidden=False)
                     times[(b, n)].append(time.perf_counter() - start)
                     for c in caches[:b]:
-                        models.crop(c, 128)
+                        runner.crop(c, 128)
     return {f"T({b}, {n})": statistics.median(t[1:]) * 1e3 for (b, n), t in times.items()}
 
 

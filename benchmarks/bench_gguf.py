@@ -35,7 +35,7 @@ from typing import Any
 import specdec_rs as sd
 import torch
 from lscpu import flags, lscpu
-from specdec_rs import _core, drafters, models
+from specdec_rs import _core, drafters, models, runner
 from specdec_rs.generation.inputs import eos_set
 from specdec_rs.gguf.modules import QuantLinear
 from specdec_rs.measure.costs import measure_costs
@@ -99,8 +99,8 @@ def anatomy_float32(model: Any, context: torch.Tensor, steps: int = 8) -> dict[s
         ),
     }
     with torch.inference_mode():
-        cache = models.new_cache(model)
-        models.forward(model, context[:-1], cache, keep=1)
+        cache = runner.new_cache(model)
+        runner.forward(model, context[:-1], cache, keep=1)
         start = time.perf_counter()
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(steps):
@@ -133,8 +133,8 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
         layer_time[0] += time.perf_counter() - start
 
     with torch.inference_mode():
-        cache = models.new_cache(model)
-        models.forward(model, context[:-1], cache, keep=1)
+        cache = runner.new_cache(model)
+        runner.forward(model, context[:-1], cache, keep=1)
         step = median_seconds(lambda: _step(model, context, cache), steps, warmup=1)
         _core.llama_layer = timed  # type: ignore[attr-defined]
         try:
@@ -159,8 +159,8 @@ def anatomy_gguf(model: Any, context: torch.Tensor, steps: int = 20) -> dict[str
 
 
 def _step(model: Any, context: torch.Tensor, cache: Any) -> None:
-    models.forward(model, context[-1:], cache, keep=1)
-    models.crop(cache, len(context) - 1)
+    runner.forward(model, context[-1:], cache, keep=1)
+    runner.crop(cache, len(context) - 1)
 
 
 def peak_rss(argv: list[str]) -> float:

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from specdec_rs import _core, drafters, generate, kernels, models
+from specdec_rs import _core, drafters, generate, kernels, models, runner
 from specdec_rs.prompts import workloads
 from specdec_rs.timing import median_seconds
 
@@ -71,16 +71,16 @@ def forward_table(target: Any, repeats: int) -> None:
     )
     times: dict[tuple[str, int], list[float]] = {(c, n): [] for c in ("torch", "rust") for n in ns}
     with torch.inference_mode():
-        cache = models.new_cache(target)
-        models.forward(target, context, cache, keep=1)
+        cache = runner.new_cache(target)
+        runner.forward(target, context, cache, keep=1)
         for rep in range(repeats + 2):
             for choice in ("torch", "rust"):
                 kernels.apply_linear_choice(target, choice)
                 for n in ns:
                     start = time.perf_counter()
-                    models.forward(target, context[:n], cache, keep=n)
+                    runner.forward(target, context[:n], cache, keep=n)
                     elapsed = time.perf_counter() - start
-                    models.crop(cache, len(context))
+                    runner.crop(cache, len(context))
                     if rep >= 2:  # warm-up
                         times[(choice, n)].append(elapsed)
     med = {key: statistics.median(v) * 1e3 for key, v in times.items()}

@@ -1,5 +1,6 @@
 """v(n), the long-context step and batch decoding with only what every
-revision of the package offers (`models.forward`, `BatchEngine.forward_blocks`),
+revision of the package offers (`runner.forward`, before it `models.forward`;
+`BatchEngine.forward_blocks`),
 so a revision before the new forward can be measured beside it (build it in a
 worktree, point PYTHONPATH at its `python/`, run each in its own process,
 alternating).
@@ -22,6 +23,11 @@ import torch
 from specdec_rs import models
 from specdec_rs.engine import BatchEngine
 
+try:
+    from specdec_rs import runner
+except ImportError:  # a revision before `runner/`: the forward and cache calls in models
+    runner = models  # type: ignore[assignment]
+
 
 def main() -> None:
     label = sys.argv[1] if len(sys.argv) > 1 else "run"
@@ -31,24 +37,24 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
         for length in (128, 512, 2048):
-            cache = models.new_cache(m)
-            models.forward(m, torch.randint(0, vocab, (length,), generator=g), cache, keep=1)
+            cache = runner.new_cache(m)
+            runner.forward(m, torch.randint(0, vocab, (length,), generator=g), cache, keep=1)
             ns = (1, 2, 5, 9, 17)
             t: dict[int, list[float]] = {n: [] for n in ns}
             for _ in range(8):
                 for n in ns:
                     x = torch.randint(0, vocab, (n,), generator=g)
                     start = time.perf_counter()
-                    models.forward(m, x, cache, keep=n)
+                    runner.forward(m, x, cache, keep=n)
                     t[n].append(time.perf_counter() - start)
-                    models.crop(cache, length)
+                    runner.crop(cache, length)
                     time.sleep(0.005)
             med = {n: statistics.median(v[1:]) * 1e3 for n, v in t.items()}
             cells = " ".join(f"{n}:{med[n]:.2f}ms(v{med[n] / med[1]:.2f})" for n in ns)
             print(label, length, cells, flush=True)
         engine = BatchEngine(m, None, max_batch=8, k=0)
-        base = models.new_cache(m)
-        models.forward(m, torch.randint(0, vocab, (128,), generator=g), base, keep=1)
+        base = runner.new_cache(m)
+        runner.forward(m, torch.randint(0, vocab, (128,), generator=g), base, keep=1)
         caches = [copy.deepcopy(base) for _ in range(8)]
         tb: dict[int, list[float]] = {b: [] for b in (1, 4, 8)}
         for _ in range(8):
@@ -58,7 +64,7 @@ def main() -> None:
                 engine.forward_blocks(blocks, caches[:b], hidden=False)
                 tb[b].append(time.perf_counter() - start)
                 for c in caches[:b]:
-                    models.crop(c, 128)
+                    runner.crop(c, 128)
                 time.sleep(0.005)
         mb = {b: statistics.median(v[1:]) * 1e3 for b, v in tb.items()}
         print(label, "T(B, 1) ms", mb, f"throughput B = 8 vs 1: {8 * mb[1] / mb[8]:.2f}x")

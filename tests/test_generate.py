@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 import specdec_rs as sd
 from specdec_rs.generation import Decoder
-from specdec_rs.models import forward, layer_view, new_cache, tiny_llama
+from specdec_rs.models import layer_view, tiny_llama
 from specdec_rs.processors import SamplingConfig
+from specdec_rs.runner import forward, new_cache
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")

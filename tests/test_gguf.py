@@ -16,7 +16,7 @@ import pytest
 import specdec_rs as sd
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from specdec_rs import _core, models
+from specdec_rs import _core, models, runner
 from specdec_rs.gguf import load_gguf
 from specdec_rs.gguf.model import activations_of as gguf_activations
 from specdec_rs.gguf.modules import NATIVE_TYPES
@@ -152,14 +152,14 @@ def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target:
     a fixed order, so one forward over 6 positions equals 6 forwards of one."""
     ids = torch.randint(0, V, (9,), generator=torch.Generator().manual_seed(3))
     with torch.inference_mode():
-        one = models.new_cache(target)
-        models.forward(target, ids[:3], one, keep=1)
+        one = runner.new_cache(target)
+        runner.forward(target, ids[:3], one, keep=1)
         singles = torch.cat(
-            [models.forward(target, ids[i : i + 1], one, keep=1) for i in range(3, 9)]
+            [runner.forward(target, ids[i : i + 1], one, keep=1) for i in range(3, 9)]
         )
-        batch = models.new_cache(target)
-        models.forward(target, ids[:3], batch, keep=1)
-        together = models.forward(target, ids[3:], batch, keep=6)
+        batch = runner.new_cache(target)
+        runner.forward(target, ids[:3], batch, keep=1)
+        together = runner.forward(target, ids[3:], batch, keep=6)
     assert torch.equal(singles, together)
 
 
@@ -173,8 +173,8 @@ def test_a_long_prompt_is_prefilled_by_the_kernels_in_chunks(
     quantization). The model's own forward (a direct model(...) call) still
     prefills float32 activations by dense products: the float64 product of
     the file's values."""
-    from specdec_rs.gguf import runner
     from specdec_rs.gguf.modules import QuantLinear
+    from specdec_rs.runner import stack
 
     q8 = target.model.layers[0].o_proj.activations == "q8"
     rows: list[int] = []
@@ -185,18 +185,18 @@ def test_a_long_prompt_is_prefilled_by_the_kernels_in_chunks(
         return real(self, x)
 
     monkeypatch.setattr(QuantLinear, "dense", counted)
-    monkeypatch.setattr(runner, "CHUNK", 16)
+    monkeypatch.setattr(stack, "CHUNK", 16)
     twin = files["Q4_1"][1]
     n = 3 * 16 + 5
     ids = torch.randint(0, V, (n + 2,), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
-        cache = models.new_cache(target)
-        prefill = models.forward(target, ids[:n], cache, keep=n)
-        step = models.forward(target, ids[n:], cache, keep=2)
+        cache = runner.new_cache(target)
+        prefill = runner.forward(target, ids[:n], cache, keep=n)
+        step = runner.forward(target, ids[n:], cache, keep=2)
         assert rows == []  # the kernels throughout
-        pieces = models.new_cache(target)
-        first = models.forward(target, ids[:7], pieces, keep=7)
-        rest = models.forward(target, ids[7:n], pieces, keep=n - 7)
+        pieces = runner.new_cache(target)
+        first = runner.forward(target, ids[:7], pieces, keep=7)
+        rest = runner.forward(target, ids[7:n], pieces, keep=n - 7)
         assert torch.equal(torch.cat([first, rest]), prefill)  # the chunking changes nothing
         want = twin(ids[None]).logits[0]
     got = torch.cat([prefill, step])

@@ -131,8 +131,8 @@ def sampled_tree(
     ids = prompt(3)
     sampler = Sampler(SamplingConfig(temperature), V, torch.Generator().manual_seed(0))
     with torch.inference_mode():
-        _, hidden = sd.models.forward_with_hidden(
-            target, ids[:-1], sd.models.new_cache(target), keep=1
+        _, hidden = sd.runner.forward_with_hidden(
+            target, ids[:-1], sd.runner.new_cache(target), keep=1
         )
     drafter.start(ids, None, hidden)
     return drafter, ids, drafter.propose_tree(ids, budget, sampler)
@@ -625,8 +625,8 @@ def test_confidence_gate_hands_back_the_gated_q(target: Any, trained: dict[str, 
     for seed in range(60):
         ids = prompt(seed)
         with torch.inference_mode():
-            _, h = sd.models.forward_with_hidden(
-                target, ids[:-1], sd.models.new_cache(target), keep=1, hidden=True
+            _, h = sd.runner.forward_with_hidden(
+                target, ids[:-1], sd.runner.new_cache(target), keep=1, hidden=True
             )
         rows = {}
         for name, d in (("plain", ungated), ("gated", gate)):

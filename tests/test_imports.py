@@ -120,6 +120,12 @@ def test_the_policies_never_import_generation_or_the_engine() -> None:
     assert not offenders("policy", ("generation", "engine"))
 
 
+def test_the_runner_imports_none_of_the_parts_that_call_it() -> None:
+    """Every target forward lives in `runner`, below the loop, the engine,
+    the drafters, the policies and the server that run it."""
+    assert not offenders("runner", ("generation", "engine", "drafters", "policy", "serve"))
+
+
 def test_the_server_never_imports_measurement() -> None:
     assert not offenders("serve", ("measure",))
 

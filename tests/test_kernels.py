@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from specdec_rs import _core, generate, kernels, models
+from specdec_rs import _core, generate, kernels, models, runner
 
 torch = pytest.importorskip("torch")
 
@@ -120,9 +120,9 @@ def test_the_layer_takes_the_rust_path_only_where_it_applies(
 def last_three_logits(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     """Logits of a cached forward over the last 3 of `ids` (the Rust path's rows)."""
     with torch.inference_mode():
-        cache = models.new_cache(model)
-        models.forward(model, ids[:-3], cache, keep=1)
-        return models.forward(model, ids[-3:], cache, keep=3)
+        cache = runner.new_cache(model)
+        runner.forward(model, ids[:-3], cache, keep=1)
+        return runner.forward(model, ids[-3:], cache, keep=3)
 
 
 def test_a_switched_model_gives_torch_logits_and_greedy_tokens(tiny: torch.nn.Module) -> None:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from specdec_rs import models
+from specdec_rs import models, runner
 from specdec_rs.kv_cache import PreallocatedCache, PreallocatedLayer
 
 torch = pytest.importorskip("torch")
@@ -21,7 +21,7 @@ def target() -> Any:
 def test_the_same_logits_as_a_dynamic_cache_through_crops_and_compaction(target: Any) -> None:
     from transformers import DynamicCache
 
-    ours = models.new_cache(target)
+    ours = runner.new_cache(target)
     assert isinstance(ours, PreallocatedCache)
     theirs = DynamicCache(config=target.config)
     g = torch.Generator().manual_seed(0)
@@ -29,17 +29,17 @@ def test_the_same_logits_as_a_dynamic_cache_through_crops_and_compaction(target:
         for step in range(12):
             n = 1 + step % 4
             tokens = torch.randint(0, 40, (n,), generator=g)
-            a = models.forward(target, tokens, ours, keep=n)
-            b = models.forward(target, tokens, theirs, keep=n)
+            a = runner.forward(target, tokens, ours, keep=n)
+            b = runner.forward(target, tokens, theirs, keep=n)
             torch.testing.assert_close(a, b, rtol=0, atol=0)
             if step % 3 == 1:  # a rejection: cut back
-                models.crop(ours, ours.get_seq_length() - 1)
-                models.crop(theirs, theirs.get_seq_length() - 1)
+                runner.crop(ours, ours.get_seq_length() - 1)
+                runner.crop(theirs, theirs.get_seq_length() - 1)
             if step % 3 == 2:  # a tree round: keep a path
                 length = ours.get_seq_length()
                 keep = torch.tensor([*range(length - n), length - 1])
-                models.keep_positions(ours, keep)
-                models.keep_positions(theirs, keep)
+                runner.keep_positions(ours, keep)
+                runner.keep_positions(theirs, keep)
             assert ours.get_seq_length() == theirs.get_seq_length()
             for la, lb in zip(ours.layers, theirs.layers, strict=True):
                 assert torch.equal(la.keys, lb.keys) and torch.equal(la.values, lb.values)

@@ -61,9 +61,10 @@ import pytest
 import specdec_rs as sd
 from heads_fixtures import tiny_head
 from specdec_rs.drafters.eagle import Eagle
-from specdec_rs.models import forward, new_cache, tiny_llama
+from specdec_rs.models import tiny_llama
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.reference import verify_batch_numpy, verify_tree_numpy
+from specdec_rs.runner import forward, new_cache
 from specdec_rs.stats import chi2_pvalue
 
 torch = pytest.importorskip("torch")

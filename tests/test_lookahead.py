@@ -14,8 +14,9 @@ from greedy_fixtures import greedy_runs
 from specdec_rs.drafters.draft import Draft, Window
 from specdec_rs.drafters.lookahead import NgramPool
 from specdec_rs.measure.acceptance import acceptance_matrix
-from specdec_rs.models import forward, forward_tree, new_cache, tiny_llama
+from specdec_rs.models import tiny_llama
 from specdec_rs.processors import Sampler, SamplingConfig
+from specdec_rs.runner import forward, forward_tree, new_cache
 
 torch = pytest.importorskip("torch")
 

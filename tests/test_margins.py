@@ -11,7 +11,8 @@ import pytest
 import specdec_rs as sd
 from specdec_rs.generation import divergence
 from specdec_rs.generation.decoder import logit_margins
-from specdec_rs.models import forward, new_cache, tiny_llama
+from specdec_rs.models import tiny_llama
+from specdec_rs.runner import forward, new_cache
 
 torch = pytest.importorskip("torch")
 

@@ -49,9 +49,10 @@ import specdec_rs as sd
 from grammar_fixtures import PIECES, tiny_tokenizer
 from specdec_rs.drafters.draft import Draft
 from specdec_rs.generation import decoder as decoder_module
-from specdec_rs.models import forward, new_cache, tiny_llama
+from specdec_rs.models import tiny_llama
 from specdec_rs.processors import SamplingConfig, logits_to_probs
 from specdec_rs.reference import verify_batch_numpy
+from specdec_rs.runner import forward, new_cache
 from specdec_rs.stats import chi2_pvalue
 from specdec_rs.structured import Constraint, Grammar, bind, masked_logits
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import specdec_rs as sd
-from specdec_rs import models, trees
+from specdec_rs import models, runner, trees
 from specdec_rs.drafters.draft import TreeDraft
 from specdec_rs.drafters.lookup import lookup_all
 from specdec_rs.trees import confident_tree, trie
@@ -32,28 +32,28 @@ def test_a_tree_forward_equals_each_path_run_alone(target: Any) -> None:
     parents = [-1, -1, 0, 0, 1, 2]
     tokens = torch.tensor([11, 12, 13, 14, 15, 16])
     with torch.inference_mode():
-        cache = models.new_cache(target)
-        models.forward(target, prompt[:-1], cache, keep=1)
-        logits, _ = models.forward_tree(target, prompt[-1:], tokens, parents, cache)
+        cache = runner.new_cache(target)
+        runner.forward(target, prompt[:-1], cache, keep=1)
+        logits, _ = runner.forward_tree(target, prompt[-1:], tokens, parents, cache)
         for i in range(-1, len(parents)):
             path, j = [], i
             while j >= 0:
                 path.insert(0, int(tokens[j]))
                 j = parents[j]
-            alone = models.forward(
+            alone = runner.forward(
                 target,
                 torch.cat([prompt, torch.tensor(path, dtype=torch.long)]),
-                models.new_cache(target),
+                runner.new_cache(target),
                 keep=1,
             )
             torch.testing.assert_close(logits[i + 1], alone[0], atol=1e-5, rtol=1e-5)
         # keep the path root -> node 0 -> node 2, then continue from it
         n = len(prompt)
-        models.keep_positions(cache, torch.tensor([*range(n), n + 0, n + 2]))
+        runner.keep_positions(cache, torch.tensor([*range(n), n + 0, n + 2]))
         assert cache.get_seq_length() == n + 2
-        nxt = models.forward(target, torch.tensor([15]), cache, keep=1)
-        alone = models.forward(
-            target, torch.tensor([*PROMPT, 11, 13, 15]), models.new_cache(target), keep=1
+        nxt = runner.forward(target, torch.tensor([15]), cache, keep=1)
+        alone = runner.forward(
+            target, torch.tensor([*PROMPT, 11, 13, 15]), runner.new_cache(target), keep=1
         )
     torch.testing.assert_close(nxt, alone, atol=1e-5, rtol=1e-5)
 

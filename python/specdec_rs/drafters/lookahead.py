@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs.drafters.base import ChainScores, TeacherForced, empty_draft, one_hot_draft
 from specdec_rs.drafters.draft import Draft, TreeDraft, Window, joined
 from specdec_rs.drafters.registry import register
@@ -155,7 +155,7 @@ class Lookahead:
         cls(*parse_shape(arg))
 
     def check_target(self, target: PreTrainedModel) -> None:
-        pass  # any target that runs a tree mask (`models.forward_tree`)
+        pass  # any target that runs a tree mask (`runner.forward_tree`)
 
     def fresh(self) -> Lookahead:
         return Lookahead(
@@ -272,9 +272,9 @@ class Lookahead:
         seq = tf.seq.cpu()
         scores = ChainScores(tf, k_max)
         answer, n = scores.answer, scores.n
-        cache = models.new_cache(target)
+        cache = runner.new_cache(target)
         if tf.start > 1:
-            models.forward(target, seq[: tf.start - 1].to(device), cache, keep=1)
+            runner.forward(target, seq[: tf.start - 1].to(device), cache, keep=1)
         probe.start(seq[: tf.start], cache, None)
         t = 0
         while t < n:
@@ -285,12 +285,12 @@ class Lookahead:
             tokens, parents, rows = joined(
                 torch.tensor(draft, dtype=torch.long), list(range(-1, d - 1)), probe.launch_window()
             )
-            logits, _ = models.forward_tree(target, context[-1:], tokens, parents, cache, rows=rows)
+            logits, _ = runner.forward_tree(target, context[-1:], tokens, parents, cache, rows=rows)
             probe.observe_window(logits[1 + d :])
             matched = 0
             while matched < d and t + matched < n and draft[matched] == answer[t + matched]:
                 matched += 1
-            models.crop(cache, tf.start + t + matched)
+            runner.crop(cache, tf.start + t + matched)
             for skipped in range(t + 1, min(t + matched + 1, n)):
                 scores.score(skipped, probe.chain(seq[: tf.start + skipped], k_max))
             t += matched + 1

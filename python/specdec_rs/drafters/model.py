@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs.drafters.base import ModelDrafter, draft_autoregressive, started
 from specdec_rs.drafters.draft import Draft
 from specdec_rs.drafters.registry import register
@@ -81,7 +81,7 @@ class DraftModel(ModelDrafter):
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None = None
     ) -> None:
-        self._cache = models.new_cache(self.model)
+        self._cache = runner.new_cache(self.model)
 
     def catch_up(self, seq: torch.Tensor) -> int:
         """Positions of `seq` the next propose() runs beyond a round's usual
@@ -100,9 +100,9 @@ class DraftModel(ModelDrafter):
         best = float("inf")
         with torch.inference_mode():
             for _ in range(repeats):
-                cache = models.new_cache(self.model)
+                cache = runner.new_cache(self.model)
                 started_at = time.perf_counter()
-                models.forward(self.model, token, cache, keep=1)
+                runner.forward(self.model, token, cache, keep=1)
                 best = min(best, time.perf_counter() - started_at)
         return best
 
@@ -115,7 +115,7 @@ class DraftModel(ModelDrafter):
         self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None = None
     ) -> None:
         cache = started(self._cache, self.name)
-        models.crop(cache, min(cache.get_seq_length(), len(seq) + num_accepted))
+        runner.crop(cache, min(cache.get_seq_length(), len(seq) + num_accepted))
 
     def hf_kwargs(self) -> dict[str, Any] | None:
         return {"assistant_model": self.model}

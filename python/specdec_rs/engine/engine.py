@@ -12,7 +12,7 @@ runs, so a row's rounds are the rounds it would run alone. A batch round
    load-aware policy such as `Goodput` chooses each k_i of the rows that
    did not fix their own);
 2. one target forward runs every row's block [last token, drafts] after
-   that row's cache (`generation.forward`: the weight products over all
+   that row's cache (`runner.batch`: the weight products over all
    rows at once, attention per row over its own cache, causal within each
    block at that row's positions; on a GGUF target by the Rust layer, on a
    transformers Llama by its own modules, other models row by row);
@@ -58,7 +58,6 @@ from specdec_rs.engine.requests import (
 )
 from specdec_rs.engine.scheduler import Row, Scheduler, default_cache_positions
 from specdec_rs.generation.decoder import Decoder, Pending
-from specdec_rs.generation.forward import batch_path, forward_blocks
 from specdec_rs.generation.inputs import check_drafter, shared_vocab
 from specdec_rs.generation.loop import Run
 from specdec_rs.generation.prefix import checked_prefix
@@ -66,6 +65,8 @@ from specdec_rs.generation.result import GenerationResult
 from specdec_rs.policy import FixedK
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.policy.goodput import BatchRow, Goodput
+from specdec_rs.runner import backend_of
+from specdec_rs.runner.stack import CHUNK
 from specdec_rs.structured.constraint import GrammarDeadEnd
 
 if TYPE_CHECKING:
@@ -208,7 +209,7 @@ class BatchEngine:
             _checks.boolean(allow_past_context, "allow_past_context"),
             cache_positions,
         )
-        self.path = batch_path(target)  # how a round's rows share one forward
+        self.backend = backend_of(target)  # how a round's rows share one forward
         self.prefill_chunk = (
             PREFILL_CHUNK
             if prefill_chunk is None
@@ -217,7 +218,7 @@ class BatchEngine:
             )
         )
         # the prefill in the rounds only where a row's bits cannot depend on it
-        self.chunked = self.prefill_chunk > 0 and self.path == "gguf"
+        self.chunked = self.prefill_chunk > 0 and self.backend.name == "gguf"
         self.prefix = checked_prefix(prefix_cache, target)
         self.scheduler = Scheduler(self.max_batch, cache_positions)
         self.finished: list[Finished] = []
@@ -247,6 +248,11 @@ class BatchEngine:
     @property
     def cache_positions(self) -> int:
         return self.admission.cache_positions
+
+    @property
+    def path(self) -> str:
+        """The name of the backend a round's rows share one forward by ("gguf", "llama", "rows")."""
+        return self.backend.name
 
     def use_goodput(self, goodput: Goodput | None) -> None:
         """Choose γ by `goodput` from now on (None: the fixed k); it starts
@@ -472,8 +478,6 @@ class BatchEngine:
         still prefilling, oldest request first, at most `prefill_chunk`
         tokens in all (a whole `CHUNK` when no row decodes: nobody waits),
         each piece at most `CHUNK` (the Rust forward's block)."""
-        from specdec_rs.gguf.runner import CHUNK
-
         budget = self.prefill_chunk if ready else max(self.prefill_chunk, CHUNK)
         pieces = []
         for slot, row in sorted(prefilling, key=lambda sr: sr[1].id):
@@ -537,8 +541,8 @@ class BatchEngine:
         (n_s, V) of the first `read` blocks (default all; the rest's are not
         computed where the path can skip them) and (when `hidden`) hidden
         states (n_s, H) of every block, in one forward over all rows
-        (`generation.forward`, by `self.path`)."""
-        return forward_blocks(self.target, self.path, blocks, caches, hidden=hidden, read=read)
+        (`runner.batch`, by `self.backend`)."""
+        return self.backend.forward_blocks(blocks, caches, hidden=hidden, read=read)
 
     def profile(self, ks: Iterable[int], **options: Any) -> ForwardProfile:
         """T(B, n) of this engine's forward for n in `ks` (`profile.profile_forward`)."""

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from specdec_rs import _files, models
 from specdec_rs.policy.goodput import ForwardProfile
+from specdec_rs.runner import crop, forward, new_cache
 from specdec_rs.timing import median_seconds
 
 VERSION = 3  # 3: the kernels' 16-row panels and the activations in the key
@@ -39,7 +40,9 @@ class Runner(Protocol):
     target: Any
     vocab: int
     max_batch: int
-    path: str
+
+    @property
+    def path(self) -> str: ...
 
     @property
     def cache_positions(self) -> int: ...
@@ -129,8 +132,8 @@ def _grid(
     target, vocab = runner.target, runner.vocab
     g = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        base = models.new_cache(target)
-        models.forward(target, torch.randint(0, vocab, (context,), generator=g), base, keep=1)
+        base = new_cache(target)
+        forward(target, torch.randint(0, vocab, (context,), generator=g), base, keep=1)
         caches = [copy.deepcopy(base) for _ in range(max(bs))]
         table: dict[tuple[int, int], float] = {}
         for b in bs:
@@ -140,7 +143,7 @@ def _grid(
                 def sample(blocks: list[Any] = blocks, b: int = b) -> None:
                     runner.forward_blocks(blocks, caches[:b], hidden=False)
                     for c in caches[:b]:  # cut back (timed too: microseconds)
-                        models.crop(c, context)
+                        crop(c, context)
 
                 table[(b, n)] = median_seconds(sample, repeats, warmup=1)
     return table

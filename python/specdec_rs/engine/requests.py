@@ -9,15 +9,13 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks
-from specdec_rs.generation.inputs import check_context, eos_set, prompt_tensor
+from specdec_rs.generation.inputs import Prompt, check_context, eos_set
 from specdec_rs.generation.loop import constrained
 from specdec_rs.limits import MAX_NEW_TOKENS
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
-    import torch
-
     from specdec_rs.drafters import Drafter
     from specdec_rs.generation.result import GenerationResult
     from specdec_rs.structured import Constraint, Grammar
@@ -62,13 +60,13 @@ class Finished:
 
 @dataclass(frozen=True)
 class Checked:
-    """A request after its checks (submission time): the prompt as a (n,)
-    tensor, the budget, the processors, the seed, the stop ids, its own γ
-    (None: the engine's), its drafter factory (None: target only) and its
-    grammar's state."""
+    """A request after its checks (submission time): the prompt (checked
+    here once: its row's `Decoder` takes it as it is), the budget, the
+    processors, the seed, the stop ids, its own γ (None: the engine's), its
+    drafter factory (None: target only) and its grammar's state."""
 
     id: int
-    prompt: torch.Tensor
+    prompt: Prompt
     max_new: int
     config: SamplingConfig
     seed: int
@@ -100,7 +98,7 @@ class Admission:
         if not isinstance(request, Request):
             raise ValueError(f"{where} is a {type(request).__name__}; pass an engine.Request")
         try:
-            prompt = prompt_tensor(request.prompt, self.vocab)
+            prompt = Prompt.of(request.prompt, self.vocab)
             max_new = _checks.integer(
                 request.max_new_tokens, "max_new_tokens", minimum=1, maximum=MAX_NEW_TOKENS
             )

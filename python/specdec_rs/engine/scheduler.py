@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import models
+from specdec_rs import models, runner
 
 if TYPE_CHECKING:
     from specdec_rs.engine.requests import Checked
@@ -86,7 +86,7 @@ class Scheduler:
         """A freed slot's cache, emptied (None: none kept)."""
         cache = self.free_caches.pop() if self.free_caches else None
         if cache is not None:
-            models.crop(cache, 0)
+            runner.crop(cache, 0)
         return cache
 
     def release(self, slot: int) -> Row:

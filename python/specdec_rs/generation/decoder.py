@@ -29,7 +29,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs._core import row_seed
 from specdec_rs.drafters.base import Members
 from specdec_rs.drafters.draft import (
@@ -40,7 +40,7 @@ from specdec_rs.drafters.draft import (
     checked_window,
     joined,
 )
-from specdec_rs.generation.inputs import prompt_tensor, shared_vocab
+from specdec_rs.generation.inputs import Prompt, shared_vocab
 from specdec_rs.generation.result import GenerationResult
 from specdec_rs.processors import Sampler, SamplingConfig, one_hot
 from specdec_rs.rounds import Round, Stats
@@ -61,7 +61,7 @@ class Pending:
     """A round between its proposal and its target forward (`Decoder.begin`).
     block: the chain's target input (1 + drafts,) on the target's device;
     None for a tree or a proposal with a window (their forward is
-    `models.forward_tree`). walk: the grammar's reading of the drafts
+    `runner.forward_tree`). walk: the grammar's reading of the drafts
     (None without a grammar); forced_drafts: the chain's last drafts the
     grammar forced (all of a forced round's, else the walk's tail)."""
 
@@ -122,7 +122,7 @@ class Decoder:
         self.constraint = constraint
         vocab = shared_vocab(target, drafter, vocab_size)
         self.vocab = vocab
-        self.seq = prompt_tensor(input_ids, vocab)
+        self.seq = Prompt.of(input_ids, vocab).ids  # checked once: a Prompt passes as it is
         self.prompt_length = len(self.seq)
         self.device = models.device_of(target)
         transfer = _checks.choice(transfer, "transfer", ("auto", "gathered"))
@@ -131,7 +131,7 @@ class Decoder:
         self.sampler = Sampler(config, vocab, generator)
         self.stats = Stats()
         # an empty cache to reuse (a batch slot's), else a new one
-        self.cache = models.new_cache(target) if cache is None else cache
+        self.cache = runner.new_cache(target) if cache is None else cache
         self.members = Members.of(drafter)  # its optional members, found once
         self.wants_hidden = self.members.wants_hidden
         self.cached = 0  # prompt positions in the target cache (prompt_length - 1 once prefilled)
@@ -147,7 +147,7 @@ class Decoder:
             return
         hidden = None
         if self.prompt_length - 1 > self.cached:
-            _, hidden = models.forward_with_hidden(
+            _, hidden = runner.forward_with_hidden(
                 target, self.seq[self.cached : -1], self.cache, keep=1, hidden=self.wants_hidden
             )
         self.cached = self.prompt_length - 1
@@ -294,7 +294,7 @@ class Decoder:
         many rounds' blocks in one forward instead (`specdec_rs.engine`)."""
         proposal = pending.proposal
         if pending.block is not None:
-            return models.forward_with_hidden(
+            return runner.forward_with_hidden(
                 self.target,
                 pending.block,
                 self.cache,
@@ -308,7 +308,7 @@ class Decoder:
         rows = None
         if proposal.window is not None:  # after the drafts, under the root or each other
             tokens, parents, rows = joined(tokens, parents, proposal.window)
-        return models.forward_tree(
+        return runner.forward_tree(
             self.target,
             self.seq[-1:],
             tokens,
@@ -354,10 +354,10 @@ class Decoder:
             margins = logit_margins(logits[list(chosen), : self.vocab])
         n = len(seq)  # the cache held n - 1 entries; the forward added 1 + len(tokens)
         if parents is None:
-            models.crop(self.cache, n + len(kept))
+            runner.crop(self.cache, n + len(kept))
         else:
             keep = [*range(n), *(n + i for i in kept)]
-            models.keep_positions(self.cache, torch.tensor(keep))
+            runner.keep_positions(self.cache, torch.tensor(keep))
         if window_logits is not None:
             observe = self.members.observe_window
             if observe is None:

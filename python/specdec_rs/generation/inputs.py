@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, models
@@ -52,6 +53,28 @@ def prompt_tensor(input_ids: Any, vocab_size: int) -> torch.Tensor:
             f"input_ids holds ids outside [0, {vocab_size}); tokenize with the model's tokenizer"
         )
     return ids.contiguous()
+
+
+@dataclass(frozen=True)
+class Prompt:
+    """A prompt checked once, where it enters (`generate`, a request's
+    admission): ids (n,) int64, every id in [0, vocab). A `Decoder` given
+    one for its own vocabulary takes it as it is."""
+
+    ids: torch.Tensor
+    vocab: int
+
+    @classmethod
+    def of(cls, input_ids: Any, vocab: int) -> Prompt:
+        """`input_ids` checked (`prompt_tensor`), or itself when it is a
+        `Prompt` already checked against this vocabulary."""
+        if isinstance(input_ids, Prompt) and input_ids.vocab == vocab:
+            return input_ids
+        ids = input_ids.ids if isinstance(input_ids, Prompt) else input_ids
+        return cls(prompt_tensor(ids, vocab), vocab)
+
+    def __len__(self) -> int:
+        return len(self.ids)
 
 
 def shared_vocab(target: PreTrainedModel, drafter: Any, vocab_size: int | None) -> int:

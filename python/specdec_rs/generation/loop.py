@@ -30,11 +30,11 @@ from specdec_rs import _checks, models
 from specdec_rs.drafters.base import Members
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.generation.inputs import (
+    Prompt,
     check_context,
     check_drafter,
     check_tree_drafter,
     eos_set,
-    prompt_tensor,
     shared_vocab,
 )
 from specdec_rs.generation.prefix import checked_prefix
@@ -134,11 +134,12 @@ def generate(
             f"margins=True records greedy margins; temperature = {config.temperature:g}: "
             "pass temperature=0 or margins=False"
         )
-    prompt = prompt_tensor(input_ids, shared_vocab(target, drafter, vocab_size))
+    vocab = shared_vocab(target, drafter, vocab_size)
+    prompt = Prompt.of(input_ids, vocab)  # checked here, once
     check_context(target, len(prompt), max_new, allow)
     trees = None if tree is None else check_tree_drafter(drafter, tree)
     route = source_router(policy, drafter)
-    constraint = constrained(grammar, tokenizer, shared_vocab(target, drafter, vocab_size), eos)
+    constraint = constrained(grammar, tokenizer, vocab, eos)
     if constraint is not None and trees is not None:
         raise ValueError("a grammar constrains chains only: drop tree= or the grammar")
     prefix = checked_prefix(prefix_cache, target)

@@ -194,7 +194,7 @@ def check_target(target: Any) -> None:
     """A ValueError unless `target` is a GGUF model on the CPU (the targets
     whose cached keys and values are the bits a fresh prefill computes)."""
     from specdec_rs import models
-    from specdec_rs.gguf.runner import batchable
+    from specdec_rs.runner.stack import batchable
 
     if not (batchable(target) and models.device_of(target).type == "cpu"):
         raise ValueError(

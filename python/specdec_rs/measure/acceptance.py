@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs.drafters import TeacherForced
 from specdec_rs.processors import Sampler, SamplingConfig
 
@@ -40,8 +40,8 @@ def teacher_force(
     device = models.device_of(target)
     sampler = Sampler(config, models.vocab_of(target), torch.Generator(device).manual_seed(0))
     with torch.inference_mode():
-        logits, hidden = models.forward_with_hidden(
-            target, seq[:-1], models.new_cache(target), keep=len(answer), hidden=True
+        logits, hidden = runner.forward_with_hidden(
+            target, seq[:-1], runner.new_cache(target), keep=len(answer), hidden=True
         )
         p = sampler.probs(logits, name="the target's logits")
     return TeacherForced(seq, len(prompt), p, sampler, target, hidden)

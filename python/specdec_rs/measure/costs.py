@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, models
+from specdec_rs import _checks, models, runner
 from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.timing import median_seconds
 
@@ -46,13 +46,13 @@ def decode_step_time(model: PreTrainedModel, context: torch.Tensor, repeats: int
 
     repeats = _checks.integer(repeats, "repeats", minimum=1)
     with torch.inference_mode():
-        cache = models.new_cache(model)
-        models.forward(model, context[:-1], cache, keep=1)
+        cache = runner.new_cache(model)
+        runner.forward(model, context[:-1], cache, keep=1)
         n = len(context) - 1
 
         def step() -> None:
-            models.forward(model, context[-1:], cache, keep=1)
-            models.crop(cache, n)
+            runner.forward(model, context[-1:], cache, keep=1)
+            runner.crop(cache, n)
 
         return median_seconds(step, repeats)
 
@@ -68,17 +68,17 @@ def verify_cost_curve(
     repeats = _checks.integer(repeats, "repeats", minimum=1)
     times: dict[int, list[float]] = {n: [] for n in range(1, max_n + 1)}
     with torch.inference_mode():
-        cache = models.new_cache(model)
-        models.forward(model, context, cache, keep=1)
+        cache = runner.new_cache(model)
+        runner.forward(model, context, cache, keep=1)
         base = len(context)
         g = torch.Generator().manual_seed(0)
         for rep in range(repeats + 2):
             for n in times:
                 tokens = torch.randint(0, models.vocab_of(model), (n,), generator=g)
                 t = time.perf_counter()
-                models.forward(model, tokens, cache, keep=n)
+                runner.forward(model, tokens, cache, keep=n)
                 elapsed = time.perf_counter() - t
-                models.crop(cache, base)
+                runner.crop(cache, base)
                 if rep >= 2:  # warm-up
                     times[n].append(elapsed)
     one = statistics.median(times[1])
@@ -98,9 +98,9 @@ def drafter_step_time(
         SamplingConfig(0.0), models.vocab_of(target), torch.Generator(device).manual_seed(0)
     )
     with torch.inference_mode():
-        cache = models.new_cache(target)
+        cache = runner.new_cache(target)
         hidden = drafter.needs_target_hidden
-        _, h = models.forward_with_hidden(target, context[:-1], cache, keep=1, hidden=hidden)
+        _, h = runner.forward_with_hidden(target, context[:-1], cache, keep=1, hidden=hidden)
         drafter.start(context, cache, h)
         last = h[-1:] if h is not None else None
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs import _checks, _files, models
+from specdec_rs import _checks, _files, models, runner
 from specdec_rs.limits import MAX_BATCH, MAX_PROMPTS, MAX_TOKENS
 from specdec_rs.prompts.training import prompts_digest, read_prompts_file, training_prompts
 
@@ -120,7 +120,7 @@ def answer_batch(
     )
     rng = torch.Generator(device).manual_seed(seed)
     ends = torch.tensor(eos, device=device)
-    cache = models.new_cache(target)
+    cache = runner.new_cache(target)
     hidden_steps, tokens = [], []
     done = torch.zeros(b, dtype=torch.bool, device=device)
     with torch.inference_mode():
@@ -131,7 +131,7 @@ def answer_batch(
                 attention_mask=mask,
                 position_ids=positions,
                 use_cache=True,
-                **{models.cache_keyword(target.model.__class__): cache},
+                **{runner.lone.cache_keyword(target.model.__class__): cache},
             )
             hidden_steps.append(out.last_hidden_state.float().cpu())
             probs = logits_to_probs(target.lm_head(out.last_hidden_state[:, -1]), sampling)

@@ -43,8 +43,8 @@ def batchable(model: Any) -> bool:
     return all(isinstance(layer, FusedLlamaLayer) for layer in layers)
 
 
-class Runner:
-    """The stack of `model` (a GGUF model: every layer a `FusedLlamaLayer`)."""
+class Stack:
+    """The decoder stack of `model` (a GGUF model: every layer a `FusedLlamaLayer`)."""
 
     def __init__(self, model: Any):
         base = model.model
@@ -155,21 +155,21 @@ class Runner:
         return torch.from_numpy(logits), torch.from_numpy(states)
 
 
-def runner_of(model: Any, cache: Any, n: int) -> Runner | None:
-    """The model's `Runner` (built once) when this forward can take it: a
+def stack_of(model: Any, cache: Any) -> Stack | None:
+    """The model's `Stack` (built once) when this forward can take it: a
     GGUF model on the CPU, without autograd, on a `PreallocatedCache`; else
-    None (the model's own forward). `n`: the positions (unused: every length runs here)."""
+    None (the model's own forward)."""
     import torch
 
-    runner = model.__dict__.get("_specdec_runner")
-    if runner is None:
-        runner = Runner(model) if batchable(model) else False
-        model.__dict__["_specdec_runner"] = runner
-    if runner is False:
+    stack = model.__dict__.get("_specdec_stack")
+    if stack is None:
+        stack = Stack(model) if batchable(model) else False
+        model.__dict__["_specdec_stack"] = stack
+    if stack is False:
         return None
     layers = getattr(cache, "layers", None)
     if not layers or not callable(getattr(layers[0], "slot_arrays", None)):
         return None
     if torch.is_grad_enabled():
         return None
-    return runner  # type: ignore[no-any-return]
+    return stack  # type: ignore[no-any-return]
