@@ -408,12 +408,23 @@ def set_threads(model: Any, threads: int) -> None:
             module.threads = threads
 
 
+BLOCK_ROWS = 5  # a verification block at the default chain length, k = 4
+
+
 def choose_threads(model: Any, *, repeats: int = 7) -> int:
-    """The kernels' thread count for this host, by measurement: a decode
-    step's largest products (the LM head and the widest layer weight, one
-    row each, both in every sample) on 1 and on 2 threads, interleaved
-    after one warm-up each, medians; 2 when they win by more than 10%.
-    $SPECDEC_KERNEL_THREADS overrides it."""
+    """The kernels' thread count for this host, by measurement: the
+    largest products of a decode step and of a verification block (the LM
+    head and the widest layer weight, at one row and at `BLOCK_ROWS`, all
+    four in every sample) on 1 and on 2 threads, interleaved after one
+    warm-up each, medians; 2 when they win by more than 10%.
+    $SPECDEC_KERNEL_THREADS overrides it.
+
+    One row alone is not enough: those two products are bound by the
+    memory's bandwidth, which the second core barely raises (measured on a
+    quiet Zen 4: 2.7 against 2.3 ms once the clock settles, so 1 thread was
+    chosen in 5 to 9 of 20 loads), while the whole step, whose attention,
+    norms and smaller products scale, ran 1.3 to 1.6 times faster on 2
+    threads at one position and 1.4 to 1.8 times at five."""
     import statistics
     import time
 
@@ -430,13 +441,13 @@ def choose_threads(model: Any, *, repeats: int = 7) -> int:
         return 1
     weights = [m for m in model.modules() if isinstance(m, QuantLinear)]
     probes = sorted(weights, key=lambda m: m.nbytes)[-2:]  # the head and the widest layer weight
-    rows = {id(p): torch.randn(1, p.in_features) for p in probes}
+    rows = [(p, torch.randn(n, p.in_features)) for p in probes for n in (1, BLOCK_ROWS)]
 
     def sample(threads: int) -> float:
         started = time.perf_counter()
-        for probe in probes:
+        for probe, x in rows:
             probe.threads = threads
-            probe.product(rows[id(probe)])
+            probe.product(x)
         return time.perf_counter() - started
 
     times: dict[int, list[float]] = {1: [], 2: []}
