@@ -408,7 +408,9 @@ def set_threads(model: Any, threads: int) -> None:
             module.threads = threads
 
 
-BLOCK_ROWS = 5  # a verification block at the default chain length, k = 4
+# a verification block of k = 4 drafts: engine.build.DEFAULT_K + 1 (not imported: gguf
+# sits below the engine)
+BLOCK_ROWS = 5
 
 
 def choose_threads(model: Any, *, repeats: int = 7) -> int:
