@@ -28,9 +28,36 @@ pub(crate) struct Tile {
     pub xr: usize,
     pub panel: usize,
     pub w: usize,
-    /// The stripe's first tile: it asks the memory for the stripe's next blocks.
+    /// The tile asks the memory for blocks ahead: a stripe's first tile its
+    /// stripe's (`prefetch`), a chunked tile of a first pass its own panels'.
     pub lead: bool,
+    /// The panels from `panel` on whose blocks a leading 32-block AVX-512
+    /// tile asks for (`prefetch_panels`): its own W (chunked), else the stripe's.
+    pub fetch: usize,
+    /// Blocks b0..b1 of the panels (all of them unless `chunk_blocks` is Some);
+    /// past the first chunk the accumulators start from `sums`.
+    pub b0: usize,
+    pub b1: usize,
 }
+
+/// Blocks per chunk when a stripe is walked by several tiles, or None
+/// (the tiles of `q` on `path` walk all their blocks at once).
+///
+/// A stripe walked by one tile per panel pulls its 4 panels' bytes from
+/// memory during the first tile and none during the other three, so the
+/// memory waits for the arithmetic and the arithmetic for the memory. In
+/// chunks, the tiles take turns over the chunk's blocks, each asking the
+/// memory for its own panels' next blocks: one even stream. An
+/// accumulator's chain stays in block order (stored and reloaded between
+/// chunks, exactly), so the sums keep their bits.
+pub(crate) fn chunk_blocks(path: Path, q: QType) -> Option<usize> {
+    (path.avx512() && q.blocked()).then_some(CHUNK)
+}
+
+/// Blocks of a chunk (`chunk_blocks`): the tiles ask for the blocks
+/// `AHEAD` = 8 on, so for the next chunk (measured on a Zen 4 host: 4 and
+/// 8 alike, 16 no better).
+pub(crate) const CHUNK: usize = 8;
 
 /// A format as a const generic parameter (so each tile is compiled for one
 /// format, its branches resolved), and back.
@@ -263,6 +290,37 @@ pub(crate) mod x86 {
         }
     }
 
+    /// The tile's panels' blocks `AHEAD` after block b (past the stripe's
+    /// last block: the next stripe's first ones, the same panels), into L2
+    /// with `prefetcht1`: on a Zen 4 host, against the unchunked walk with
+    /// `prefetcht0`, the products over 2 and 5 rows took 0.63-0.84 of the
+    /// time chunked with `prefetcht1` and 0.93-1.0 chunked with `prefetcht0`
+    /// (L1 filled with blocks the tiles meet only a chunk later).
+    #[inline(always)]
+    unsafe fn prefetch_panels(p: &[u8], lay: Layout, t: Tile, b: usize) {
+        // wrapping: past the weight's end the address is only a hint, never read
+        let ahead = p.as_ptr().wrapping_add(lay.base(t.panel, b + AHEAD));
+        let mut line = 0;
+        while line < t.fetch * lay.unit {
+            v::_mm_prefetch::<{ v::_MM_HINT_T1 }>(ahead.wrapping_add(line) as *const i8);
+            line += 64;
+        }
+    }
+
+    /// A 512-bit tile's accumulators: zeros at block 0, else the chunk before's sums.
+    #[inline(always)]
+    unsafe fn start_512<const W: usize, const XR: usize>(t: Tile, sums: &Sums) -> [[v::__m512; XR]; W] {
+        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        if t.b0 > 0 {
+            for w in 0..W {
+                for r in 0..XR {
+                    acc[w][r] = v::_mm512_loadu_ps(sums[w][r].as_ptr());
+                }
+            }
+        }
+        acc
+    }
+
     /// Element e of a block format's 16 rows (the group just loaded) as
     /// float32, gguf-py's operations lane-wise; `g` holds bytes 4⌊e'/4⌋.. of
     /// each row where e' is e's byte (Q8_0: e; Q4, Q5: e mod 16); `qh` the
@@ -391,15 +449,15 @@ pub(crate) mod x86 {
     ) {
         let (k, q) = (lay.k, format(F));
         let xp = x.as_ptr().add(t.r0 * k);
-        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        let mut acc = start_512::<W, XR>(t, sums);
         if q.blocked() {
-            for b in 0..lay.nb {
+            for b in t.b0..t.b1 {
                 let mut bases = [p.as_ptr(); W];
                 let mut d = [v::_mm512_setzero_ps(); W];
                 let mut m = [v::_mm512_setzero_ps(); W];
                 let mut qh = [v::_mm512_setzero_si512(); W];
                 if t.lead {
-                    prefetch(p.as_ptr().add(lay.base(t.panel, b)), lay);
+                    prefetch_panels(p, lay, t, b);
                 }
                 for w in 0..W {
                     bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
@@ -510,13 +568,13 @@ pub(crate) mod x86 {
         sums: &mut Sums,
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
-        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        let mut acc = start_512::<W, XR>(t, sums);
         let low = v::_mm512_set1_epi8(0x0f);
         let flip = v::_mm512_set1_epi8(-128);
         let sign_trick = q == QType::Q8_0 && !VNNI;
-        for b in 0..nb {
+        for b in t.b0..t.b1 {
             if t.lead {
-                prefetch(p.as_ptr().add(lay.base(t.panel, b)), lay);
+                prefetch_panels(p, lay, t, b);
             }
             for w in 0..W {
                 let base = p.as_ptr().add(lay.base(t.panel + w, b));

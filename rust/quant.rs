@@ -766,7 +766,10 @@ impl Quantized<'_> {
 /// Stripes lo..hi against every x row into `out` (n, m): tiles of W
 /// panels of one stripe (fewer x rows, more panels), each tile's panels
 /// passed over by the x rows XR at a time while they sit in cache; the
-/// first tile of a stripe asks the memory for the stripe's next blocks.
+/// first tile of a stripe asks the memory for the stripe's next blocks. A
+/// stripe of several tiles is walked in chunks of blocks where the tiles
+/// allow it (`kernels::chunk_blocks`), each tile of the first pass asking
+/// for its own panels' next blocks, its sums carried from chunk to chunk.
 #[allow(clippy::too_many_arguments)]
 unsafe fn stripes_range(
     x: &[f32],
@@ -781,40 +784,62 @@ unsafe fn stripes_range(
     path: Path,
 ) {
     let xr_max = crate::kernels::x_rows(path, xq.any(), lay.q);
-    let mut sums: Sums = [[[0.0; PANEL]; XMAX]; WMAX];
     let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.any());
+    let tiles = STRIPE.div_ceil(w) * n.div_ceil(xr_max);
+    let chunk = crate::kernels::chunk_blocks(path, lay.q).filter(|_| tiles > 1 && n <= CHUNKED_ROWS);
+    let chunked = chunk.is_some();
+    let chunk = chunk.unwrap_or(lay.nb).max(1);
+    // one tile's sums, or (chunked) each tile's carried from chunk to chunk
+    let mut carry: Vec<Sums> = vec![[[[0.0; PANEL]; XMAX]; WMAX]; if chunked { tiles } else { 1 }];
     let panels = m.div_ceil(PANEL);
     for stripe in lo..hi {
         let end = ((stripe + 1) * STRIPE).min(panels);
-        let mut panel = stripe * STRIPE;
-        while panel < end {
-            let wt = w.min(end - panel);
-            let mut r0 = 0;
-            while r0 < n {
-                let xr = xr_max.min(n - r0);
-                let lead = panel == stripe * STRIPE && r0 == 0;
-                let t = crate::kernels::Tile {
-                    r0,
-                    xr,
-                    panel,
-                    w: wt,
-                    lead,
-                };
-                crate::kernels::tile(x, xq, p, lay, t, path, &mut sums);
-                for (i, s) in sums.iter().enumerate().take(wt) {
-                    let first = (panel + i) * PANEL;
-                    let rows = PANEL.min(m - first);
-                    for (r, lanes) in s.iter().enumerate().take(xr) {
-                        let o = std::slice::from_raw_parts_mut(out.at((r0 + r) * m + first), rows);
-                        o.copy_from_slice(&lanes[..rows]);
+        let mut b0 = 0;
+        while b0 < lay.nb {
+            let b1 = (b0 + chunk).min(lay.nb);
+            let mut panel = stripe * STRIPE;
+            let mut ti = 0;
+            while panel < end {
+                let wt = w.min(end - panel);
+                let mut r0 = 0;
+                while r0 < n {
+                    let xr = xr_max.min(n - r0);
+                    let lead = r0 == 0 && (chunked || panel == stripe * STRIPE);
+                    let t = crate::kernels::Tile {
+                        r0,
+                        xr,
+                        panel,
+                        w: wt,
+                        lead,
+                        fetch: if chunked { wt } else { STRIPE },
+                        b0,
+                        b1,
+                    };
+                    let sums = &mut carry[if chunked { ti } else { 0 }];
+                    crate::kernels::tile(x, xq, p, lay, t, path, sums);
+                    if b1 == lay.nb {
+                        for (i, s) in sums.iter().enumerate().take(wt) {
+                            let first = (panel + i) * PANEL;
+                            let rows = PANEL.min(m - first);
+                            for (r, lanes) in s.iter().enumerate().take(xr) {
+                                let o = std::slice::from_raw_parts_mut(out.at((r0 + r) * m + first), rows);
+                                o.copy_from_slice(&lanes[..rows]);
+                            }
+                        }
                     }
+                    r0 += xr;
+                    ti += 1;
                 }
-                r0 += xr;
+                panel += wt;
             }
-            panel += wt;
+            b0 = b1;
         }
     }
 }
+
+/// The most x rows a chunked walk takes (`stripes_range`): verification
+/// blocks and batches; a prefill's many passes walk each panel whole.
+const CHUNKED_ROWS: usize = 2 * XMAX;
 
 #[cfg(test)]
 pub(crate) mod tests {

@@ -186,7 +186,9 @@ def activations_x(n: int, k: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", list(TYPES))
-@pytest.mark.parametrize(("n", "k", "m"), [(1, 32, 3), (5, 96, 70), (17, 64, 19)])
+@pytest.mark.parametrize(
+    ("n", "k", "m"), [(1, 32, 3), (5, 96, 70), (17, 64, 19), (5, 576, 70), (33, 288, 19)]
+)
 def test_float32_activations_equal_the_twin_on_every_path(
     kind: str, n: int, k: int, m: int
 ) -> None:
@@ -198,7 +200,9 @@ def test_float32_activations_equal_the_twin_on_every_path(
 
 
 @pytest.mark.parametrize("kind", BLOCKS)
-@pytest.mark.parametrize(("n", "k", "m"), [(1, 32, 3), (5, 96, 70), (17, 576, 19)])
+@pytest.mark.parametrize(
+    ("n", "k", "m"), [(1, 32, 3), (5, 96, 70), (17, 576, 19), (5, 576, 70), (33, 288, 19)]
+)
 def test_q8_activations_equal_the_twin_on_every_path(kind: str, n: int, k: int, m: int) -> None:
     raw, _ = weight(kind, m, k, seed=n * m)
     packed = _core.pack_weight(raw, TYPES[kind], k)
@@ -334,8 +338,10 @@ def test_the_quantization_equals_ggmls() -> None:
 
 
 @pytest.mark.parametrize("activations", ["f32", "q8"])
-def test_a_row_has_the_same_bits_alone_or_among_others(activations: str) -> None:
-    k, m = 256, 150
+@pytest.mark.parametrize("k", [256, 768])
+def test_a_row_has_the_same_bits_alone_or_among_others(activations: str, k: int) -> None:
+    """(k = 768: 24 blocks, so a block of rows walks the panels in 3 chunks.)"""
+    m = 150
     for kind in (*BLOCKS, *KQUANTS):
         raw, _ = kquant_weight(kind, m, k, 3) if kind in KQUANTS else weight(kind, m, k, 3)
         packed = _core.pack_weight(raw, {**TYPES, **KQUANTS}[kind], k)
