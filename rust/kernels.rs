@@ -31,9 +31,9 @@ pub(crate) struct Tile {
     /// The tile asks the memory for blocks ahead: a stripe's first tile its
     /// stripe's (`prefetch`), a chunked tile of a first pass its own panels'.
     pub lead: bool,
-    /// The panels from `panel` on whose blocks a leading 32-block AVX-512
-    /// tile asks for (`prefetch_panels`): its own W (chunked), else the stripe's.
-    pub fetch: usize,
+    /// A leading tile asks for its own panels' blocks (a chunked walk), not
+    /// the stripe's.
+    pub own: bool,
     /// Blocks b0..b1 of the panels (all of them unless `chunk_blocks` is Some);
     /// past the first chunk the accumulators start from `sums`.
     pub b0: usize,
@@ -51,12 +51,16 @@ pub(crate) struct Tile {
 /// accumulator's chain stays in block order (stored and reloaded between
 /// chunks, exactly), so the sums keep their bits.
 pub(crate) fn chunk_blocks(path: Path, q: QType) -> Option<usize> {
-    (path.avx512() && q.blocked()).then_some(CHUNK)
+    match (path.avx512(), q.blocked(), q.kquant()) {
+        (true, true, _) => Some(CHUNK),
+        (true, _, true) => Some(1),
+        _ => None,
+    }
 }
 
-/// Blocks of a chunk (`chunk_blocks`): the tiles ask for the blocks
-/// `AHEAD` = 8 on, so for the next chunk (measured on a Zen 4 host: 4 and
-/// 8 alike, 16 no better).
+/// Blocks of a chunk (`chunk_blocks`; a K-quant's: one super-block): the
+/// tiles ask for the blocks `AHEAD` = 8 on, so for the next chunk (measured
+/// on a Zen 4 host: 4 and 8 alike, 16 no better).
 pub(crate) const CHUNK: usize = 8;
 
 /// A format as a const generic parameter (so each tile is compiled for one
@@ -290,18 +294,21 @@ pub(crate) mod x86 {
         }
     }
 
-    /// The tile's panels' blocks `AHEAD` after block b (past the stripe's
-    /// last block: the next stripe's first ones, the same panels), into L2
-    /// with `prefetcht1`: on a Zen 4 host, against the unchunked walk with
+    /// The tile's panels' blocks `AHEAD` (a K-quant's: `AHEAD_K`) after
+    /// block b: its own W (`Tile::own`), else the stripe's 4; past the
+    /// stripe's last block, the next stripe's first ones. Into L2 with
+    /// `prefetcht1`: on a Zen 4 host, against the unchunked walk with
     /// `prefetcht0`, the products over 2 and 5 rows took 0.63-0.84 of the
     /// time chunked with `prefetcht1` and 0.93-1.0 chunked with `prefetcht0`
     /// (L1 filled with blocks the tiles meet only a chunk later).
     #[inline(always)]
-    unsafe fn prefetch_panels(p: &[u8], lay: Layout, t: Tile, b: usize) {
+    pub(crate) unsafe fn prefetch_panels(p: &[u8], lay: Layout, t: Tile, b: usize) {
+        let blocks = if lay.q.kquant() { AHEAD_K } else { AHEAD };
         // wrapping: past the weight's end the address is only a hint, never read
-        let ahead = p.as_ptr().wrapping_add(lay.base(t.panel, b + AHEAD));
+        let ahead = p.as_ptr().wrapping_add(lay.base(t.panel, b + blocks));
+        let span = if t.own { t.w } else { STRIPE };
         let mut line = 0;
-        while line < t.fetch * lay.unit {
+        while line < span * lay.unit {
             v::_mm_prefetch::<{ v::_MM_HINT_T1 }>(ahead.wrapping_add(line) as *const i8);
             line += 64;
         }
@@ -309,7 +316,7 @@ pub(crate) mod x86 {
 
     /// A 512-bit tile's accumulators: zeros at block 0, else the chunk before's sums.
     #[inline(always)]
-    unsafe fn start_512<const W: usize, const XR: usize>(t: Tile, sums: &Sums) -> [[v::__m512; XR]; W] {
+    pub(crate) unsafe fn start_512<const W: usize, const XR: usize>(t: Tile, sums: &Sums) -> [[v::__m512; XR]; W] {
         let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
         if t.b0 > 0 {
             for w in 0..W {

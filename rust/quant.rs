@@ -811,7 +811,7 @@ unsafe fn stripes_range(
                         panel,
                         w: wt,
                         lead,
-                        fetch: if chunked { wt } else { STRIPE },
+                        own: chunked,
                         b0,
                         b1,
                     };
