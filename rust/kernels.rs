@@ -51,9 +51,9 @@ pub(crate) struct Tile {
 /// accumulator's chain stays in block order (stored and reloaded between
 /// chunks, exactly), so the sums keep their bits.
 pub(crate) fn chunk_blocks(path: Path, q: QType) -> Option<usize> {
-    match (path.avx512(), q.blocked(), q.kquant()) {
-        (true, true, _) => Some(CHUNK),
-        (true, _, true) => Some(1),
+    match (path.avx512(), path.vector(), q.blocked(), q.kquant()) {
+        (_, true, true, _) => Some(CHUNK),
+        (true, _, _, true) => Some(1),
         _ => None,
     }
 }
@@ -759,6 +759,40 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Half `half` of panel w's accumulators: zeros at block 0, else the
+    /// chunk before's sums.
+    #[inline(always)]
+    unsafe fn start_256<const XR: usize>(t: Tile, w: usize, half: usize, sums: &Sums) -> [v::__m256; XR] {
+        let mut acc = [v::_mm256_setzero_ps(); XR];
+        if t.b0 > 0 {
+            for r in 0..XR {
+                acc[r] = v::_mm256_loadu_ps(sums[w][r].as_ptr().add(8 * half));
+            }
+        }
+        acc
+    }
+
+    /// A leading AVX2 tile's request at panel w's block b (at `base`), in
+    /// its first half: in a chunked walk each panel its own blocks, else
+    /// the first panel the stripe's.
+    #[inline(always)]
+    unsafe fn lead_256(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, half: usize, b: usize) {
+        if t.lead && half == 0 && t.own {
+            prefetch_panels(
+                p,
+                lay,
+                Tile {
+                    panel: t.panel + w,
+                    w: 1,
+                    ..t
+                },
+                b,
+            );
+        } else if t.lead && half == 0 && w == 0 {
+            prefetch(base, lay);
+        }
+    }
+
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn f32_avx2(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         by_format!(lay.q, F => for w in 0..t.w {
@@ -791,13 +825,11 @@ pub(crate) mod x86 {
     ) {
         let (k, q) = (lay.k, format(F));
         let xp = x.as_ptr().add(t.r0 * k);
-        let mut acc = [v::_mm256_setzero_ps(); XR];
+        let mut acc = start_256::<XR>(t, w, half, sums);
         if q.blocked() {
-            for b in 0..lay.nb {
+            for b in t.b0..t.b1 {
                 let base = p.as_ptr().add(lay.base(t.panel + w, b));
-                if t.lead && w == 0 && half == 0 {
-                    prefetch(base, lay);
-                }
+                lead_256(p, base, lay, t, w, half, b);
                 let (d, m) = scales_256(base, q, half);
                 let qh = qh_256(base, lay, half);
                 for e in 0..QK {
@@ -890,15 +922,13 @@ pub(crate) mod x86 {
         sums: &mut Sums,
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
-        let mut acc = [v::_mm256_setzero_ps(); XR];
+        let mut acc = start_256::<XR>(t, w, half, sums);
         let low = v::_mm256_set1_epi8(0x0f);
         let flip = v::_mm256_set1_epi8(-128);
         let sign_trick = q == QType::Q8_0 && !VNNI;
-        for b in 0..nb {
+        for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            if t.lead && w == 0 && half == 0 {
-                prefetch(base, lay);
-            }
+            lead_256(p, base, lay, t, w, half, b);
             let (d, m) = scales_256(base, q, half);
             let qh = qh_256(base, lay, half);
             let mut s = [v::_mm256_setzero_si256(); XR];
