@@ -51,9 +51,9 @@ pub(crate) struct Tile {
 /// accumulator's chain stays in block order (stored and reloaded between
 /// chunks, exactly), so the sums keep their bits.
 pub(crate) fn chunk_blocks(path: Path, q: QType) -> Option<usize> {
-    match (path.avx512(), path.vector(), q.blocked(), q.kquant()) {
-        (_, true, true, _) => Some(CHUNK),
-        (true, _, _, true) => Some(1),
+    match (path.vector(), q.blocked(), q.kquant()) {
+        (true, true, _) => Some(CHUNK),
+        (true, _, true) => Some(1),
         _ => None,
     }
 }
@@ -762,7 +762,7 @@ pub(crate) mod x86 {
     /// Half `half` of panel w's accumulators: zeros at block 0, else the
     /// chunk before's sums.
     #[inline(always)]
-    unsafe fn start_256<const XR: usize>(t: Tile, w: usize, half: usize, sums: &Sums) -> [v::__m256; XR] {
+    pub(crate) unsafe fn start_256<const XR: usize>(t: Tile, w: usize, half: usize, sums: &Sums) -> [v::__m256; XR] {
         let mut acc = [v::_mm256_setzero_ps(); XR];
         if t.b0 > 0 {
             for r in 0..XR {
@@ -776,7 +776,7 @@ pub(crate) mod x86 {
     /// its first half: in a chunked walk each panel its own blocks, else
     /// the first panel the stripe's.
     #[inline(always)]
-    unsafe fn lead_256(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, half: usize, b: usize) {
+    pub(crate) unsafe fn lead_256(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, half: usize, b: usize) {
         if t.lead && half == 0 && t.own {
             prefetch_panels(
                 p,

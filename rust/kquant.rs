@@ -396,7 +396,7 @@ pub(crate) mod x86 {
     //! and the fused multiply-adds into the XR accumulators in index order.
 
     use super::*;
-    use crate::kernels::x86::{prefetch, prefetch_panels};
+    use crate::kernels::x86::{lead_256, prefetch, prefetch_panels, start_256};
     use std::arch::x86_64 as v;
 
     /// An AVX-512 panel's accumulators: zeros at super-block 0, else the
@@ -544,13 +544,11 @@ pub(crate) mod x86 {
     ) {
         let (k, q) = (lay.k, kformat(F));
         let xp = x.as_ptr().add(t.r0 * k);
-        let mut acc = [v::_mm256_setzero_ps(); XR];
+        let mut acc = start_256::<XR>(t, w, half, sums);
         // a scale covers 32 elements (Q6_K: 16), so sub-blocks of 16 serve all three
-        for b in 0..lay.nb {
+        for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            if t.lead && w == 0 && half == 0 {
-                prefetch(base, lay);
-            }
+            lead_256(p, base, lay, t, w, half, b);
             for sub in 0..QK_K / 16 {
                 let (scale, min) = scales(q, base, half, 16 * sub);
                 for i in 0..16 {
@@ -701,7 +699,7 @@ pub(crate) mod x86_q8 {
     use super::x86::widen_512;
     use super::x86::{lead_512, start_panel_512};
     use super::*;
-    use crate::kernels::x86::prefetch;
+    use crate::kernels::x86::{lead_256, start_256};
     use std::arch::x86_64 as v;
 
     /// Eight bytes (one per row of a half) as int32 lanes holding the value
@@ -762,13 +760,11 @@ pub(crate) mod x86_q8 {
     ) {
         let (k, nb, q) = (lay.k, lay.nb, kformat(F));
         let six = q == QType::Q6_K;
-        let mut acc = [v::_mm256_setzero_ps(); XR];
+        let mut acc = start_256::<XR>(t, w, half, sums);
         let low = v::_mm256_set1_epi8(0x0f);
-        for b in 0..nb {
+        for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            if t.lead && w == 0 && half == 0 {
-                prefetch(base, lay);
-            }
+            lead_256(p, base, lay, t, w, half, b);
             let mut s = [v::_mm256_setzero_si256(); XR];
             for sub in 0..8 {
                 let (sc_lo, sc_hi) = if six {
