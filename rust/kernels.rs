@@ -314,18 +314,45 @@ pub(crate) mod x86 {
         }
     }
 
-    /// A 512-bit tile's accumulators: zeros at block 0, else the chunk before's sums.
+    /// Panel w's 512-bit accumulators: zeros at block 0, else the chunk
+    /// before's sums (`chunk_blocks`; the K-quant tiles' too).
     #[inline(always)]
-    pub(crate) unsafe fn start_512<const W: usize, const XR: usize>(t: Tile, sums: &Sums) -> [[v::__m512; XR]; W] {
-        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+    pub(crate) unsafe fn start_512<const XR: usize>(t: Tile, w: usize, sums: &Sums) -> [v::__m512; XR] {
+        let mut acc = [v::_mm512_setzero_ps(); XR];
         if t.b0 > 0 {
-            for w in 0..W {
-                for r in 0..XR {
-                    acc[w][r] = v::_mm512_loadu_ps(sums[w][r].as_ptr());
-                }
+            for r in 0..XR {
+                acc[r] = v::_mm512_loadu_ps(sums[w][r].as_ptr());
             }
         }
         acc
+    }
+
+    /// A tile's W panels' accumulators (`start_512` of each).
+    #[inline(always)]
+    unsafe fn start_tile_512<const W: usize, const XR: usize>(t: Tile, sums: &Sums) -> [[v::__m512; XR]; W] {
+        let mut acc = [[v::_mm512_setzero_ps(); XR]; W];
+        for w in 0..W {
+            acc[w] = start_512::<XR>(t, w, sums);
+        }
+        acc
+    }
+
+    /// A leading tile's request at panel w's block b (at `base`), for the
+    /// tiles that walk panel by panel (the AVX2 halves call it in their
+    /// first half): in a chunked walk each panel its own next blocks
+    /// (`prefetch_panels`), else the first panel the stripe's (`prefetch`).
+    #[inline(always)]
+    pub(crate) unsafe fn lead(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, b: usize) {
+        if t.lead && t.own {
+            let panel = Tile {
+                panel: t.panel + w,
+                w: 1,
+                ..t
+            };
+            prefetch_panels(p, lay, panel, b);
+        } else if t.lead && w == 0 {
+            prefetch(base, lay);
+        }
     }
 
     /// Element e of a block format's 16 rows (the group just loaded) as
@@ -456,7 +483,7 @@ pub(crate) mod x86 {
     ) {
         let (k, q) = (lay.k, format(F));
         let xp = x.as_ptr().add(t.r0 * k);
-        let mut acc = start_512::<W, XR>(t, sums);
+        let mut acc = start_tile_512::<W, XR>(t, sums);
         if q.blocked() {
             for b in t.b0..t.b1 {
                 let mut bases = [p.as_ptr(); W];
@@ -575,7 +602,7 @@ pub(crate) mod x86 {
         sums: &mut Sums,
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
-        let mut acc = start_512::<W, XR>(t, sums);
+        let mut acc = start_tile_512::<W, XR>(t, sums);
         let low = v::_mm512_set1_epi8(0x0f);
         let flip = v::_mm512_set1_epi8(-128);
         let sign_trick = q == QType::Q8_0 && !VNNI;
@@ -772,27 +799,6 @@ pub(crate) mod x86 {
         acc
     }
 
-    /// A leading AVX2 tile's request at panel w's block b (at `base`), in
-    /// its first half: in a chunked walk each panel its own blocks, else
-    /// the first panel the stripe's.
-    #[inline(always)]
-    pub(crate) unsafe fn lead_256(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, half: usize, b: usize) {
-        if t.lead && half == 0 && t.own {
-            prefetch_panels(
-                p,
-                lay,
-                Tile {
-                    panel: t.panel + w,
-                    w: 1,
-                    ..t
-                },
-                b,
-            );
-        } else if t.lead && half == 0 && w == 0 {
-            prefetch(base, lay);
-        }
-    }
-
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn f32_avx2(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         by_format!(lay.q, F => for w in 0..t.w {
@@ -829,7 +835,9 @@ pub(crate) mod x86 {
         if q.blocked() {
             for b in t.b0..t.b1 {
                 let base = p.as_ptr().add(lay.base(t.panel + w, b));
-                lead_256(p, base, lay, t, w, half, b);
+                if half == 0 {
+                    lead(p, base, lay, t, w, b);
+                }
                 let (d, m) = scales_256(base, q, half);
                 let qh = qh_256(base, lay, half);
                 for e in 0..QK {
@@ -928,7 +936,9 @@ pub(crate) mod x86 {
         let sign_trick = q == QType::Q8_0 && !VNNI;
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            lead_256(p, base, lay, t, w, half, b);
+            if half == 0 {
+                lead(p, base, lay, t, w, b);
+            }
             let (d, m) = scales_256(base, q, half);
             let qh = qh_256(base, lay, half);
             let mut s = [v::_mm256_setzero_si256(); XR];

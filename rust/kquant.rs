@@ -396,42 +396,8 @@ pub(crate) mod x86 {
     //! and the fused multiply-adds into the XR accumulators in index order.
 
     use super::*;
-    use crate::kernels::x86::{lead_256, prefetch, prefetch_panels, start_256};
+    use crate::kernels::x86::{lead, start_256, start_512};
     use std::arch::x86_64 as v;
-
-    /// An AVX-512 panel's accumulators: zeros at super-block 0, else the
-    /// chunk before's sums (`kernels::chunk_blocks`).
-    #[inline(always)]
-    pub(crate) unsafe fn start_panel_512<const XR: usize>(t: Tile, w: usize, sums: &Sums) -> [v::__m512; XR] {
-        let mut acc = [v::_mm512_setzero_ps(); XR];
-        if t.b0 > 0 {
-            for r in 0..XR {
-                acc[r] = v::_mm512_loadu_ps(sums[w][r].as_ptr());
-            }
-        }
-        acc
-    }
-
-    /// A leading tile's request at panel w's super-block b (at `base`): in
-    /// a chunked walk each panel its own next one, else the first panel the
-    /// stripe's.
-    #[inline(always)]
-    pub(crate) unsafe fn lead_512(p: &[u8], base: *const u8, lay: Layout, t: Tile, w: usize, b: usize) {
-        if t.lead && t.own {
-            prefetch_panels(
-                p,
-                lay,
-                Tile {
-                    panel: t.panel + w,
-                    w: 1,
-                    ..t
-                },
-                b,
-            );
-        } else if t.lead && w == 0 {
-            prefetch(base, lay);
-        }
-    }
 
     /// `n` (0..32) as a shift count.
     #[inline(always)]
@@ -548,7 +514,9 @@ pub(crate) mod x86 {
         // a scale covers 32 elements (Q6_K: 16), so sub-blocks of 16 serve all three
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            lead_256(p, base, lay, t, w, half, b);
+            if half == 0 {
+                lead(p, base, lay, t, w, b);
+            }
             for sub in 0..QK_K / 16 {
                 let (scale, min) = scales(q, base, half, 16 * sub);
                 for i in 0..16 {
@@ -666,10 +634,10 @@ pub(crate) mod x86 {
     ) {
         let (k, q) = (lay.k, kformat(F));
         let xp = x.as_ptr().add(t.r0 * k);
-        let mut acc = start_panel_512::<XR>(t, w, sums);
+        let mut acc = start_512::<XR>(t, w, sums);
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            lead_512(p, base, lay, t, w, b);
+            lead(p, base, lay, t, w, b);
             for sub in 0..QK_K / 16 {
                 let (scale, min) = scales_512(q, base, 16 * sub);
                 for i in 0..16 {
@@ -697,9 +665,8 @@ pub(crate) mod x86_q8 {
     //! scale's product folded into the pair sum), summed exactly in int32.
 
     use super::x86::widen_512;
-    use super::x86::{lead_512, start_panel_512};
     use super::*;
-    use crate::kernels::x86::{lead_256, start_256};
+    use crate::kernels::x86::{lead, start_256, start_512};
     use std::arch::x86_64 as v;
 
     /// Eight bytes (one per row of a half) as int32 lanes holding the value
@@ -764,7 +731,9 @@ pub(crate) mod x86_q8 {
         let low = v::_mm256_set1_epi8(0x0f);
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            lead_256(p, base, lay, t, w, half, b);
+            if half == 0 {
+                lead(p, base, lay, t, w, b);
+            }
             let mut s = [v::_mm256_setzero_si256(); XR];
             for sub in 0..8 {
                 let (sc_lo, sc_hi) = if six {
@@ -925,11 +894,11 @@ pub(crate) mod x86_q8 {
     ) {
         let (k, nb, q) = (lay.k, lay.nb, kformat(F));
         let six = q == QType::Q6_K;
-        let mut acc = start_panel_512::<XR>(t, w, sums);
+        let mut acc = start_512::<XR>(t, w, sums);
         let low = v::_mm512_set1_epi8(0x0f);
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
-            lead_512(p, base, lay, t, w, b);
+            lead(p, base, lay, t, w, b);
             let mut s = [v::_mm512_setzero_si512(); XR];
             for sub in 0..8 {
                 let (sc_lo, sc_hi) = match (six, VNNI) {

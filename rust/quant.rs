@@ -788,7 +788,7 @@ unsafe fn stripes_range(
     let tiles = STRIPE.div_ceil(w) * n.div_ceil(xr_max);
     let chunk = crate::kernels::chunk_blocks(path, lay.q).filter(|_| tiles > 1 && n <= CHUNKED_ROWS);
     let chunked = chunk.is_some();
-    let chunk = chunk.unwrap_or(lay.nb).max(1);
+    let chunk = chunk.unwrap_or(lay.nb);
     // one tile's sums, or (chunked) each tile's carried from chunk to chunk
     let mut carry: Vec<Sums> = vec![[[[0.0; PANEL]; XMAX]; WMAX]; if chunked { tiles } else { 1 }];
     let panels = m.div_ceil(PANEL);
