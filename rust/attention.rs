@@ -2,24 +2,32 @@
 //! for every query row and head of every segment, over that segment's own
 //! cache (causal after its past, or a tree's mask).
 //!
-//! A task is a segment's key-value head with its queries (rows × the
-//! heads of its group, or a share of them): the keys are read in blocks of
-//! 16, each block transposed once (d × 16) and multiplied into every query
-//! of the task (16 scores a vector, no horizontal sums); the values are
-//! read once per 4 queries. The cost grows with the context at about the
-//! cache's memory rate.
+//! A query's keys are taken in **chunks** of `CHUNK` positions (keys
+//! 0..256, 256..512, ...: fixed by position, not by the call). A task is a
+//! segment's key-value head with its queries (rows × the heads of its
+//! group, or a share of them) over a range of chunks: the keys are read in
+//! blocks of 16, each block transposed once (d × 16) and multiplied into
+//! every query of the task (16 scores a vector, no horizontal sums); the
+//! values are read once per 4 queries. A decoding step after a long
+//! context (few queries, many keys) splits each head's chunks among the
+//! threads; the chunks are then combined. The cost grows with the context
+//! at about the cache's memory rate.
 //!
 //! Every value of one query is computed in one fixed order, whatever the
 //! segment's length, the other rows' masks, the split into tasks, the
 //! thread count or the instruction path (the same lane-wise code is
-//! compiled for AVX-512, AVX2 and portable): score_j = (Σ_c q_c·k_jc by
-//! fused multiply-adds in c order) · scale; m = the largest score of the
-//! keys the query may see; p_j = `rowwise::exp(score_j − m)`; the sum of the
-//! p_j in 16 lanes (lane j mod 16, blocks in order), the lanes added
-//! pairwise; out_c = Σ_j p_j·v_jc by fused multiply-adds over the keys it
-//! may see in order, times 1/sum. Keys a query may not see add nothing
-//! (not even a zero), so a row's output is the same bits alone or in any
-//! batch or tree.
+//! compiled for AVX-512, AVX2 and portable). In each chunk c of the keys
+//! the query may see: score_j = (Σ_i q_i·k_ji by fused multiply-adds in i
+//! order) · scale; m_c = the largest score of those keys; p_j =
+//! `rowwise::exp(score_j − m_c)`; s_c = the sum of the p_j in 16 lanes
+//! (lane j mod 16, blocks in order), the lanes added pairwise; a_c,i =
+//! Σ_j p_j·v_ji by fused multiply-adds over those keys in order. Then, over
+//! the chunks in order: M = max m_c; w_c = `rowwise::exp(m_c − M)`; S =
+//! s_first · w_first, then S = fma(w_c, s_c, S); o_i likewise from the
+//! a_c,i; out_i = o_i · (1/S). With one chunk (a context of at most 256
+//! positions) w = 1 and this is the plain softmax. Keys a query may not see
+//! add nothing (not even a zero), and a chunk with none it may see is left
+//! out, so a row's output is the same bits alone or in any batch or tree.
 
 // Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
@@ -37,6 +45,8 @@ const QB: usize = 8;
 const VB: usize = 4;
 /// The largest head size.
 pub(crate) const DMAX: usize = 256;
+/// Keys per chunk (a multiple of `KB`): chunk c holds positions c·CHUNK..(c + 1)·CHUNK.
+pub(crate) const CHUNK: usize = 256;
 
 /// Whether query row i of a segment (of n rows after `past`) may see key j.
 #[inline(always)]
@@ -84,7 +94,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
     // a task transposes its keys once for all its queries: split a head's
     // queries only when there are many (the threads then share the work)
     let spread = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
-    let mut tasks = Vec::new();
+    let mut heads = Vec::new();
     let (mut at, mut work) = (0, 0);
     for (g, seg) in segments.iter().enumerate() {
         let queries = seg.n * group;
@@ -94,7 +104,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
             let mut q0 = 0;
             while q0 < queries {
                 let len = share.min(queries - q0);
-                tasks.push((g, at, kv, q0, len));
+                heads.push((g, at, kv, q0, len));
                 q0 += len;
             }
         }
@@ -102,14 +112,38 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
         at += seg.n;
     }
     // a thread pays for itself past some thousands of key rows
-    let parts = if work >= 4096 {
-        threads.min(tasks.len()).max(1)
+    let parallel = work >= 4096 && threads > 1;
+    // few tasks over many chunks (decoding after a long context): each
+    // task's chunks are shared among the threads and combined afterwards
+    let chunks_of = |g: usize| (segments[g].cache.past + segments[g].n).div_ceil(CHUNK).max(1);
+    let most = (0..segments.len()).map(chunks_of).max().unwrap_or(1);
+    let ways = if parallel && most > 1 && heads.len() < 4 * threads {
+        (4 * threads).div_ceil(heads.len()).min(most)
     } else {
         1
     };
+    let mut tasks = Vec::with_capacity(heads.len() * ways);
+    for &(g, first, kv, q0, len) in &heads {
+        let all = chunks_of(g);
+        let each = all.div_ceil(ways);
+        let mut c0 = 0;
+        while c0 < all {
+            tasks.push((g, first, kv, q0, len, (c0, (c0 + each).min(all))));
+            c0 += each;
+        }
+    }
+    let parts = if parallel { threads.min(tasks.len()).max(1) } else { 1 };
+    let d = s.head_dim;
+    let stride = d + 2;
+    let mut scratch = if ways > 1 {
+        vec![0.0f32; (out.len() / d) * most * stride]
+    } else {
+        Vec::new()
+    };
+    let partials = (ways > 1).then_some((SharedOut(scratch.as_mut_ptr()), most));
     let dst = SharedOut(out.as_mut_ptr());
     let job = |part: usize| {
-        for &(g, first, kv, q0, len) in tasks.iter().skip(part).step_by(parts) {
+        for &(g, first, kv, q0, len, chunks) in tasks.iter().skip(part).step_by(parts) {
             let t = Task {
                 seg: &segments[g],
                 mask: masks[g],
@@ -118,16 +152,39 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
                 q0,
                 len,
                 s,
+                chunks,
             };
             // SAFETY: each task writes only the output rows of its queries
-            // (row, head), disjoint across tasks, of `out` (N · heads · d).
-            unsafe { run(qkv, dst, t, path) };
+            // (row, head), or their partials of its own chunks, disjoint
+            // across tasks, of `out` (N · heads · d) or `scratch`.
+            unsafe { run(qkv, dst, partials, t, path) };
         }
     };
     if parts == 1 {
         job(0);
     } else {
         crate::pool::global(threads - 1).run(parts, &job);
+    }
+    if let Some((scratch, most)) = partials {
+        let mut row = 0;
+        for (g, seg) in segments.iter().enumerate() {
+            for i in 0..seg.n {
+                for head in 0..s.heads {
+                    let query = (row + i) * s.heads + head;
+                    // SAFETY: every task has written its chunks' partials of this query
+                    unsafe {
+                        combine(
+                            scratch.at(query * most * stride),
+                            chunks_of(g),
+                            d,
+                            dst.at(query * d),
+                            path,
+                        )
+                    };
+                }
+            }
+            row += seg.n;
+        }
     }
 }
 
@@ -141,29 +198,167 @@ struct Task<'a, 'b> {
     q0: usize,
     len: usize,
     s: Shape,
+    /// The chunks of keys it takes, c0..c1 (all of them: it writes the outputs).
+    chunks: (usize, usize),
 }
 
-unsafe fn run(qkv: &[f32], out: SharedOut, t: Task<'_, '_>, path: Path) {
+/// A task's scratch: its queries' scores over one chunk and a transposed key block.
+struct Buffers {
+    scores: Vec<f32>,
+    kt: Vec<f32>,
+}
+
+/// A task: each of its chunks' partials, then (when it holds every chunk)
+/// each query's output. `partials` (scratch, most): where the partials go
+/// when the chunks are split among tasks (query · most + chunk, d + 2 each).
+unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>, t: Task<'_, '_>, path: Path) {
+    let s = t.s;
+    let d = s.head_dim;
+    let stride = d + 2;
+    let q = queries(qkv, t);
+    let (c0, c1) = t.chunks;
+    let count = c1 - c0;
+    let mut local = if partials.is_none() {
+        vec![0.0f32; t.len * count * stride]
+    } else {
+        Vec::new()
+    };
+    let base = SharedOut(local.as_mut_ptr());
+    let at: Vec<*mut f32> = (0..t.len)
+        .map(|qi| match partials {
+            Some((scratch, most)) => {
+                let (i, head) = q.rows[qi];
+                scratch.at((((t.first + i) * s.heads + head) * most + c0) * stride)
+            }
+            None => base.at(qi * count * stride),
+        })
+        .collect();
+    let mut buf = Buffers {
+        scores: vec![0.0f32; t.len * CHUNK],
+        kt: vec![0.0f32; d * KB],
+    };
+    let total = t.seg.cache.past + t.seg.n;
+    for c in c0..c1 {
+        let keys = (c * CHUNK, ((c + 1) * CHUNK).min(total));
+        chunk(qkv, t, &q, keys, &at, (c - c0) * stride, &mut buf, path);
+    }
+    if partials.is_none() {
+        for qi in 0..t.len {
+            let (i, head) = q.rows[qi];
+            combine(at[qi], count, d, out.at((t.first + i) * s.heads * d + head * d), path);
+        }
+    }
+}
+
+/// One chunk of a task's keys, `keys` = (k0, k1), on the path's code:
+/// each query's partial (m, s, a: see the module docs) at `at[qi] + off`,
+/// m = −∞ where it sees none of these keys.
+#[allow(clippy::too_many_arguments)]
+unsafe fn chunk(
+    qkv: &[f32],
+    t: Task<'_, '_>,
+    q: &Queries,
+    keys: (usize, usize),
+    at: &[*mut f32],
+    off: usize,
+    buf: &mut Buffers,
+    path: Path,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if path.avx512() && t.s.head_dim.is_multiple_of(KB) {
-            return x86::task_avx512(qkv, out, t);
+            return x86::chunk_avx512(qkv, t, q, keys, at, off, buf);
         }
         if path.vector() && t.s.head_dim.is_multiple_of(8) {
-            return x86_avx2::task_avx2(qkv, out, t);
+            return x86_avx2::chunk_avx2(qkv, t, q, keys, at, off, buf);
         }
         if path.vector() {
-            return task_avx2(qkv, out, t);
+            return chunk_fma(qkv, t, q, keys, at, off, buf);
         }
     }
     let _ = path;
-    task(qkv, out, t)
+    chunk_lanes(qkv, t, q, keys, at, off, buf)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn task_avx2(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
-    task(qkv, out, t)
+unsafe fn chunk_fma(
+    qkv: &[f32],
+    t: Task<'_, '_>,
+    q: &Queries,
+    keys: (usize, usize),
+    at: &[*mut f32],
+    off: usize,
+    buf: &mut Buffers,
+) {
+    chunk_lanes(qkv, t, q, keys, at, off, buf)
+}
+
+/// A query's output (d values at `o`) from its `count` chunks' partials at
+/// `part` (d + 2 apart), in the order the module docs give.
+unsafe fn combine(part: *const f32, count: usize, d: usize, o: *mut f32, path: Path) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if path.vector() {
+            return combine_fma(part, count, d, o);
+        }
+    }
+    let _ = path;
+    combine_lanes(part, count, d, o)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn combine_fma(part: *const f32, count: usize, d: usize, o: *mut f32) {
+    combine_lanes(part, count, d, o)
+}
+
+#[inline(always)]
+unsafe fn combine_lanes(part: *const f32, count: usize, d: usize, o: *mut f32) {
+    let stride = d + 2;
+    let o = std::slice::from_raw_parts_mut(o, d);
+    let mut top = f32::NEG_INFINITY;
+    for c in 0..count {
+        let m = *part.add(c * stride);
+        if m != f32::NEG_INFINITY {
+            top = top.max(m);
+        }
+    }
+    if top == f32::NEG_INFINITY {
+        o.fill(0.0); // attends to nothing (a padded row): zeros
+        return;
+    }
+    let mut acc = [0.0f32; DMAX];
+    let mut sum = 0.0f32;
+    let mut first = true;
+    for c in 0..count {
+        let p = part.add(c * stride);
+        if *p == f32::NEG_INFINITY {
+            continue; // a chunk it sees nothing of
+        }
+        let w = exp(*p - top);
+        let a = std::slice::from_raw_parts(p.add(2), d);
+        if first {
+            sum = *p.add(1) * w;
+            for i in 0..d {
+                acc[i] = a[i] * w;
+            }
+            first = false;
+        } else {
+            sum = w.mul_add(*p.add(1), sum);
+            for i in 0..d {
+                acc[i] = w.mul_add(a[i], acc[i]);
+            }
+        }
+    }
+    if sum == 0.0 {
+        o.fill(0.0);
+        return;
+    }
+    let inv = 1.0 / sum;
+    for i in 0..d {
+        o[i] = acc[i] * inv;
+    }
 }
 
 /// Keys j0..j0 + 16 (zeros past `total`) transposed into `kt` (d × 16).
@@ -201,14 +396,12 @@ fn pairwise(mut lanes: [f32; KB]) -> f32 {
 
 /// A task's queries: each one's (row, head), vector, and the end of the
 /// keys it may see (`limit`: past the last one; 0 for none).
-#[cfg(target_arch = "x86_64")]
 struct Queries {
     rows: Vec<(usize, usize)>,
     qptr: Vec<*const f32>,
     limit: Vec<usize>,
 }
 
-#[cfg(target_arch = "x86_64")]
 fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
     let s = t.s;
     let (d, group) = (s.head_dim, s.heads / s.kv_heads);
@@ -238,7 +431,6 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
 
 /// The lanes of key block `b` that query row i (its keys ending at
 /// `limit`) may see, as a 16-bit mask.
-#[cfg(target_arch = "x86_64")]
 #[inline(always)]
 fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, limit: usize, b: usize) -> u16 {
     if mask.is_none() {
@@ -255,128 +447,144 @@ fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, limit: u
     bits
 }
 
-/// Keys 0..common every query of a value pass sees (causal: the fewest
-/// any sees; a mask: none assumed), and the end of those any sees.
-#[cfg(target_arch = "x86_64")]
-fn value_keys(mask: Option<&[u8]>, limits: &[usize]) -> (usize, usize) {
-    let last = limits.iter().copied().max().unwrap_or(0);
+/// Of the keys k0..k1 of a chunk, those k0..common every query of a value
+/// pass sees (causal: up to the fewest any sees; a mask: none assumed), and
+/// the end of those any sees (`limits`: the pass's queries').
+#[inline(always)]
+fn value_keys(mask: Option<&[u8]>, limits: &[usize], k0: usize, k1: usize) -> (usize, usize) {
+    let last = limits.iter().copied().max().unwrap_or(0).clamp(k0, k1);
     match mask {
-        None => (limits.iter().copied().min().unwrap_or(0), last),
-        Some(_) => (0, last),
+        None => (limits.iter().copied().min().unwrap_or(0).clamp(k0, last), last),
+        Some(_) => (k0, last),
     }
 }
 
-/// One task (see the module docs), written lane-wise so that each path's
+/// The blocks b0..b1 of a chunk's keys (k0, k1) that some query of the task
+/// may see (b1 = b0: none).
+#[inline(always)]
+fn chunk_blocks(q: &Queries, (k0, k1): (usize, usize)) -> (usize, usize) {
+    let top = q.limit.iter().copied().max().unwrap_or(0).clamp(k0, k1);
+    (k0 / KB, top.div_ceil(KB))
+}
+
+/// Marks a query's partial as seeing no key of the chunk.
+#[inline(always)]
+unsafe fn nothing(part: *mut f32) {
+    *part = f32::NEG_INFINITY;
+    *part.add(1) = 0.0;
+}
+
+/// One chunk of a task (see `chunk`), written lane-wise so that each path's
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
-unsafe fn task(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+unsafe fn chunk_lanes(
+    qkv: &[f32],
+    t: Task<'_, '_>,
+    q: &Queries,
+    (k0, k1): (usize, usize),
+    at: &[*mut f32],
+    off: usize,
+    buf: &mut Buffers,
+) {
+    let _ = qkv;
     let s = t.s;
     let d = s.head_dim;
-    let group = s.heads / s.kv_heads;
-    let (qd, kvd) = (s.heads * d, s.kv_heads * d);
-    let width = qd + 2 * kvd;
     let cache = &t.seg.cache;
     let mask = t.mask;
     let (past, total) = (cache.past, cache.past + t.seg.n);
     let keys = &cache.keys[t.kv * cache.capacity * d..];
     let values = &cache.values[t.kv * cache.capacity * d..];
     let scale = 1.0 / (d as f32).sqrt();
-    let query = |qi: usize| -> (usize, usize) {
-        let flat = t.q0 + qi;
-        (flat / group, t.kv * group + flat % group)
-    };
-    let blocks = total.div_ceil(KB);
-    let span = blocks * KB;
-    let mut scores = vec![0.0f32; t.len * span];
-    let mut kt = vec![0.0f32; d * KB];
-    for b in 0..blocks {
-        transpose(keys, d, b * KB, total, &mut kt);
+    let (b0, b1) = chunk_blocks(q, (k0, k1));
+    let span = (b1 - b0) * KB;
+    let scores = &mut buf.scores[..t.len * span];
+    for b in b0..b1 {
+        transpose(keys, d, b * KB, total, &mut buf.kt);
         for q0 in (0..t.len).step_by(QB) {
             let qn = QB.min(t.len - q0);
             let mut acc = [[0.0f32; KB]; QB];
-            let mut qs = [&qkv[..0]; QB];
-            for qi in 0..qn {
-                let (i, head) = query(q0 + qi);
-                let at = (t.first + i) * width + head * d;
-                qs[qi] = &qkv[at..at + d];
-            }
             for c in 0..d {
-                let col: &[f32; KB] = kt[c * KB..(c + 1) * KB].try_into().expect("a block of 16");
+                let col: &[f32; KB] = buf.kt[c * KB..(c + 1) * KB].try_into().expect("a block of 16");
                 for qi in 0..qn {
-                    let qc = qs[qi][c];
+                    let qc = *q.qptr[q0 + qi].add(c);
                     for lane in 0..KB {
                         acc[qi][lane] = qc.mul_add(col[lane], acc[qi][lane]);
                     }
                 }
             }
             for qi in 0..qn {
-                let row = &mut scores[(q0 + qi) * span + b * KB..(q0 + qi) * span + (b + 1) * KB];
+                let at = (q0 + qi) * span + (b - b0) * KB;
                 for lane in 0..KB {
-                    row[lane] = acc[qi][lane] * scale;
+                    scores[at + lane] = acc[qi][lane] * scale;
                 }
             }
         }
     }
-    // softmax per query: p_j in place of the scores, 0 where the query may not see j
-    let mut sums = vec![0.0f32; t.len];
-    let mut seen = vec![0usize; t.len]; // past the last key each query may see
+    // softmax within the chunk: p_j in place of the scores, 0 where the query may not see j
     for qi in 0..t.len {
-        let (i, _) = query(qi);
+        let (i, _) = q.rows[qi];
+        let part = at[qi].add(off);
         let row = &mut scores[qi * span..(qi + 1) * span];
+        let seen = |b: usize| seen_lanes(mask, total, past, i, q.limit[qi], b);
         let mut best = f32::NEG_INFINITY;
-        for j in 0..total {
-            if allowed(mask, total, past, i, j) {
-                best = best.max(row[j]);
-                seen[qi] = j + 1;
+        for b in b0..b1 {
+            let bits = seen(b);
+            for lane in 0..KB {
+                if bits >> lane & 1 == 1 {
+                    best = best.max(row[(b - b0) * KB + lane]);
+                }
             }
         }
         if best == f32::NEG_INFINITY {
-            row.fill(0.0);
-            continue; // attends to nothing (a padded row): zeros
+            nothing(part);
+            continue;
         }
         let mut lanes = [0.0f32; KB];
-        for b in 0..blocks {
+        for b in b0..b1 {
+            let bits = seen(b);
             for lane in 0..KB {
-                let j = b * KB + lane;
-                let p = if j < total && allowed(mask, total, past, i, j) {
-                    exp(row[j] - best)
-                } else {
-                    0.0
-                };
+                let j = (b - b0) * KB + lane;
+                let p = if bits >> lane & 1 == 1 { exp(row[j] - best) } else { 0.0 };
                 row[j] = p;
                 lanes[lane] += p;
             }
         }
-        sums[qi] = pairwise(lanes);
+        *part = best;
+        *part.add(1) = pairwise(lanes);
     }
-    // values: 4 queries a pass over the keys
+    // values: 4 queries a pass; keys every one of them sees, then the rest one by one
     for q0 in (0..t.len).step_by(VB) {
         let qn = VB.min(t.len - q0);
         let mut acc = [[0.0f32; DMAX]; VB];
-        let last = (0..qn).map(|qi| seen[q0 + qi]).max().unwrap_or(0);
-        for j in 0..last {
+        let (common, last) = value_keys(mask, &q.limit[q0..q0 + qn], k0, b1 * KB);
+        for j in k0..common {
             let v = &values[j * d..(j + 1) * d];
             for qi in 0..qn {
-                let (i, _) = query(q0 + qi);
-                if j < seen[q0 + qi] && allowed(mask, total, past, i, j) {
-                    let p = scores[(q0 + qi) * span + j];
-                    let a = &mut acc[qi];
-                    for c in 0..d {
-                        a[c] = p.mul_add(v[c], a[c]);
-                    }
+                let p = scores[(q0 + qi) * span + j - k0];
+                let a = &mut acc[qi];
+                for c in 0..d {
+                    a[c] = p.mul_add(v[c], a[c]);
+                }
+            }
+        }
+        for j in common..last {
+            let v = &values[j * d..(j + 1) * d];
+            for qi in 0..qn {
+                let (i, _) = q.rows[q0 + qi];
+                if j >= q.limit[q0 + qi] || !allowed(mask, total, past, i, j) {
+                    continue; // a key the query may not see adds nothing
+                }
+                let p = scores[(q0 + qi) * span + j - k0];
+                let a = &mut acc[qi];
+                for c in 0..d {
+                    a[c] = p.mul_add(v[c], a[c]);
                 }
             }
         }
         for qi in 0..qn {
-            let (i, head) = query(q0 + qi);
-            let o = std::slice::from_raw_parts_mut(out.at((t.first + i) * qd + head * d), d);
-            if seen[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
-                o.fill(0.0);
-                continue;
-            }
-            let inv = 1.0 / sums[q0 + qi];
-            for c in 0..d {
-                o[c] = acc[qi][c] * inv;
+            let part = at[q0 + qi].add(off);
+            if *part != f32::NEG_INFINITY {
+                std::slice::from_raw_parts_mut(part.add(2), d).copy_from_slice(&acc[qi][..d]);
             }
         }
     }
@@ -459,76 +667,85 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
-    pub(super) unsafe fn task_avx512(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+    pub(super) unsafe fn chunk_avx512(
+        qkv: &[f32],
+        t: Task<'_, '_>,
+        q: &Queries,
+        (k0, k1): (usize, usize),
+        at: &[*mut f32],
+        off: usize,
+        buf: &mut Buffers,
+    ) {
+        let _ = qkv;
         let s = t.s;
         let d = s.head_dim;
-        let qd = s.heads * d;
         let cache = &t.seg.cache;
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
-        let Queries { rows, qptr, limit } = queries(qkv, t);
-        let top = limit.iter().copied().max().unwrap_or(0);
-        let blocks = top.div_ceil(KB);
-        let span = blocks * KB;
-        let mut scores = vec![0.0f32; t.len * span];
-        let mut kt = vec![0.0f32; d * KB];
-        for b in 0..blocks {
-            transpose16(keys, d, b * KB, total, &mut kt);
+        let Queries { rows, qptr, limit } = q;
+        let (b0, b1) = chunk_blocks(q, (k0, k1));
+        let span = (b1 - b0) * KB;
+        let scores = buf.scores.as_mut_ptr();
+        for b in b0..b1 {
+            transpose16(keys, d, b * KB, total, &mut buf.kt);
             for q0 in (0..t.len).step_by(QB) {
                 let qn = QB.min(t.len - q0);
                 let mut acc = [v::_mm512_setzero_ps(); QB];
                 for c in 0..d {
-                    let col = v::_mm512_loadu_ps(kt.as_ptr().add(c * KB));
+                    let col = v::_mm512_loadu_ps(buf.kt.as_ptr().add(c * KB));
                     for qi in 0..qn {
                         acc[qi] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(*qptr[q0 + qi].add(c)), col, acc[qi]);
                     }
                 }
                 for qi in 0..qn {
-                    let at = scores.as_mut_ptr().add((q0 + qi) * span + b * KB);
+                    let at = scores.add((q0 + qi) * span + (b - b0) * KB);
                     v::_mm512_storeu_ps(at, v::_mm512_mul_ps(acc[qi], scale));
                 }
             }
         }
-        // softmax: p_j in place of the scores (0 where the query may not see j)
-        let mut sums = vec![0.0f32; t.len];
+        // softmax within the chunk: p_j in place of the scores (0 where the query may not see j)
         for qi in 0..t.len {
             let (i, _) = rows[qi];
-            if limit[qi] == 0 {
-                continue; // attends to nothing (a padded row): zeros
-            }
-            let row = scores.as_mut_ptr().add(qi * span);
+            let part = at[qi].add(off);
+            let row = scores.add(qi * span);
             let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
             let mut best = v::_mm512_set1_ps(f32::NEG_INFINITY);
-            for b in 0..blocks {
-                best = v::_mm512_mask_max_ps(best, seen(b), v::_mm512_loadu_ps(row.add(b * KB)), best);
+            for b in b0..b1 {
+                best = v::_mm512_mask_max_ps(best, seen(b), v::_mm512_loadu_ps(row.add((b - b0) * KB)), best);
             }
-            let topv = v::_mm512_set1_ps(v::_mm512_reduce_max_ps(best));
+            let top = v::_mm512_reduce_max_ps(best);
+            if top == f32::NEG_INFINITY {
+                nothing(part);
+                continue;
+            }
+            let topv = v::_mm512_set1_ps(top);
             let mut lanes = v::_mm512_setzero_ps();
-            for b in 0..blocks {
-                let x = v::_mm512_sub_ps(v::_mm512_loadu_ps(row.add(b * KB)), topv);
+            for b in b0..b1 {
+                let x = v::_mm512_sub_ps(v::_mm512_loadu_ps(row.add((b - b0) * KB)), topv);
                 let p = v::_mm512_maskz_mov_ps(seen(b), exp16(x));
-                v::_mm512_storeu_ps(row.add(b * KB), p);
+                v::_mm512_storeu_ps(row.add((b - b0) * KB), p);
                 lanes = v::_mm512_add_ps(lanes, p);
             }
             let mut l = [0.0f32; KB];
             v::_mm512_storeu_ps(l.as_mut_ptr(), lanes);
-            sums[qi] = pairwise(l);
+            *part = top;
+            *part.add(1) = pairwise(l);
         }
         // values: 4 queries a pass; keys every one of them sees, then the rest one by one
         let chunks = d / KB;
         for q0 in (0..t.len).step_by(VB) {
             let qn = VB.min(t.len - q0);
             let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
-            let (common, last) = value_keys(mask, &limit[q0..q0 + qn]);
-            for j in 0..common {
+            let (common, last) = value_keys(mask, &limit[q0..q0 + qn], k0, b1 * KB);
+            for j in k0..common {
                 let vj = values.add(j * d);
                 for c in 0..chunks {
                     let vv = v::_mm512_loadu_ps(vj.add(c * KB));
                     for qi in 0..qn {
-                        let p = v::_mm512_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                        let p = v::_mm512_set1_ps(*scores.add((q0 + qi) * span + j - k0));
                         acc[qi][c] = v::_mm512_fmadd_ps(p, vv, acc[qi][c]);
                     }
                 }
@@ -540,22 +757,19 @@ mod x86 {
                     if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
                         continue; // a key the query may not see adds nothing
                     }
-                    let p = v::_mm512_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                    let p = v::_mm512_set1_ps(*scores.add((q0 + qi) * span + j - k0));
                     for c in 0..chunks {
                         acc[qi][c] = v::_mm512_fmadd_ps(p, v::_mm512_loadu_ps(vj.add(c * KB)), acc[qi][c]);
                     }
                 }
             }
             for qi in 0..qn {
-                let (i, head) = rows[q0 + qi];
-                let o = out.at((t.first + i) * qd + head * d);
-                if limit[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
-                    std::slice::from_raw_parts_mut(o, d).fill(0.0);
+                let part = at[q0 + qi].add(off);
+                if *part == f32::NEG_INFINITY {
                     continue;
                 }
-                let inv = v::_mm512_set1_ps(1.0 / sums[q0 + qi]);
                 for c in 0..chunks {
-                    v::_mm512_storeu_ps(o.add(c * KB), v::_mm512_mul_ps(acc[qi][c], inv));
+                    v::_mm512_storeu_ps(part.add(2 + c * KB), acc[qi][c]);
                 }
             }
         }
@@ -642,30 +856,36 @@ mod x86_avx2 {
     }
 
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn task_avx2(qkv: &[f32], out: SharedOut, t: Task<'_, '_>) {
+    pub(super) unsafe fn chunk_avx2(
+        qkv: &[f32],
+        t: Task<'_, '_>,
+        q: &Queries,
+        (k0, k1): (usize, usize),
+        at: &[*mut f32],
+        off: usize,
+        buf: &mut Buffers,
+    ) {
+        let _ = qkv;
         let s = t.s;
         let d = s.head_dim;
-        let qd = s.heads * d;
         let cache = &t.seg.cache;
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
-        let Queries { rows, qptr, limit } = queries(qkv, t);
-        let top = limit.iter().copied().max().unwrap_or(0);
-        let blocks = top.div_ceil(KB);
-        let span = blocks * KB;
-        let mut scores = vec![0.0f32; t.len * span];
-        let mut kt = vec![0.0f32; d * KB];
-        for b in 0..blocks {
-            transpose16(keys, d, b * KB, total, &mut kt);
+        let Queries { rows, qptr, limit } = q;
+        let (b0, b1) = chunk_blocks(q, (k0, k1));
+        let span = (b1 - b0) * KB;
+        let scores = buf.scores.as_mut_ptr();
+        for b in b0..b1 {
+            transpose16(keys, d, b * KB, total, &mut buf.kt);
             for q0 in (0..t.len).step_by(4) {
                 let qn = 4.min(t.len - q0);
                 let mut acc = [[v::_mm256_setzero_ps(); 2]; 4];
                 for c in 0..d {
-                    let lo = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB));
-                    let hi = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB + H));
+                    let lo = v::_mm256_loadu_ps(buf.kt.as_ptr().add(c * KB));
+                    let hi = v::_mm256_loadu_ps(buf.kt.as_ptr().add(c * KB + H));
                     for qi in 0..qn {
                         let qc = v::_mm256_set1_ps(*qptr[q0 + qi].add(c));
                         acc[qi][0] = v::_mm256_fmadd_ps(qc, lo, acc[qi][0]);
@@ -673,38 +893,40 @@ mod x86_avx2 {
                     }
                 }
                 for qi in 0..qn {
-                    let at = scores.as_mut_ptr().add((q0 + qi) * span + b * KB);
+                    let at = scores.add((q0 + qi) * span + (b - b0) * KB);
                     v::_mm256_storeu_ps(at, v::_mm256_mul_ps(acc[qi][0], scale));
                     v::_mm256_storeu_ps(at.add(H), v::_mm256_mul_ps(acc[qi][1], scale));
                 }
             }
         }
-        // softmax: p_j in place of the scores (0 where the query may not see j)
-        let mut sums = vec![0.0f32; t.len];
+        // softmax within the chunk: p_j in place of the scores (0 where the query may not see j)
         for qi in 0..t.len {
             let (i, _) = rows[qi];
-            if limit[qi] == 0 {
-                continue; // attends to nothing (a padded row): zeros
-            }
-            let row = scores.as_mut_ptr().add(qi * span);
+            let part = at[qi].add(off);
+            let row = scores.add(qi * span);
             let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
             let ninf = v::_mm256_set1_ps(f32::NEG_INFINITY);
             let mut best = ninf;
-            for b in 0..blocks {
+            for b in b0..b1 {
                 let bits = seen(b);
                 for h in 0..2 {
-                    let x = v::_mm256_loadu_ps(row.add(b * KB + H * h));
+                    let x = v::_mm256_loadu_ps(row.add((b - b0) * KB + H * h));
                     best = v::_mm256_max_ps(best, v::_mm256_blendv_ps(ninf, x, lanes(bits, h)));
                 }
             }
             let mut m = [0.0f32; H];
             v::_mm256_storeu_ps(m.as_mut_ptr(), best);
-            let topv = v::_mm256_set1_ps(m.iter().copied().fold(f32::NEG_INFINITY, f32::max));
+            let top = m.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+            if top == f32::NEG_INFINITY {
+                nothing(part);
+                continue;
+            }
+            let topv = v::_mm256_set1_ps(top);
             let mut sum = [v::_mm256_setzero_ps(); 2];
-            for b in 0..blocks {
+            for b in b0..b1 {
                 let bits = seen(b);
                 for h in 0..2 {
-                    let at = row.add(b * KB + H * h);
+                    let at = row.add((b - b0) * KB + H * h);
                     let x = v::_mm256_sub_ps(v::_mm256_loadu_ps(at), topv);
                     let p = v::_mm256_and_ps(exp8(x), lanes(bits, h));
                     v::_mm256_storeu_ps(at, p);
@@ -714,20 +936,21 @@ mod x86_avx2 {
             let mut l = [0.0f32; KB];
             v::_mm256_storeu_ps(l.as_mut_ptr(), sum[0]);
             v::_mm256_storeu_ps(l.as_mut_ptr().add(H), sum[1]);
-            sums[qi] = pairwise(l);
+            *part = top;
+            *part.add(1) = pairwise(l);
         }
         // values: 4 queries a pass; keys every one of them sees, then the rest one by one
         let chunks = d / H;
         for q0 in (0..t.len).step_by(VB) {
             let qn = VB.min(t.len - q0);
             let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
-            let (common, last) = value_keys(mask, &limit[q0..q0 + qn]);
-            for j in 0..common {
+            let (common, last) = value_keys(mask, &limit[q0..q0 + qn], k0, b1 * KB);
+            for j in k0..common {
                 let vj = values.add(j * d);
                 for c in 0..chunks {
                     let vv = v::_mm256_loadu_ps(vj.add(c * H));
                     for qi in 0..qn {
-                        let p = v::_mm256_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                        let p = v::_mm256_set1_ps(*scores.add((q0 + qi) * span + j - k0));
                         acc[qi][c] = v::_mm256_fmadd_ps(p, vv, acc[qi][c]);
                     }
                 }
@@ -739,22 +962,19 @@ mod x86_avx2 {
                     if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
                         continue; // a key the query may not see adds nothing
                     }
-                    let p = v::_mm256_set1_ps(*scores.as_ptr().add((q0 + qi) * span + j));
+                    let p = v::_mm256_set1_ps(*scores.add((q0 + qi) * span + j - k0));
                     for c in 0..chunks {
                         acc[qi][c] = v::_mm256_fmadd_ps(p, v::_mm256_loadu_ps(vj.add(c * H)), acc[qi][c]);
                     }
                 }
             }
             for qi in 0..qn {
-                let (i, head) = rows[q0 + qi];
-                let o = out.at((t.first + i) * qd + head * d);
-                if limit[q0 + qi] == 0 || sums[q0 + qi] == 0.0 {
-                    std::slice::from_raw_parts_mut(o, d).fill(0.0);
+                let part = at[q0 + qi].add(off);
+                if *part == f32::NEG_INFINITY {
                     continue;
                 }
-                let inv = v::_mm256_set1_ps(1.0 / sums[q0 + qi]);
                 for c in 0..chunks {
-                    v::_mm256_storeu_ps(o.add(c * H), v::_mm256_mul_ps(acc[qi][c], inv));
+                    v::_mm256_storeu_ps(part.add(2 + c * H), acc[qi][c]);
                 }
             }
         }
@@ -818,11 +1038,58 @@ mod tests {
     #[test]
     fn a_query_has_the_same_bits_on_every_path_alone_or_in_a_batch() {
         for head_dim in [40, 64] {
-            same_bits(head_dim);
+            same_bits(head_dim, 37, 64);
         }
     }
 
-    fn same_bits(head_dim: usize) {
+    /// Past 256 keys a query's chunks are combined: still the same bits on
+    /// every path and thread count (the threads then share a head's chunks),
+    /// alone or in a batch, and the softmax of all its keys.
+    #[test]
+    fn chunks_of_a_long_context_combine_to_the_same_bits_everywhere() {
+        for head_dim in [40, 64] {
+            same_bits(head_dim, 2 * CHUNK + 90, 3 * CHUNK);
+        }
+        // a chunk boundary inside the block: the last row's keys start a new chunk
+        same_bits(64, CHUNK - 4, CHUNK + 16);
+    }
+
+    /// The float64 softmax attention of query (row i, head) over the keys `seen`.
+    #[allow(clippy::too_many_arguments)]
+    fn reference(
+        qkv: &[f32],
+        keys: &[f32],
+        vals: &[f32],
+        s: Shape,
+        capacity: usize,
+        i: usize,
+        head: usize,
+        seen: &[usize],
+    ) -> Vec<f64> {
+        let d = s.head_dim;
+        let width = (s.heads + 2 * s.kv_heads) * d;
+        let kv = head / (s.heads / s.kv_heads);
+        let q = &qkv[i * width + head * d..i * width + (head + 1) * d];
+        let key = |j: usize| &keys[(kv * capacity + j) * d..(kv * capacity + j + 1) * d];
+        let scores: Vec<f64> = seen
+            .iter()
+            .map(|&j| q.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt())
+            .collect();
+        let top = scores.iter().cloned().fold(f64::MIN, f64::max);
+        let p: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
+        let sum: f64 = p.iter().sum();
+        (0..d)
+            .map(|c| {
+                seen.iter()
+                    .zip(&p)
+                    .map(|(&j, w)| w * vals[(kv * capacity + j) * d + c] as f64)
+                    .sum::<f64>()
+                    / sum
+            })
+            .collect()
+    }
+
+    fn same_bits(head_dim: usize, past: usize, capacity: usize) {
         let s = Shape {
             hidden: 0,
             heads: 6,
@@ -832,7 +1099,7 @@ mod tests {
             eps: 0.0,
             window: 0,
         };
-        let (d, capacity, past, n) = (s.head_dim, 64, 37, 5);
+        let (d, n) = (s.head_dim, 5);
         let width = (s.heads + 2 * s.kv_heads) * d;
         let qkv = values(n * width, 1);
         let (keys, vals) = (
@@ -884,32 +1151,20 @@ mod tests {
             all,
             "a window holding every key"
         );
-        let group = s.heads / s.kv_heads;
         for i in 0..n {
             for head in 0..s.heads {
-                let kv = head / group;
-                let q = &qkv[i * width + head * d..i * width + (head + 1) * d];
-                let key = |j: usize| &keys[(kv * capacity + j) * d..(kv * capacity + j + 1) * d];
-                let seen: Vec<usize> = (past + i + 1 - window..=past + i).collect();
-                let scores: Vec<f64> = seen
-                    .iter()
-                    .map(|&j| q.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt())
-                    .collect();
-                let top = scores.iter().cloned().fold(f64::MIN, f64::max);
-                let p: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
-                let sum: f64 = p.iter().sum();
-                for c in 0..d {
-                    let want: f64 = seen
-                        .iter()
-                        .zip(&p)
-                        .map(|(&j, w)| w * vals[(kv * capacity + j) * d + c] as f64)
-                        .sum::<f64>()
-                        / sum;
-                    let got = f32::from_bits(windowed[(i * s.heads + head) * d + c]) as f64;
-                    assert!(
-                        (got - want).abs() < 1e-4,
-                        "row {i} head {head} lane {c}: {got} vs {want}"
-                    );
+                let window_keys: Vec<usize> = (past + i + 1 - window..=past + i).collect();
+                let causal_keys: Vec<usize> = (0..=past + i).collect();
+                for (got, seen) in [(&windowed, &window_keys), (&all, &causal_keys)] {
+                    let want = reference(&qkv, &keys, &vals, s, capacity, i, head, seen);
+                    for c in 0..d {
+                        let got = f32::from_bits(got[(i * s.heads + head) * d + c]) as f64;
+                        assert!(
+                            (got - want[c]).abs() < 1e-4,
+                            "row {i} head {head} lane {c}: {got} vs {}",
+                            want[c]
+                        );
+                    }
                 }
             }
         }
