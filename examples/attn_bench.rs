@@ -2,16 +2,28 @@
 //! 3 key-value heads of 64): n new positions after `past` cached ones, the
 //! best of 20 runs.
 //!
-//!     cargo run --release --example attn_bench -- PAST N THREADS
+//!     cargo run --release --example attn_bench -- PAST N THREADS [PATH]
 //!     cargo run --release --example attn_bench -- 2048 1 2
+//!     cargo run --release --example attn_bench -- 2048 1 2 Avx2
+//!
+//! PATH names an instruction path (`quant::Path`, as Debug prints it; the
+//! host's best by default).
 
 use _core::attention::attention;
 use _core::llama::{Cache, Segment, Shape};
-use _core::quant::best_path;
+use _core::quant::{best_path, path_available, Path};
 use std::time::Instant;
 
 fn main() {
-    let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().unwrap()).collect();
+    let raw: Vec<String> = std::env::args().skip(1).collect();
+    let args: Vec<usize> = raw.iter().take(3).map(|a| a.parse().expect("PAST N THREADS")).collect();
+    let path = match raw.get(3) {
+        None => best_path(),
+        Some(name) => Path::all()
+            .into_iter()
+            .find(|p| format!("{p:?}") == *name && path_available(*p))
+            .expect("a path this host has"),
+    };
     let (past, n, threads) = (args[0], args[1], args[2]);
     let layers = 30;
     let s = Shape {
@@ -32,7 +44,6 @@ fn main() {
     let row = (9 + 6) * d;
     let qkv: Vec<f32> = (0..n * row).map(|i| (i % 17) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; n * 9 * d];
-    let path = best_path();
     let mut best = f64::MAX;
     for _ in 0..20 {
         let t = Instant::now();
@@ -51,5 +62,8 @@ fn main() {
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
-    println!("past {past} n {n} threads {threads}: {:.3} ms (30 layers)", best * 1e3);
+    println!(
+        "past {past} n {n} threads {threads} {path:?}: {:.3} ms (30 layers)",
+        best * 1e3
+    );
 }

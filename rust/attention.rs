@@ -474,6 +474,26 @@ unsafe fn nothing(part: *mut f32) {
     *part.add(1) = 0.0;
 }
 
+/// What a value pass of a chunk reads: the values, the queries' p_j
+/// (`scores`, a row of `span` from key k0 per query), the keys k0..end of
+/// the chunk's blocks any query may see, and where the partials go.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct ValuePass<'a> {
+    values: *const f32,
+    scores: *const f32,
+    span: usize,
+    k0: usize,
+    end: usize,
+    d: usize,
+    mask: Option<&'a [u8]>,
+    total: usize,
+    past: usize,
+    q: &'a Queries,
+    at: &'a [*mut f32],
+    off: usize,
+}
+
 /// One chunk of a task (see `chunk`), written lane-wise so that each path's
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
@@ -691,18 +711,19 @@ mod x86 {
         let scores = buf.scores.as_mut_ptr();
         for b in b0..b1 {
             transpose16(keys, d, b * KB, total, &mut buf.kt);
+            let row = scores.add((b - b0) * KB);
             for q0 in (0..t.len).step_by(QB) {
-                let qn = QB.min(t.len - q0);
-                let mut acc = [v::_mm512_setzero_ps(); QB];
-                for c in 0..d {
-                    let col = v::_mm512_loadu_ps(buf.kt.as_ptr().add(c * KB));
-                    for qi in 0..qn {
-                        acc[qi] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(*qptr[q0 + qi].add(c)), col, acc[qi]);
-                    }
-                }
-                for qi in 0..qn {
-                    let at = scores.add((q0 + qi) * span + (b - b0) * KB);
-                    v::_mm512_storeu_ps(at, v::_mm512_mul_ps(acc[qi], scale));
+                let qs = &qptr[q0..q0 + QB.min(t.len - q0)];
+                let at = row.add(q0 * span);
+                match qs.len() {
+                    1 => scores_fixed::<1>(&buf.kt, qs, d, scale, at, span),
+                    2 => scores_fixed::<2>(&buf.kt, qs, d, scale, at, span),
+                    3 => scores_fixed::<3>(&buf.kt, qs, d, scale, at, span),
+                    4 => scores_fixed::<4>(&buf.kt, qs, d, scale, at, span),
+                    5 => scores_fixed::<5>(&buf.kt, qs, d, scale, at, span),
+                    6 => scores_fixed::<6>(&buf.kt, qs, d, scale, at, span),
+                    7 => scores_fixed::<7>(&buf.kt, qs, d, scale, at, span),
+                    _ => scores_fixed::<QB>(&buf.kt, qs, d, scale, at, span),
                 }
             }
         }
@@ -734,45 +755,151 @@ mod x86 {
             *part = top;
             *part.add(1) = pairwise(l);
         }
-        // values: 4 queries a pass; keys every one of them sees, then the rest one by one
-        let chunks = d / KB;
-        for q0 in (0..t.len).step_by(VB) {
-            let qn = VB.min(t.len - q0);
-            let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
-            let (common, last) = value_keys(mask, &limit[q0..q0 + qn], k0, b1 * KB);
-            for j in k0..common {
-                let vj = values.add(j * d);
-                for c in 0..chunks {
-                    let vv = v::_mm512_loadu_ps(vj.add(c * KB));
-                    for qi in 0..qn {
-                        let p = v::_mm512_set1_ps(*scores.add((q0 + qi) * span + j - k0));
-                        acc[qi][c] = v::_mm512_fmadd_ps(p, vv, acc[qi][c]);
-                    }
+        // values: a few queries a pass; keys every one of them sees, then the rest one by one
+        let vp = ValuePass {
+            values,
+            scores,
+            span,
+            k0,
+            end: b1 * KB,
+            d,
+            mask,
+            total,
+            past,
+            q,
+            at,
+            off,
+        };
+        let mut q0 = 0;
+        while q0 < t.len {
+            let left = t.len - q0;
+            q0 += match d / KB {
+                4 => match left {
+                    1 => values_fixed::<4, 1>(&vp, q0),
+                    2 => values_fixed::<4, 2>(&vp, q0),
+                    3 => values_fixed::<4, 3>(&vp, q0),
+                    _ => values_fixed::<4, 4>(&vp, q0),
+                },
+                8 => match left {
+                    1 => values_fixed::<8, 1>(&vp, q0),
+                    2 => values_fixed::<8, 2>(&vp, q0),
+                    _ => values_fixed::<8, 3>(&vp, q0),
+                },
+                _ => values_any(&vp, q0, VB.min(left)),
+            };
+        }
+    }
+
+    /// The scores of Q queries (`qs`, their vectors) against a transposed
+    /// key block `kt` (d × 16), times `scale`, at `at` (a row of `span` a
+    /// query); the sums held in registers.
+    #[inline(always)]
+    unsafe fn scores_fixed<const Q: usize>(
+        kt: &[f32],
+        qs: &[*const f32],
+        d: usize,
+        scale: v::__m512,
+        at: *mut f32,
+        span: usize,
+    ) {
+        let q: [*const f32; Q] = std::array::from_fn(|qi| qs[qi]);
+        let mut acc = [v::_mm512_setzero_ps(); Q];
+        for c in 0..d {
+            let col = v::_mm512_loadu_ps(kt.as_ptr().add(c * KB));
+            for qi in 0..Q {
+                acc[qi] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(*q[qi].add(c)), col, acc[qi]);
+            }
+        }
+        for qi in 0..Q {
+            v::_mm512_storeu_ps(at.add(qi * span), v::_mm512_mul_ps(acc[qi], scale));
+        }
+    }
+
+    /// Queries q0..q0 + Q of a value pass (head size 16·C), their sums held
+    /// in registers; returns Q.
+    #[inline(always)]
+    unsafe fn values_fixed<const C: usize, const Q: usize>(vp: &ValuePass<'_>, q0: usize) -> usize {
+        let limit = &vp.q.limit[q0..q0 + Q];
+        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
+        let mut acc = [[v::_mm512_setzero_ps(); C]; Q];
+        for j in vp.k0..common {
+            let vj = vp.values.add(j * vp.d);
+            let mut p = [v::_mm512_setzero_ps(); Q];
+            for qi in 0..Q {
+                p[qi] = v::_mm512_set1_ps(score(qi, j));
+            }
+            for c in 0..C {
+                let vv = v::_mm512_loadu_ps(vj.add(c * KB));
+                for qi in 0..Q {
+                    acc[qi][c] = v::_mm512_fmadd_ps(p[qi], vv, acc[qi][c]);
                 }
             }
-            for j in common..last {
-                let vj = values.add(j * d);
+        }
+        for j in common..last {
+            let vj = vp.values.add(j * vp.d);
+            for qi in 0..Q {
+                let (i, _) = vp.q.rows[q0 + qi];
+                if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
+                    continue; // a key the query may not see adds nothing
+                }
+                let p = v::_mm512_set1_ps(score(qi, j));
+                for c in 0..C {
+                    acc[qi][c] = v::_mm512_fmadd_ps(p, v::_mm512_loadu_ps(vj.add(c * KB)), acc[qi][c]);
+                }
+            }
+        }
+        for qi in 0..Q {
+            let part = vp.at[q0 + qi].add(vp.off);
+            if *part != f32::NEG_INFINITY {
+                for c in 0..C {
+                    v::_mm512_storeu_ps(part.add(2 + c * KB), acc[qi][c]);
+                }
+            }
+        }
+        Q
+    }
+
+    /// Queries q0..q0 + qn (at most `VB`) of a value pass, any head size
+    /// (a multiple of 16); returns qn.
+    #[inline(always)]
+    unsafe fn values_any(vp: &ValuePass<'_>, q0: usize, qn: usize) -> usize {
+        let chunks = vp.d / KB;
+        let limit = &vp.q.limit[q0..q0 + qn];
+        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
+        let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
+        for j in vp.k0..common {
+            let vj = vp.values.add(j * vp.d);
+            for c in 0..chunks {
+                let vv = v::_mm512_loadu_ps(vj.add(c * KB));
                 for qi in 0..qn {
-                    let (i, _) = rows[q0 + qi];
-                    if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
-                        continue; // a key the query may not see adds nothing
-                    }
-                    let p = v::_mm512_set1_ps(*scores.add((q0 + qi) * span + j - k0));
-                    for c in 0..chunks {
-                        acc[qi][c] = v::_mm512_fmadd_ps(p, v::_mm512_loadu_ps(vj.add(c * KB)), acc[qi][c]);
-                    }
+                    acc[qi][c] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(score(qi, j)), vv, acc[qi][c]);
                 }
             }
+        }
+        for j in common..last {
+            let vj = vp.values.add(j * vp.d);
             for qi in 0..qn {
-                let part = at[q0 + qi].add(off);
-                if *part == f32::NEG_INFINITY {
-                    continue;
+                let (i, _) = vp.q.rows[q0 + qi];
+                if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
+                    continue; // a key the query may not see adds nothing
                 }
+                let p = v::_mm512_set1_ps(score(qi, j));
+                for c in 0..chunks {
+                    acc[qi][c] = v::_mm512_fmadd_ps(p, v::_mm512_loadu_ps(vj.add(c * KB)), acc[qi][c]);
+                }
+            }
+        }
+        for qi in 0..qn {
+            let part = vp.at[q0 + qi].add(vp.off);
+            if *part != f32::NEG_INFINITY {
                 for c in 0..chunks {
                     v::_mm512_storeu_ps(part.add(2 + c * KB), acc[qi][c]);
                 }
             }
         }
+        qn
     }
 }
 
@@ -880,22 +1007,15 @@ mod x86_avx2 {
         let scores = buf.scores.as_mut_ptr();
         for b in b0..b1 {
             transpose16(keys, d, b * KB, total, &mut buf.kt);
+            let row = scores.add((b - b0) * KB);
             for q0 in (0..t.len).step_by(4) {
-                let qn = 4.min(t.len - q0);
-                let mut acc = [[v::_mm256_setzero_ps(); 2]; 4];
-                for c in 0..d {
-                    let lo = v::_mm256_loadu_ps(buf.kt.as_ptr().add(c * KB));
-                    let hi = v::_mm256_loadu_ps(buf.kt.as_ptr().add(c * KB + H));
-                    for qi in 0..qn {
-                        let qc = v::_mm256_set1_ps(*qptr[q0 + qi].add(c));
-                        acc[qi][0] = v::_mm256_fmadd_ps(qc, lo, acc[qi][0]);
-                        acc[qi][1] = v::_mm256_fmadd_ps(qc, hi, acc[qi][1]);
-                    }
-                }
-                for qi in 0..qn {
-                    let at = scores.add((q0 + qi) * span + (b - b0) * KB);
-                    v::_mm256_storeu_ps(at, v::_mm256_mul_ps(acc[qi][0], scale));
-                    v::_mm256_storeu_ps(at.add(H), v::_mm256_mul_ps(acc[qi][1], scale));
+                let qs = &qptr[q0..q0 + 4.min(t.len - q0)];
+                let at = row.add(q0 * span);
+                match qs.len() {
+                    1 => scores_fixed::<1>(&buf.kt, qs, d, scale, at, span),
+                    2 => scores_fixed::<2>(&buf.kt, qs, d, scale, at, span),
+                    3 => scores_fixed::<3>(&buf.kt, qs, d, scale, at, span),
+                    _ => scores_fixed::<4>(&buf.kt, qs, d, scale, at, span),
                 }
             }
         }
@@ -939,45 +1059,155 @@ mod x86_avx2 {
             *part = top;
             *part.add(1) = pairwise(l);
         }
-        // values: 4 queries a pass; keys every one of them sees, then the rest one by one
-        let chunks = d / H;
-        for q0 in (0..t.len).step_by(VB) {
-            let qn = VB.min(t.len - q0);
-            let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
-            let (common, last) = value_keys(mask, &limit[q0..q0 + qn], k0, b1 * KB);
-            for j in k0..common {
-                let vj = values.add(j * d);
-                for c in 0..chunks {
-                    let vv = v::_mm256_loadu_ps(vj.add(c * H));
-                    for qi in 0..qn {
-                        let p = v::_mm256_set1_ps(*scores.add((q0 + qi) * span + j - k0));
-                        acc[qi][c] = v::_mm256_fmadd_ps(p, vv, acc[qi][c]);
+        // values: a few queries a pass; keys every one of them sees, then the rest one by one
+        let vp = ValuePass {
+            values,
+            scores,
+            span,
+            k0,
+            end: b1 * KB,
+            d,
+            mask,
+            total,
+            past,
+            q,
+            at,
+            off,
+        };
+        let mut q0 = 0;
+        while q0 < t.len {
+            let left = t.len - q0;
+            q0 += match d / H {
+                // a head of 64 in two halves of 32 dimensions, 3 queries a pass: 12 sums in registers
+                8 => {
+                    let take = left.min(3);
+                    for half in [0, 4] {
+                        match take {
+                            1 => values_fixed::<4, 1>(&vp, q0, half),
+                            2 => values_fixed::<4, 2>(&vp, q0, half),
+                            _ => values_fixed::<4, 3>(&vp, q0, half),
+                        }
                     }
+                    take
+                }
+                _ => values_any(&vp, q0, VB.min(left)),
+            };
+        }
+    }
+
+    /// The scores of Q queries (`qs`, their vectors) against a transposed
+    /// key block `kt` (d × 16), times `scale`, at `at` (a row of `span` a
+    /// query); the sums held in registers.
+    #[inline(always)]
+    unsafe fn scores_fixed<const Q: usize>(
+        kt: &[f32],
+        qs: &[*const f32],
+        d: usize,
+        scale: v::__m256,
+        at: *mut f32,
+        span: usize,
+    ) {
+        let q: [*const f32; Q] = std::array::from_fn(|qi| qs[qi]);
+        let mut acc = [[v::_mm256_setzero_ps(); 2]; Q];
+        for c in 0..d {
+            let lo = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB));
+            let hi = v::_mm256_loadu_ps(kt.as_ptr().add(c * KB + H));
+            for qi in 0..Q {
+                let qc = v::_mm256_set1_ps(*q[qi].add(c));
+                acc[qi][0] = v::_mm256_fmadd_ps(qc, lo, acc[qi][0]);
+                acc[qi][1] = v::_mm256_fmadd_ps(qc, hi, acc[qi][1]);
+            }
+        }
+        for qi in 0..Q {
+            v::_mm256_storeu_ps(at.add(qi * span), v::_mm256_mul_ps(acc[qi][0], scale));
+            v::_mm256_storeu_ps(at.add(qi * span + H), v::_mm256_mul_ps(acc[qi][1], scale));
+        }
+    }
+
+    /// Queries q0..q0 + Q of a value pass, dimensions 8·c0..8·(c0 + C) of
+    /// their heads, the sums held in registers.
+    #[inline(always)]
+    unsafe fn values_fixed<const C: usize, const Q: usize>(vp: &ValuePass<'_>, q0: usize, c0: usize) {
+        let limit = &vp.q.limit[q0..q0 + Q];
+        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
+        let mut acc = [[v::_mm256_setzero_ps(); C]; Q];
+        for j in vp.k0..common {
+            let vj = vp.values.add(j * vp.d + c0 * H);
+            let mut p = [v::_mm256_setzero_ps(); Q];
+            for qi in 0..Q {
+                p[qi] = v::_mm256_set1_ps(score(qi, j));
+            }
+            for c in 0..C {
+                let vv = v::_mm256_loadu_ps(vj.add(c * H));
+                for qi in 0..Q {
+                    acc[qi][c] = v::_mm256_fmadd_ps(p[qi], vv, acc[qi][c]);
                 }
             }
-            for j in common..last {
-                let vj = values.add(j * d);
+        }
+        for j in common..last {
+            let vj = vp.values.add(j * vp.d + c0 * H);
+            for qi in 0..Q {
+                let (i, _) = vp.q.rows[q0 + qi];
+                if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
+                    continue; // a key the query may not see adds nothing
+                }
+                let p = v::_mm256_set1_ps(score(qi, j));
+                for c in 0..C {
+                    acc[qi][c] = v::_mm256_fmadd_ps(p, v::_mm256_loadu_ps(vj.add(c * H)), acc[qi][c]);
+                }
+            }
+        }
+        for qi in 0..Q {
+            let part = vp.at[q0 + qi].add(vp.off);
+            if *part != f32::NEG_INFINITY {
+                for c in 0..C {
+                    v::_mm256_storeu_ps(part.add(2 + (c0 + c) * H), acc[qi][c]);
+                }
+            }
+        }
+    }
+
+    /// Queries q0..q0 + qn (at most `VB`) of a value pass, any head size
+    /// (a multiple of 8); returns qn.
+    #[inline(always)]
+    unsafe fn values_any(vp: &ValuePass<'_>, q0: usize, qn: usize) -> usize {
+        let chunks = vp.d / H;
+        let limit = &vp.q.limit[q0..q0 + qn];
+        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
+        let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
+        for j in vp.k0..common {
+            let vj = vp.values.add(j * vp.d);
+            for c in 0..chunks {
+                let vv = v::_mm256_loadu_ps(vj.add(c * H));
                 for qi in 0..qn {
-                    let (i, _) = rows[q0 + qi];
-                    if j >= limit[q0 + qi] || !allowed(mask, total, past, i, j) {
-                        continue; // a key the query may not see adds nothing
-                    }
-                    let p = v::_mm256_set1_ps(*scores.add((q0 + qi) * span + j - k0));
-                    for c in 0..chunks {
-                        acc[qi][c] = v::_mm256_fmadd_ps(p, v::_mm256_loadu_ps(vj.add(c * H)), acc[qi][c]);
-                    }
+                    acc[qi][c] = v::_mm256_fmadd_ps(v::_mm256_set1_ps(score(qi, j)), vv, acc[qi][c]);
                 }
             }
+        }
+        for j in common..last {
+            let vj = vp.values.add(j * vp.d);
             for qi in 0..qn {
-                let part = at[q0 + qi].add(off);
-                if *part == f32::NEG_INFINITY {
-                    continue;
+                let (i, _) = vp.q.rows[q0 + qi];
+                if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
+                    continue; // a key the query may not see adds nothing
                 }
+                let p = v::_mm256_set1_ps(score(qi, j));
+                for c in 0..chunks {
+                    acc[qi][c] = v::_mm256_fmadd_ps(p, v::_mm256_loadu_ps(vj.add(c * H)), acc[qi][c]);
+                }
+            }
+        }
+        for qi in 0..qn {
+            let part = vp.at[q0 + qi].add(vp.off);
+            if *part != f32::NEG_INFINITY {
                 for c in 0..chunks {
                     v::_mm256_storeu_ps(part.add(2 + c * H), acc[qi][c]);
                 }
             }
         }
+        qn
     }
 }
 
@@ -1037,7 +1267,7 @@ mod tests {
 
     #[test]
     fn a_query_has_the_same_bits_on_every_path_alone_or_in_a_batch() {
-        for head_dim in [40, 64] {
+        for head_dim in [40, 64, 128] {
             same_bits(head_dim, 37, 64);
         }
     }
