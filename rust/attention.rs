@@ -394,12 +394,15 @@ fn pairwise(mut lanes: [f32; KB]) -> f32 {
     lanes[0]
 }
 
-/// A task's queries: each one's (row, head), vector, and the end of the
-/// keys it may see (`limit`: past the last one; 0 for none).
+/// A task's queries: each one's (row, head), vector, the end of the keys
+/// it may see (`limit`: past the last one; 0 for none) and of the run of
+/// keys from the first that it sees every one of (`run`: causal, `limit`;
+/// a tree's row, at least its past).
 struct Queries {
     rows: Vec<(usize, usize)>,
     qptr: Vec<*const f32>,
     limit: Vec<usize>,
+    run: Vec<usize>,
 }
 
 fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
@@ -412,6 +415,7 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
         rows: vec![(0, 0); t.len],
         qptr: vec![qkv.as_ptr(); t.len],
         limit: vec![0; t.len],
+        run: vec![0; t.len],
     };
     for qi in 0..t.len {
         let flat = t.q0 + qi;
@@ -425,20 +429,25 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
                 .find(|&j| allowed(mask, total, past, i, j))
                 .map_or(0, |j| j + 1),
         };
+        q.run[qi] = match mask {
+            None => q.limit[qi],
+            Some(_) => (0..total).find(|&j| !allowed(mask, total, past, i, j)).unwrap_or(total),
+        };
     }
     q
 }
 
-/// The lanes of key block `b` that query row i (its keys ending at
-/// `limit`) may see, as a 16-bit mask.
+/// The lanes of key block `b` that query row i (the keys it sees every
+/// one of ending at `run`) may see, as a 16-bit mask: those of the run,
+/// then (a mask) the rest looked up.
 #[inline(always)]
-fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, limit: usize, b: usize) -> u16 {
-    if mask.is_none() {
-        let left = limit.saturating_sub(b * KB).min(KB);
-        return ((1u32 << left) - 1) as u16;
+fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, run: usize, b: usize) -> u16 {
+    let full = run.saturating_sub(b * KB).min(KB);
+    let mut bits = ((1u32 << full) - 1) as u16;
+    if mask.is_none() || full == KB {
+        return bits; // causal: the run is every key it sees
     }
-    let mut bits = 0u16;
-    for lane in 0..KB {
+    for lane in full..KB {
         let j = b * KB + lane;
         if j < total && allowed(mask, total, past, i, j) {
             bits |= 1 << lane;
@@ -448,15 +457,13 @@ fn seen_lanes(mask: Option<&[u8]>, total: usize, past: usize, i: usize, limit: u
 }
 
 /// Of the keys k0..k1 of a chunk, those k0..common every query of a value
-/// pass sees (causal: up to the fewest any sees; a mask: none assumed), and
-/// the end of those any sees (`limits`: the pass's queries').
+/// pass (queries q0..q0 + qn) sees (the shortest of their runs), and the
+/// end of those any sees.
 #[inline(always)]
-fn value_keys(mask: Option<&[u8]>, limits: &[usize], k0: usize, k1: usize) -> (usize, usize) {
-    let last = limits.iter().copied().max().unwrap_or(0).clamp(k0, k1);
-    match mask {
-        None => (limits.iter().copied().min().unwrap_or(0).clamp(k0, last), last),
-        Some(_) => (k0, last),
-    }
+fn value_keys(q: &Queries, q0: usize, qn: usize, k0: usize, k1: usize) -> (usize, usize) {
+    let last = q.limit[q0..q0 + qn].iter().copied().max().unwrap_or(0).clamp(k0, k1);
+    let common = q.run[q0..q0 + qn].iter().copied().min().unwrap_or(0).clamp(k0, last);
+    (common, last)
 }
 
 /// The blocks b0..b1 of a chunk's keys (k0, k1) that some query of the task
@@ -545,7 +552,7 @@ unsafe fn chunk_lanes(
         let (i, _) = q.rows[qi];
         let part = at[qi].add(off);
         let row = &mut scores[qi * span..(qi + 1) * span];
-        let seen = |b: usize| seen_lanes(mask, total, past, i, q.limit[qi], b);
+        let seen = |b: usize| seen_lanes(mask, total, past, i, q.run[qi], b);
         let mut best = f32::NEG_INFINITY;
         for b in b0..b1 {
             let bits = seen(b);
@@ -576,7 +583,7 @@ unsafe fn chunk_lanes(
     for q0 in (0..t.len).step_by(VB) {
         let qn = VB.min(t.len - q0);
         let mut acc = [[0.0f32; DMAX]; VB];
-        let (common, last) = value_keys(mask, &q.limit[q0..q0 + qn], k0, b1 * KB);
+        let (common, last) = value_keys(q, q0, qn, k0, b1 * KB);
         for j in k0..common {
             let v = &values[j * d..(j + 1) * d];
             for qi in 0..qn {
@@ -705,7 +712,7 @@ mod x86 {
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
-        let Queries { rows, qptr, limit } = q;
+        let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
         let scores = buf.scores.as_mut_ptr();
@@ -732,7 +739,7 @@ mod x86 {
             let (i, _) = rows[qi];
             let part = at[qi].add(off);
             let row = scores.add(qi * span);
-            let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
+            let seen = |b: usize| seen_lanes(mask, total, past, i, q.run[qi], b);
             let mut best = v::_mm512_set1_ps(f32::NEG_INFINITY);
             for b in b0..b1 {
                 best = v::_mm512_mask_max_ps(best, seen(b), v::_mm512_loadu_ps(row.add((b - b0) * KB)), best);
@@ -820,7 +827,7 @@ mod x86 {
     #[inline(always)]
     unsafe fn values_fixed<const C: usize, const Q: usize>(vp: &ValuePass<'_>, q0: usize) -> usize {
         let limit = &vp.q.limit[q0..q0 + Q];
-        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let (common, last) = value_keys(vp.q, q0, limit.len(), vp.k0, vp.end);
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm512_setzero_ps(); C]; Q];
         for j in vp.k0..common {
@@ -866,7 +873,7 @@ mod x86 {
     unsafe fn values_any(vp: &ValuePass<'_>, q0: usize, qn: usize) -> usize {
         let chunks = vp.d / KB;
         let limit = &vp.q.limit[q0..q0 + qn];
-        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let (common, last) = value_keys(vp.q, q0, limit.len(), vp.k0, vp.end);
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
         for j in vp.k0..common {
@@ -1001,7 +1008,7 @@ mod x86_avx2 {
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
         let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
-        let Queries { rows, qptr, limit } = q;
+        let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
         let scores = buf.scores.as_mut_ptr();
@@ -1024,7 +1031,7 @@ mod x86_avx2 {
             let (i, _) = rows[qi];
             let part = at[qi].add(off);
             let row = scores.add(qi * span);
-            let seen = |b: usize| seen_lanes(mask, total, past, i, limit[qi], b);
+            let seen = |b: usize| seen_lanes(mask, total, past, i, q.run[qi], b);
             let ninf = v::_mm256_set1_ps(f32::NEG_INFINITY);
             let mut best = ninf;
             for b in b0..b1 {
@@ -1129,7 +1136,7 @@ mod x86_avx2 {
     #[inline(always)]
     unsafe fn values_fixed<const C: usize, const Q: usize>(vp: &ValuePass<'_>, q0: usize, c0: usize) {
         let limit = &vp.q.limit[q0..q0 + Q];
-        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let (common, last) = value_keys(vp.q, q0, limit.len(), vp.k0, vp.end);
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm256_setzero_ps(); C]; Q];
         for j in vp.k0..common {
@@ -1174,7 +1181,7 @@ mod x86_avx2 {
     unsafe fn values_any(vp: &ValuePass<'_>, q0: usize, qn: usize) -> usize {
         let chunks = vp.d / H;
         let limit = &vp.q.limit[q0..q0 + qn];
-        let (common, last) = value_keys(vp.mask, limit, vp.k0, vp.end);
+        let (common, last) = value_keys(vp.q, q0, limit.len(), vp.k0, vp.end);
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
         for j in vp.k0..common {
@@ -1420,6 +1427,20 @@ mod tests {
             let tree = run(0..n, path, 2, Some(&mask));
             let chain_first = run(0..1, path, 1, None);
             assert_eq!(tree[..s.heads * d], chain_first[..], "the root row {path:?}");
+            assert_eq!(run(0..n, path, 1, Some(&mask)), tree, "a tree on one thread {path:?}");
+            for i in 0..n {
+                let seen: Vec<usize> = (0..total).filter(|&j| mask[i * total + j] != 0).collect();
+                for head in 0..s.heads {
+                    let want = reference(&qkv, &keys, &vals, s, capacity, i, head, &seen);
+                    for c in 0..d {
+                        let got = f32::from_bits(tree[(i * s.heads + head) * d + c]) as f64;
+                        assert!(
+                            (got - want[c]).abs() < 1e-4,
+                            "tree row {i} head {head} lane {c} {path:?}"
+                        );
+                    }
+                }
+            }
         }
     }
 }
