@@ -111,8 +111,9 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
         work += seg.n * s.heads * (seg.cache.past + seg.n);
         at += seg.n;
     }
-    // a thread pays for itself past some thousands of key rows
-    let parallel = work >= 4096 && threads > 1;
+    // a second thread pays for itself past about a thousand query-key pairs (a
+    // decoding step after 128 positions: its cache is cold after the weights streamed)
+    let parallel = work >= 1024 && threads > 1;
     // few tasks over many chunks (decoding after a long context): each
     // task's chunks are shared among the threads and combined afterwards
     let chunks_of = |g: usize| (segments[g].cache.past + segments[g].n).div_ceil(CHUNK).max(1);
