@@ -502,6 +502,37 @@ struct ValuePass<'a> {
     off: usize,
 }
 
+#[cfg(target_arch = "x86_64")]
+impl<'a> ValuePass<'a> {
+    /// The value pass of task `t`'s chunk from key k0 over its blocks up to b1.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn of(
+        t: Task<'a, '_>,
+        q: &'a Queries,
+        scores: *const f32,
+        (k0, b1): (usize, usize),
+        at: &'a [*mut f32],
+        off: usize,
+    ) -> ValuePass<'a> {
+        let cache = &t.seg.cache;
+        let d = t.s.head_dim;
+        ValuePass {
+            values: cache.values.as_ptr().add(t.kv * cache.capacity * d),
+            scores,
+            span: (b1 - k0 / KB) * KB,
+            k0,
+            end: b1 * KB,
+            d,
+            mask: t.mask,
+            total: cache.past + t.seg.n,
+            past: cache.past,
+            q,
+            at,
+            off,
+        }
+    }
+}
+
 /// One chunk of a task (see `chunk`), written lane-wise so that each path's
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
@@ -711,7 +742,6 @@ mod x86 {
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
-        let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
         let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
@@ -764,20 +794,7 @@ mod x86 {
             *part.add(1) = pairwise(l);
         }
         // values: a few queries a pass; keys every one of them sees, then the rest one by one
-        let vp = ValuePass {
-            values,
-            scores,
-            span,
-            k0,
-            end: b1 * KB,
-            d,
-            mask,
-            total,
-            past,
-            q,
-            at,
-            off,
-        };
+        let vp = ValuePass::of(t, q, scores, (k0, b1), at, off);
         let mut q0 = 0;
         while q0 < t.len {
             let left = t.len - q0;
@@ -1007,7 +1024,6 @@ mod x86_avx2 {
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = cache.keys.as_ptr().add(t.kv * cache.capacity * d);
-        let values = cache.values.as_ptr().add(t.kv * cache.capacity * d);
         let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
         let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
@@ -1068,20 +1084,7 @@ mod x86_avx2 {
             *part.add(1) = pairwise(l);
         }
         // values: a few queries a pass; keys every one of them sees, then the rest one by one
-        let vp = ValuePass {
-            values,
-            scores,
-            span,
-            k0,
-            end: b1 * KB,
-            d,
-            mask,
-            total,
-            past,
-            q,
-            at,
-            off,
-        };
+        let vp = ValuePass::of(t, q, scores, (k0, b1), at, off);
         let mut q0 = 0;
         while q0 < t.len {
             let left = t.len - q0;
