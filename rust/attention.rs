@@ -119,7 +119,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
     let chunks_of = |g: usize| (segments[g].cache.past + segments[g].n).div_ceil(CHUNK).max(1);
     let most = (0..segments.len()).map(chunks_of).max().unwrap_or(1);
     let ways = if parallel && most > 1 && heads.len() < 4 * threads {
-        (4 * threads).div_ceil(heads.len()).min(most)
+        (4 * threads).div_ceil(heads.len().max(1)).min(most)
     } else {
         1
     };
