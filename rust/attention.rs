@@ -8,10 +8,12 @@
 //! group, or a share of them) over a range of chunks: the keys are read in
 //! blocks of 16, each block transposed once (d × 16) and multiplied into
 //! every query of the task (16 scores a vector, no horizontal sums); the
-//! values are read once per 4 queries. A decoding step after a long
-//! context (few queries, many keys) splits each head's chunks among the
-//! threads; the chunks are then combined. The cost grows with the context
-//! at about the cache's memory rate.
+//! values are read once per pass of 3 or 4 queries. The common head sizes
+//! have tiles of their own whose sums stay in registers. A decoding step
+//! after a long context (few queries, many keys) splits each head's chunks
+//! among the threads; the chunks are then combined. Under a mask, the run
+//! of keys a row sees entirely is not looked up. The cost grows with the
+//! context at about the cache's memory rate.
 //!
 //! Every value of one query is computed in one fixed order, whatever the
 //! segment's length, the other rows' masks, the split into tasks, the
