@@ -139,7 +139,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
     let d = s.head_dim;
     let stride = d + 2;
     let mut scratch = if ways > 1 {
-        vec![0.0f32; (out.len() / d) * most * stride]
+        vec![0.0f32; (out.len() / d.max(1)) * most * stride]
     } else {
         Vec::new()
     };

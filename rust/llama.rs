@@ -259,7 +259,7 @@ pub fn layer(
     act: Act,
 ) -> crate::Result<()> {
     let (h, d) = (s.hidden, s.head_dim);
-    if s.heads == 0 || s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || !d.is_multiple_of(2) {
+    if s.heads == 0 || s.kv_heads == 0 || !s.heads.is_multiple_of(s.kv_heads) || d == 0 || !d.is_multiple_of(2) {
         return Err(bad(format!(
             "{} heads over {} key-value heads of size {d}",
             s.heads, s.kv_heads
@@ -662,6 +662,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("sequence 0"), "{e}");
+        // a head of size 0 is an error, not a division by zero in attention
+        let e = layer(
+            &mut x[..h].to_vec(),
+            &cos[..d],
+            &sin[..d],
+            &mut [],
+            w(),
+            Shape { head_dim: 0, ..s },
+            2,
+            path,
+            Act::F32,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("size 0"), "{e}");
     }
 
     /// A step's shapes and a layer's weight count are checked in the core,
