@@ -243,7 +243,7 @@ unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>,
     let total = t.seg.cache.past + t.seg.n;
     for c in c0..c1 {
         let keys = (c * CHUNK, ((c + 1) * CHUNK).min(total));
-        chunk(qkv, t, &q, keys, &at, (c - c0) * stride, &mut buf, path);
+        chunk(t, &q, keys, &at, (c - c0) * stride, &mut buf, path);
     }
     if partials.is_none() {
         for qi in 0..t.len {
@@ -258,7 +258,6 @@ unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>,
 /// m = −∞ where it sees none of these keys.
 #[allow(clippy::too_many_arguments)]
 unsafe fn chunk(
-    qkv: &[f32],
     t: Task<'_, '_>,
     q: &Queries,
     keys: (usize, usize),
@@ -270,23 +269,22 @@ unsafe fn chunk(
     #[cfg(target_arch = "x86_64")]
     {
         if path.avx512() && t.s.head_dim.is_multiple_of(KB) {
-            return x86::chunk_avx512(qkv, t, q, keys, at, off, buf);
+            return x86::chunk_avx512(t, q, keys, at, off, buf);
         }
         if path.vector() && t.s.head_dim.is_multiple_of(8) {
-            return x86_avx2::chunk_avx2(qkv, t, q, keys, at, off, buf);
+            return x86_avx2::chunk_avx2(t, q, keys, at, off, buf);
         }
         if path.vector() {
-            return chunk_fma(qkv, t, q, keys, at, off, buf);
+            return chunk_fma(t, q, keys, at, off, buf);
         }
     }
     let _ = path;
-    chunk_lanes(qkv, t, q, keys, at, off, buf)
+    chunk_lanes(t, q, keys, at, off, buf)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn chunk_fma(
-    qkv: &[f32],
     t: Task<'_, '_>,
     q: &Queries,
     keys: (usize, usize),
@@ -294,7 +292,7 @@ unsafe fn chunk_fma(
     off: usize,
     buf: &mut Buffers,
 ) {
-    chunk_lanes(qkv, t, q, keys, at, off, buf)
+    chunk_lanes(t, q, keys, at, off, buf)
 }
 
 /// A query's output (d values at `o`) from its `count` chunks' partials at
@@ -539,7 +537,6 @@ impl<'a> ValuePass<'a> {
 /// compilation vectorizes it with the same operations.
 #[inline(always)]
 unsafe fn chunk_lanes(
-    qkv: &[f32],
     t: Task<'_, '_>,
     q: &Queries,
     (k0, k1): (usize, usize),
@@ -547,7 +544,6 @@ unsafe fn chunk_lanes(
     off: usize,
     buf: &mut Buffers,
 ) {
-    let _ = qkv;
     let s = t.s;
     let d = s.head_dim;
     let cache = &t.seg.cache;
@@ -729,7 +725,6 @@ mod x86 {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma")]
     pub(super) unsafe fn chunk_avx512(
-        qkv: &[f32],
         t: Task<'_, '_>,
         q: &Queries,
         (k0, k1): (usize, usize),
@@ -737,7 +732,6 @@ mod x86 {
         off: usize,
         buf: &mut Buffers,
     ) {
-        let _ = qkv;
         let s = t.s;
         let d = s.head_dim;
         let cache = &t.seg.cache;
@@ -1011,7 +1005,6 @@ mod x86_avx2 {
 
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn chunk_avx2(
-        qkv: &[f32],
         t: Task<'_, '_>,
         q: &Queries,
         (k0, k1): (usize, usize),
@@ -1019,7 +1012,6 @@ mod x86_avx2 {
         off: usize,
         buf: &mut Buffers,
     ) {
-        let _ = qkv;
         let s = t.s;
         let d = s.head_dim;
         let cache = &t.seg.cache;
