@@ -1,7 +1,9 @@
 """The target forward over n positions, taken apart: what verification costs.
 
 On SmolLM2-135M at its own precision (GGUF), for each activation mode
-(`--activations f32,q8`, see `rust/quant.rs`) and each context L:
+(`--activations f32,q8`, see `rust/quant.rs`), each type of cached keys
+and values (`--cache-types f32,f16`, see `rust/kv.rs`; llama.cpp's
+default is f16) and each context L:
 
 1. v(n) = T(n) / T(1) for n new positions after L cached ones (logits for
    all n, as a verification forward needs), the cache cut back after each;
@@ -70,18 +72,20 @@ def context_ids(vocab: int, length: int) -> torch.Tensor:
 
 
 class Ours:
-    """A GGUF file (default: SmolLM2's) in one activation mode, a cache
-    prefilled to L, and the timed forward of n more positions (its layer
-    calls counted)."""
+    """A GGUF file (default: SmolLM2's) in one activation mode and cache
+    type, a cache prefilled to L, and the timed forward of n more positions
+    (its layer calls counted)."""
 
-    def __init__(self, activations: str, path: Path | None = None):
+    def __init__(self, activations: str, path: Path | None = None, cache_type: str = "f32"):
         if path is None:
-            self.model, _ = models.load_smollm2(activations=activations)
+            self.model, _ = models.load_smollm2(activations=activations, cache_type=cache_type)
         else:
             from specdec_rs.gguf import load_gguf
 
-            self.model, _ = load_gguf(path, tokenizer=False, activations=activations)
-        self.activations = activations
+            self.model, _ = load_gguf(
+                path, tokenizer=False, activations=activations, cache_type=cache_type
+            )
+        self.activations, self.cache_type = activations, cache_type
         self.vocab = models.vocab_of(self.model)
         self.calls = 0.0
         from specdec_rs.runner.stack import stack_of
@@ -198,7 +202,8 @@ def breakdown(
         ms = med["head" if part == "LM head" else part] * 1e3
         memory, compute = nbytes[part] / bandwidth * 1e3, n * ops[part] / rate * 1e3
         rows.append([part, ms, max(memory, compute), "memory" if memory > compute else "compute"])
-    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * 4
+    element = 2 if ours.cache_type == "f16" else 4
+    kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
     attention_bytes = kv * (ours.length + n)
     rows.append(["attention", med["attention"] * 1e3, attention_bytes / bandwidth * 1e3, "memory"])
     other = sum(med[p] for p in OTHER_PHASES) * 1e3
@@ -236,6 +241,7 @@ def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--activations", default="f32,q8")
+    ap.add_argument("--cache-types", default="f32", help="f32, f16 or both (f32,f16)")
     ap.add_argument("--contexts", default="128,512,2048")
     ap.add_argument("--ns", default="1,2,3,5,9,17")
     ap.add_argument("--batches", default="1,4,8")
@@ -255,8 +261,11 @@ def main() -> None:
             anchor = LlamaCpp()
         except ImportError:
             print("llama-cpp-python is not installed: no llama.cpp anchor")
-    for activations in args.activations.split(","):
-        ours = Ours(activations)
+    modes = [(a, c) for a in args.activations.split(",") for c in args.cache_types.split(",")]
+    for activations, cache_type in modes:
+        ours = Ours(activations, cache_type=cache_type)
+        name = activations if cache_type == "f32" else f"{activations}, {cache_type} cache"
+        label = f"{activations} activations, {cache_type} cache"
         threads = next(m.threads for m in ours.model.modules() if isinstance(m, QuantLinear))
         mode: dict[str, Any] = {"kernel threads": threads, "contexts": {}}
         for length in contexts:
@@ -295,7 +304,7 @@ def main() -> None:
                 row["llama.cpp ms"] = {n: lt[n] * 1e3 for n in ns}
                 row["llama.cpp v"] = {n: lt[n] / lt[1] for n in ns}
             mode["contexts"][length] = row
-            print(f"\n### {activations} activations, context {length}")
+            print(f"\n### {label}, context {length}")
             header = ["", *[f"n = {n}" for n in ns]]
             table = [
                 ["ours ms", *[f"{row['ms'][n]:.2f}" for n in ns]],
@@ -317,12 +326,12 @@ def main() -> None:
                 print(markdown_table(["part", "ms", "roofline ms", "bound"], rows))
         b = batch_rows(ours, batches, [1, 5], args.repeats)
         mode["batches"] = b
-        print(f"\n### {activations} activations, batches at context 128 (ms)")
+        print(f"\n### {label}, batches at context 128 (ms)")
         print(markdown_table(["T(B, n)", "ms"], [[k, f"{v:.2f}"] for k, v in b.items()]))
         for bsz in batches:
             gain = bsz * b["T(1, 1)"] / b[f"T({bsz}, 1)"]
             print(f"decode throughput B = {bsz} vs B = 1: {gain:.2f}x")
-        report["modes"][activations] = mode
+        report["modes"][name] = mode
         del ours
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)

@@ -2,14 +2,19 @@
 //! 3 key-value heads of 64): n new positions after `past` cached ones, the
 //! best of 20 runs.
 //!
-//!     cargo run --release --example attn_bench -- PAST N THREADS [PATH]
+//!     cargo run --release --example attn_bench -- PAST N THREADS [PATH] [CACHE] [cold]
 //!     cargo run --release --example attn_bench -- 2048 1 2
 //!     cargo run --release --example attn_bench -- 2048 1 2 Avx2
+//!     cargo run --release --example attn_bench -- 2048 1 2 best f16
 //!
-//! PATH names an instruction path (`quant::Path`, as Debug prints it; the
-//! host's best by default).
+//! PATH names an instruction path (`quant::Path`, as Debug prints it;
+//! "best" or none: the host's best); CACHE the stored type, f32 (default)
+//! or f16; "cold": each run reads another copy of the caches, so that none
+//! is in the last-level cache (as in a forward, where the weights stream
+//! between the layers' attention), else the same copy (warm where it fits).
 
 use _core::attention::attention;
+use _core::kv::Kv;
 use _core::llama::{Cache, Segment, Shape};
 use _core::quant::{best_path, path_available, Path};
 use std::time::Instant;
@@ -17,11 +22,11 @@ use std::time::Instant;
 fn main() {
     let raw: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<usize> = raw.iter().take(3).map(|a| a.parse().expect("PAST N THREADS")).collect();
-    let path = match raw.get(3) {
-        None => best_path(),
+    let path = match raw.get(3).map(String::as_str) {
+        None | Some("best") => best_path(),
         Some(name) => Path::all()
             .into_iter()
-            .find(|p| format!("{p:?}") == *name && path_available(*p))
+            .find(|p| format!("{p:?}") == name && path_available(*p))
             .expect("a path this host has"),
     };
     let (past, n, threads) = (args[0], args[1], args[2]);
@@ -37,22 +42,45 @@ fn main() {
     };
     let d = 64;
     let cap = past + n + 16;
-    let mut ks: Vec<Vec<f32>> = (0..layers)
+    let bytes = 2 * layers * 3 * cap * d * 4;
+    let copies = if raw.get(5).is_some_and(|c| c == "cold") {
+        (1usize << 30).div_ceil(bytes).max(2)
+    } else {
+        1
+    };
+    let mut ks: Vec<Vec<f32>> = (0..layers * copies)
         .map(|l| (0..3 * cap * d).map(|i| ((i * 7 + l) % 13) as f32 * 0.01).collect())
         .collect();
     let mut vs = ks.clone();
+    let half = raw.get(4).is_some_and(|c| c == "f16");
+    let halves = |xs: &[Vec<f32>]| -> Vec<Vec<half::f16>> {
+        xs.iter()
+            .map(|x| x.iter().map(|&v| half::f16::from_f32(v)).collect())
+            .collect()
+    };
+    let (mut kh, mut vh) = (halves(&ks), halves(&vs));
     let row = (9 + 6) * d;
     let qkv: Vec<f32> = (0..n * row).map(|i| (i % 17) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; n * 9 * d];
     let mut best = f64::MAX;
-    for _ in 0..20 {
+    for run in 0..20 {
         let t = Instant::now();
-        for l in 0..layers {
+        for l in (run % copies) * layers..(run % copies + 1) * layers {
+            let kv = if half {
+                Kv::F16 {
+                    keys: &mut kh[l],
+                    values: &mut vh[l],
+                }
+            } else {
+                Kv::F32 {
+                    keys: &mut ks[l],
+                    values: &mut vs[l],
+                }
+            };
             let segs = [Segment {
                 n,
                 cache: Cache {
-                    keys: &mut ks[l],
-                    values: &mut vs[l],
+                    kv,
                     capacity: cap,
                     past,
                 },
@@ -63,7 +91,8 @@ fn main() {
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "past {past} n {n} threads {threads} {path:?}: {:.3} ms (30 layers)",
+        "past {past} n {n} threads {threads} {path:?} {}: {:.3} ms (30 layers)",
+        if half { "f16" } else { "f32" },
         best * 1e3
     );
 }

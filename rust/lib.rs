@@ -9,6 +9,7 @@ pub mod block;
 pub mod error;
 pub mod kernels;
 pub mod kquant;
+pub mod kv;
 pub mod linear;
 pub mod llama;
 pub mod names;

@@ -116,10 +116,10 @@ impl Extras<'_> {
 }
 
 /// One sequence's cache in a layer: keys and values (kv_heads, capacity,
-/// d), positions 0..past filled; this step writes past..past + n.
+/// d) of one stored type (`kv::Kv`), positions 0..past filled; this step
+/// writes past..past + n.
 pub struct Cache<'a> {
-    pub keys: &'a mut [f32],
-    pub values: &'a mut [f32],
+    pub kv: crate::kv::Kv<'a>,
     pub capacity: usize,
     pub past: usize,
 }
@@ -305,10 +305,10 @@ pub fn layer(
     for (i, g) in segments.iter().enumerate() {
         let total = g.cache.past + g.n;
         let cache_len = s.kv_heads * g.cache.capacity * d;
-        if g.cache.keys.len() != cache_len || g.cache.values.len() != cache_len || total > g.cache.capacity {
+        let (keys, values) = g.cache.kv.lens();
+        if keys != cache_len || values != cache_len || total > g.cache.capacity {
             return Err(bad(format!(
-                "sequence {i}: a cache of {} values for capacity {} and {total} positions",
-                g.cache.keys.len(),
+                "sequence {i}: a cache of {keys} keys and {values} values for capacity {} and {total} positions",
                 g.cache.capacity
             )));
         }
@@ -351,8 +351,9 @@ pub fn layer(
             for kv in 0..s.kv_heads {
                 let to = (kv * cache.capacity + cache.past + i) * d;
                 let from = r * row + qd + kv * d;
-                cache.keys[to..to + d].copy_from_slice(&qkv[from..from + d]);
-                cache.values[to..to + d].copy_from_slice(&qkv[from + kvd..from + kvd + d]);
+                cache
+                    .kv
+                    .write(to, &qkv[from..from + d], &qkv[from + kvd..from + kvd + d]);
             }
         }
         at += g.n;
@@ -581,8 +582,10 @@ mod tests {
             let mut seg = [Segment {
                 n,
                 cache: Cache {
-                    keys: &mut k,
-                    values: &mut v,
+                    kv: crate::kv::Kv::F32 {
+                        keys: &mut k,
+                        values: &mut v,
+                    },
                     capacity,
                     past: pasts[i],
                 },
@@ -614,8 +617,7 @@ mod tests {
             .map(|(i, (k, v))| Segment {
                 n: lengths[i],
                 cache: Cache {
-                    keys: k,
-                    values: v,
+                    kv: crate::kv::Kv::F32 { keys: k, values: v },
                     capacity,
                     past: pasts[i],
                 },
@@ -642,8 +644,10 @@ mod tests {
         let mut bad = [Segment {
             n: 3,
             cache: Cache {
-                keys: &mut k,
-                values: &mut v,
+                kv: crate::kv::Kv::F32 {
+                    keys: &mut k,
+                    values: &mut v,
+                },
                 capacity: 2,
                 past: 0,
             },

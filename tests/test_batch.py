@@ -32,17 +32,23 @@ def tiny() -> Any:
     return models.tiny_llama(vocab_size=V, hidden_size=64, num_layers=2, seed=1)
 
 
-@pytest.fixture(scope="module", params=["f32", "q8"])
+@pytest.fixture(
+    scope="module",
+    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16")],
+    ids=["f32", "q8", "q8-f16cache"],
+)
 def gguf(
     tiny: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Any:
-    """A GGUF target with float32 or q8 activations (each exact by itself)."""
+    """A GGUF target with float32 or q8 activations and a float32 or
+    float16 cache (each exact by itself)."""
     from specdec_rs.gguf import load_gguf
     from specdec_rs.gguf.writer import write_llama
 
     path = Path(tmp_path_factory.mktemp("batch")) / "tiny.gguf"
     write_llama(tiny, path, linear_type="Q4_1", embed_type="Q8_0")
-    return load_gguf(path, tokenizer=False, activations=request.param)[0]
+    activations, cache_type = request.param
+    return load_gguf(path, tokenizer=False, activations=activations, cache_type=cache_type)[0]
 
 
 def prompts() -> list[list[int]]:

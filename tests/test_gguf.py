@@ -93,11 +93,45 @@ def files(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     return out
 
 
-@pytest.fixture(scope="module", params=["f32", "q8"])
+@pytest.fixture(
+    scope="module",
+    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16")],
+    ids=["f32", "q8", "q8-f16cache"],
+)
 def target(files: dict[str, tuple[Path, Any]], request: pytest.FixtureRequest) -> Any:
-    """The Q4_1 file's model with float32 or q8 activations: two target
-    functions, each exact by itself (every test on `target` runs on both)."""
-    return load_gguf(files["Q4_1"][0], tokenizer=False, activations=request.param)[0]
+    """The Q4_1 file's model with float32 or q8 activations, its keys and
+    values cached in float32 or float16: three target functions, each exact
+    by itself (every test on `target` runs on each)."""
+    activations, cache_type = request.param
+    path = files["Q4_1"][0]
+    return load_gguf(path, tokenizer=False, activations=activations, cache_type=cache_type)[0]
+
+
+def test_a_half_cache_is_another_function_close_to_the_f32_one(
+    files: dict[str, tuple[Path, Any]],
+) -> None:
+    """cache_type="f16" stores float16 keys and values (half the bytes):
+    logits move by the rounding of the cached keys and values only."""
+    path, twin = files["Q4_1"]
+    f32, _ = load_gguf(path, tokenizer=False)
+    f16, _ = load_gguf(path, tokenizer=False, cache_type="f16")
+    ids = torch.randint(0, V, (23,), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        half_cache, full_cache = runner.new_cache(f16), runner.new_cache(f32)
+        a = runner.forward(f16, ids, half_cache, keep=len(ids))
+        b = runner.forward(f32, ids, full_cache, keep=len(ids))
+    assert half_cache.layers[0].keys.dtype == torch.float16
+    assert full_cache.layers[0].keys.dtype == torch.float32
+    scale = float(b.abs().max())
+    assert not torch.equal(a, b) and float((a - b).abs().max()) < 2e-3 * scale
+    with pytest.raises(ValueError, match="cache_type"):
+        load_gguf(path, tokenizer=False, cache_type="q8_0")
+    # a cache filled in one type refuses the other's writes (a model whose type changed)
+    from specdec_rs.gguf.model import set_cache_type
+
+    set_cache_type(f32, "f16")
+    with torch.inference_mode(), pytest.raises(ValueError, match="start a new cache"):
+        runner.forward(f32, ids[:2], full_cache, keep=1)
 
 
 def test_the_q8_target_is_another_function_close_to_the_f32_one(
@@ -691,3 +725,31 @@ def test_string_arrays_are_decoded_on_demand(tmp_path: Path) -> None:
     assert f.items["tokenizer.ggml.token_type"] == gguf.GGUFValueType.INT32
     with pytest.raises(KeyError):
         f.strings("tokenizer.ggml.token_type")
+
+
+def test_the_layer_refuses_cache_arrays_of_other_types(target: Any) -> None:
+    """The Rust layer takes float32 or float16 caches, keys and values of
+    one type, each array once: anything else is a ValueError naming it."""
+    import numpy as np
+    from specdec_rs import _core
+
+    layer = target.model.layers[0]
+    h, d = target.config.hidden_size, layer.head_dim
+    x = np.zeros((1, h), np.float32)
+    cos, sin = np.ones((1, d), np.float32), np.zeros((1, d), np.float32)
+
+    def call(keys: Any, values: Any) -> None:
+        _core.llama_layer(
+            x, cos, sin, [keys], [values], [0], [1], None, layer._weights,
+            *layer._norms, layer._dims, 1,
+        )  # fmt: skip
+
+    shape = (layer.kv_heads, 4, d)
+    call(np.zeros(shape, np.float16), np.zeros(shape, np.float16))  # accepted
+    with pytest.raises(ValueError, match=r"keys\[0\] is a float64 array.*float32 or float16"):
+        call(np.zeros(shape), np.zeros(shape))
+    with pytest.raises(ValueError, match="one type"):
+        call(np.zeros(shape, np.float16), np.zeros(shape, np.float32))
+    same = np.zeros(shape, np.float32)
+    with pytest.raises(ValueError, match="pass each cache array once"):
+        call(same, same)

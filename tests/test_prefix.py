@@ -128,7 +128,7 @@ def test_a_tiny_cache_evicts_and_stays_exact(gguf: Any) -> None:
     block_bytes = (
         2
         * len(gguf.model.layers)
-        * 4
+        * gguf.model.layers[0].cache_dtype.itemsize  # 4 bytes, or 2 in a float16 cache
         * BLOCK
         * gguf.model.layers[0].kv_heads
         * (gguf.model.layers[0].head_dim)

@@ -91,6 +91,25 @@ def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:
 
 
 @pytest.mark.slow
+def test_a_half_cache_keeps_the_greedy_identity(smollm2: tuple[Any, Any]) -> None:
+    """SmolLM2 with q8 activations and float16 keys and values (the fast
+    setting; another target function): speculative greedy text equals its
+    own target-only greedy text, for a chain and a tree."""
+    _, tokenizer = smollm2
+    model, _ = models.load_smollm2(activations="q8", cache_type="f16")
+    assert str(model.model.layers[0].cache_dtype) == "torch.float16"
+    ids = workloads.encode(tokenizer, workloads.prompts("code")[11])
+    baseline = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
+    assert baseline.new_tokens > 8
+    for drafter, kw in (
+        (sd.PromptLookup(), {"k": 8}),
+        (sd.drafters.from_spec("eagle", model, tokenizer, greedy=True), {"tree": 8}),
+    ):
+        out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, **kw)
+        assert out.tokens == baseline.tokens, drafter.name
+
+
+@pytest.mark.slow
 def test_q8_activations_keep_the_greedy_identity(smollm2: tuple[Any, Any]) -> None:
     """SmolLM2 with q8 activations (another target function): speculative
     greedy text equals its own target-only greedy text, chains and trees."""

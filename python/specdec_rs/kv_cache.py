@@ -94,16 +94,23 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
     def slots(
         self, n: int, like: tuple[int, int, int], dtype: torch.dtype
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """Room for n more positions of keys shaped like `like` (B, H, D):
-        (the key buffer, the value buffer, the filled length). The caller
-        writes positions length..length + n itself, then calls `advance(n)`."""
+        """Room for n more positions of keys shaped like `like` (B, H, D)
+        in `dtype` (the buffers' type, fixed by the first call: another
+        is a ValueError): (the key buffer, the value buffer, the filled
+        length). The caller writes positions length..length + n itself,
+        then calls `advance(n)`."""
         if not self.is_initialized:
             b, h, d = like
             self.lazy_initialization(
                 torch.empty(b, h, n, d, dtype=dtype), torch.empty(b, h, n, d, dtype=dtype)
             )
-        self._reserve(self.length + n)
         assert self._k is not None and self._v is not None
+        if self._k.dtype != dtype:
+            raise ValueError(
+                f"this cache holds {self._k.dtype} keys and values; the model writes {dtype} "
+                "ones (its cache type changed after the cache was filled): start a new cache"
+            )
+        self._reserve(self.length + n)
         return self._k, self._v, self.length
 
     def slot_arrays(

@@ -123,6 +123,7 @@ def load_smollm2(
     linear: str = "auto",
     weights: str = "auto",
     activations: str = "f32",
+    cache_type: str = "f32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) for SmolLM2-135M-Instruct in `dtype` on `device`, eval mode.
 
@@ -131,7 +132,9 @@ def load_smollm2(
     float32 activations); "float32" is the dequantized float32 model
     (the reference); "auto" (default) takes "gguf" on the CPU in float32.
     `activations` ("f32", "q8"): the GGUF products' activations
-    (`gguf.model.set_activations`; "q8" needs the GGUF weights).
+    (`gguf.model.set_activations`; "q8" needs the GGUF weights);
+    `cache_type` ("f32", "f16"): the type its keys and values are cached in
+    (`gguf.model.set_cache_type`; "f16" needs the GGUF weights).
     `linear`: the float32 model's linear layers for few positions ("auto",
     "rust", "torch"; see `kernels.apply_linear_choice`).
 
@@ -143,6 +146,7 @@ def load_smollm2(
     kernels.check_linear_choice(linear)
     gguf_weights = weights_choice(weights, dtype, device, directory) == "gguf"
     check_activations(activations, gguf_weights, "SmolLM2 with weights='float32'")
+    check_cache_type(cache_type, gguf_weights, "SmolLM2 with weights='float32'")
     if gguf_weights:
         from specdec_rs.gguf import load_gguf
 
@@ -150,7 +154,7 @@ def load_smollm2(
         _checks.writable_dir(
             cache_dir(), _cache_name(), hint="; set SPECDEC_CACHE to a writable folder"
         )
-        return load_gguf(gguf, activations=activations)
+        return load_gguf(gguf, activations=activations, cache_type=cache_type)
     target = Path(directory) if directory is not None else cache_dir() / SMOLLM2_NAME
     if target.exists() and not target.is_dir():
         raise ValueError(f"{target} is a file; the converted model needs a folder there")
@@ -221,6 +225,18 @@ def check_activations(activations: Any, gguf: bool, other: str) -> str:
     return str(activations)
 
 
+def check_cache_type(cache_type: Any, gguf: bool, other: str) -> str:
+    """`cache_type` ("f32", "f16"), "f16" only with GGUF weights (the Rust layers cache it)."""
+    _checks.choice(cache_type, "cache_type", ("f32", "f16"))
+    if cache_type == "f16" and not gguf:
+        raise ValueError(
+            f"cache_type='f16' caches a GGUF model's keys and values in half precision; "
+            f"{other} is a transformers model (its cache is its dtype's): use "
+            "cache_type='f32', or a GGUF file"
+        )
+    return str(cache_type)
+
+
 def load_gguf_float32(
     path: str | Path, *, dtype: Any = "float32", device: Any = "cpu", linear: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -246,6 +262,7 @@ def load_local(
     device: Any = "cpu",
     linear: str = "auto",
     activations: str = "f32",
+    cache_type: str = "f32",
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
     """(model, tokenizer) from a local transformers folder in `dtype` on
     `device`, eval mode, its linear layers set by `linear` (as in
@@ -261,11 +278,12 @@ def load_local(
     folder = Path(path)
     gguf = folder.suffix.lower() == ".gguf"
     check_activations(activations, gguf, f"the transformers folder {folder}")
+    check_cache_type(cache_type, gguf, f"the transformers folder {folder}")
     if gguf:
         from specdec_rs.gguf import load_gguf
 
         weights_choice("gguf", dtype, device)  # the CPU in float32, or a ValueError
-        return load_gguf(folder, activations=activations)
+        return load_gguf(folder, activations=activations, cache_type=cache_type)
     if not folder.is_dir():
         raise ValueError(f"{folder} is not a folder; pass a local transformers model folder")
     if not (folder / "config.json").is_file():

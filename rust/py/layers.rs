@@ -30,6 +30,87 @@ impl<T: numpy::Element> Held<T> {
     }
 }
 
+/// A cache's keys or values as Python passes them: float32 or float16,
+/// (kv_heads, capacity, head_dim), borrowed for writing.
+pub(super) enum CacheArray<'py> {
+    F32(numpy::PyReadwriteArray3<'py, f32>),
+    F16(numpy::PyReadwriteArray3<'py, half::f16>),
+}
+
+impl<'py> CacheArray<'py> {
+    /// `a` (named `what` in errors) borrowed for writing.
+    fn of(a: &Bound<'py, PyAny>, what: &str) -> PyResult<Self> {
+        let busy = |e: numpy::BorrowError| {
+            PyValueError::new_err(format!("{what} cannot be written ({e}); pass each cache array once"))
+        };
+        if let Ok(x) = a.cast::<numpy::PyArray3<f32>>() {
+            return x.try_readwrite().map(CacheArray::F32).map_err(busy);
+        }
+        if let Ok(x) = a.cast::<numpy::PyArray3<half::f16>>() {
+            return x.try_readwrite().map(CacheArray::F16).map_err(busy);
+        }
+        let got = match a.getattr("dtype").and_then(|t| t.str()) {
+            Ok(t) => format!(
+                "a {t} array of {} dimensions",
+                a.getattr("ndim").map_or(0, |n| n.extract::<usize>().unwrap_or(0))
+            ),
+            Err(_) => format!("a {}", a.get_type().name().map_or("?".into(), |n| n.to_string())),
+        };
+        Err(PyValueError::new_err(format!(
+            "{what} is {got}; expected a float32 or float16 array (kv_heads, capacity, head_dim)"
+        )))
+    }
+
+    fn shape(&self) -> &[usize] {
+        match self {
+            CacheArray::F32(a) => a.shape(),
+            CacheArray::F16(a) => a.shape(),
+        }
+    }
+
+    /// Every sequence's arrays borrowed (`what` names the argument).
+    fn all(arrays: &[Bound<'py, PyAny>], what: &str) -> PyResult<Vec<Self>> {
+        arrays
+            .iter()
+            .enumerate()
+            .map(|(i, a)| CacheArray::of(a, &format!("{what}[{i}]")))
+            .collect()
+    }
+}
+
+/// Sequence i's keys and values as one stored type (`call` names the call in errors).
+fn kv_of<'a>(
+    keys: &'a mut CacheArray<'_>,
+    values: &'a mut CacheArray<'_>,
+    i: usize,
+    call: &str,
+) -> PyResult<crate::kv::Kv<'a>> {
+    let contiguous = |what: String| PyValueError::new_err(format!("{call}: {what} must be C-contiguous"));
+    Ok(match (keys, values) {
+        (CacheArray::F32(k), CacheArray::F32(v)) => crate::kv::Kv::F32 {
+            keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+            values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+        },
+        (CacheArray::F16(k), CacheArray::F16(v)) => crate::kv::Kv::F16 {
+            keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+            values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+        },
+        (k, _) => {
+            let name = |a: &CacheArray<'_>| {
+                if matches!(a, CacheArray::F32(_)) {
+                    "float32"
+                } else {
+                    "float16"
+                }
+            };
+            return Err(PyValueError::new_err(format!(
+                "{call}: keys[{i}] is {} but values[{i}] is not; a cache stores its keys and values in one type",
+                name(k)
+            )));
+        }
+    })
+}
+
 pub(super) struct HeldLayer {
     weights: Vec<(Held<u8>, crate::quant::QType)>,
     attn_norm: Held<f32>,
@@ -148,8 +229,8 @@ impl LlamaStack {
 
     /// The stack over x (N, hidden) in place (see `llama::forward`):
     /// keys[s · L + l], values[s · L + l] sequence s's cache of layer l
-    /// (kv_heads, capacity, head_dim), pasts[s] its filled positions,
-    /// lengths[s] its rows of x; mask None (causal) or, for one sequence,
+    /// (kv_heads, capacity, head_dim), float32 or float16 (`kv.rs`),
+    /// pasts[s] its filled positions, lengths[s] its rows of x; mask None (causal) or, for one sequence,
     /// (n, past + n) uint8; the logits of rows `rows`. Returns (logits
     /// (len(rows), vocab), the final-normed states (N, hidden)).
     #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32"))]
@@ -160,8 +241,8 @@ impl LlamaStack {
         mut x: PyReadwriteArray2<'py, f32>,
         cos: PyReadonlyArray2<'py, f32>,
         sin: PyReadonlyArray2<'py, f32>,
-        mut keys: Vec<numpy::PyReadwriteArray3<'py, f32>>,
-        mut values: Vec<numpy::PyReadwriteArray3<'py, f32>>,
+        keys: Vec<Bound<'py, PyAny>>,
+        values: Vec<Bound<'py, PyAny>>,
         pasts: Vec<usize>,
         lengths: Vec<usize>,
         mask: Option<PyReadonlyArray2<'py, u8>>,
@@ -171,6 +252,10 @@ impl LlamaStack {
         activations: &str,
     ) -> PyResult<Arrays2<'py>> {
         let (path, act) = (path_of(path)?, act_of(activations)?);
+        let (mut keys, mut values) = (
+            CacheArray::all(&keys, "LlamaStack.forward: keys")?,
+            CacheArray::all(&values, "LlamaStack.forward: values")?,
+        );
         let (sequences, depth) = (lengths.len(), self.layers.len());
         let shapes: Vec<crate::llama::Shape> = self.layers.iter().map(|l| l.shape).collect();
         crate::llama::StepShapes {
@@ -214,8 +299,7 @@ impl LlamaStack {
             caches[layer].push(crate::llama::Segment {
                 n: lengths[seq],
                 cache: crate::llama::Cache {
-                    keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
-                    values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                    kv: kv_of(k, v, i, "LlamaStack.forward")?,
                     capacity,
                     past: pasts[seq],
                 },
@@ -272,8 +356,8 @@ pub(super) fn layer_weights(l: &HeldLayer) -> crate::Result<crate::llama::Weight
 /// One Llama decoder layer in place on `x` (N, hidden): see `llama.rs`.
 /// The N rows are the `lengths` (n_s) rows of each sequence s, one after
 /// another. `cos`, `sin` (N, head_dim); `keys[s]`, `values[s]` (kv_heads,
-/// capacity_s, head_dim) with `pasts[s]` positions filled (this step writes
-/// the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
+/// capacity_s, head_dim), float32 or float16 (`kv.rs`), with `pasts[s]`
+/// positions filled (this step writes the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
 /// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
 /// types; `shape` (heads, kv_heads, head_dim, intermediate, eps, sliding
 /// window or 0); `qkv_bias` (heads·d + 2·kv_heads·d) and `qk_norms` (q
@@ -286,8 +370,8 @@ pub(super) fn llama_layer(
     mut x: PyReadwriteArray2<'_, f32>,
     cos: PyReadonlyArray2<'_, f32>,
     sin: PyReadonlyArray2<'_, f32>,
-    mut keys: Vec<numpy::PyReadwriteArray3<'_, f32>>,
-    mut values: Vec<numpy::PyReadwriteArray3<'_, f32>>,
+    keys: Vec<Bound<'_, PyAny>>,
+    values: Vec<Bound<'_, PyAny>>,
     pasts: Vec<usize>,
     lengths: Vec<usize>,
     mask: Option<PyReadonlyArray2<'_, u8>>,
@@ -303,6 +387,10 @@ pub(super) fn llama_layer(
 ) -> PyResult<()> {
     let path = path_of(path)?;
     let act = act_of(activations)?;
+    let (mut keys, mut values) = (
+        CacheArray::all(&keys, "llama_layer: keys")?,
+        CacheArray::all(&values, "llama_layer: values")?,
+    );
     let s = shape_of(x.shape()[1], shape);
     crate::llama::StepShapes {
         x: x.shape(),
@@ -351,8 +439,7 @@ pub(super) fn llama_layer(
         segments.push(crate::llama::Segment {
             n: lengths[i],
             cache: crate::llama::Cache {
-                keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
-                values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+                kv: kv_of(k, v, i, "llama_layer")?,
                 capacity,
                 past: pasts[i],
             },

@@ -1,5 +1,5 @@
 """The flags the model commands share (--model, --dtype, --device, --weights,
---activations, --linear; the sampling flags), their checks, and `load_target`."""
+--activations, --cache-type, --linear; the sampling flags), their checks, and `load_target`."""
 
 from __future__ import annotations
 
@@ -39,6 +39,13 @@ def model_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         "llama.cpp quantizes them: another target function, much faster over many positions)",
     )
     model.add_argument(
+        "--cache-type",
+        default="f32",
+        choices=("f32", "f16"),
+        help="GGUF models' cached keys and values: f32 or f16 (half the bytes a step reads "
+        "past a long context, as llama.cpp's default; another target function)",
+    )
+    model.add_argument(
         "--linear",
         default="auto",
         choices=kernels.LINEAR_CHOICES,
@@ -65,12 +72,19 @@ def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTo
     layers as --linear say."""
     weights = getattr(args, "weights", "auto")
     activations = getattr(args, "activations", "f32")
-    return _load(args.model, args.dtype, args.device, args.linear, weights, activations)
+    cache_type = getattr(args, "cache_type", "f32")
+    return _load(args.model, args.dtype, args.device, args.linear, weights, activations, cache_type)
 
 
 @functools.cache
 def _load(
-    path: str | None, dtype: str, device: str, linear: str, weights: str, activations: str
+    path: str | None,
+    dtype: str,
+    device: str,
+    linear: str,
+    weights: str,
+    activations: str,
+    cache_type: str = "f32",
 ) -> tuple[Any, Any]:
     """Loaded once per process (a program calling main() repeatedly, e.g. the tests).
     On the CPU the GPU libraries torch mapped are released first (`_memory`:
@@ -85,13 +99,23 @@ def _load(
     logging.disable_progress_bar()
     if path is None:
         return models.load_smollm2(
-            dtype=dtype, device=device, linear=linear, weights=weights, activations=activations
+            dtype=dtype,
+            device=device,
+            linear=linear,
+            weights=weights,
+            activations=activations,
+            cache_type=cache_type,
         )
     if weights == "float32" and str(path).lower().endswith(".gguf"):
         # the dequantized reference: transformers' own class holding the file's float32 values
         return models.load_gguf_float32(path, dtype=dtype, device=device, linear=linear)
     return models.load_local(
-        path, dtype=dtype, device=device, linear=linear, activations=activations
+        path,
+        dtype=dtype,
+        device=device,
+        linear=linear,
+        activations=activations,
+        cache_type=cache_type,
     )
 
 
@@ -100,12 +124,15 @@ def check_model_flags(args: argparse.Namespace) -> None:
     models.torch_dtype(args.dtype)
     models.torch_device(args.device)
     activations = getattr(args, "activations", "f32")
+    cache_type = getattr(args, "cache_type", "f32")
     if args.model is None:
         weights = models.weights_choice(getattr(args, "weights", "auto"), args.dtype, args.device)
         models.check_activations(activations, weights == "gguf", "SmolLM2 with --weights float32")
+        models.check_cache_type(cache_type, weights == "gguf", "SmolLM2 with --weights float32")
     else:
         gguf = str(args.model).lower().endswith(".gguf")
         reference = gguf and getattr(args, "weights", "auto") == "float32"
         what = f"--model {args.model}" + (" with --weights float32" if reference else "")
         models.check_activations(activations, gguf and not reference, what)
+        models.check_cache_type(cache_type, gguf and not reference, what)
     _checks.seed(args.seed, "--seed")

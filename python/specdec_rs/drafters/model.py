@@ -53,11 +53,14 @@ class DraftModel(ModelDrafter):
 
         if isinstance(arg, str) and Path(arg).suffix.lower() == ".gguf":
             from specdec_rs.gguf import load_gguf
-            from specdec_rs.gguf.model import activations_of
+            from specdec_rs.gguf.model import activations_of, cache_type_of
 
             models.weights_choice("gguf", models.dtype_of(target), models.device_of(target))
             draft, draft_tokenizer = load_gguf(
-                arg, tokenizer=tokenizer is not None, activations=activations_of(target)
+                arg,
+                tokenizer=tokenizer is not None,
+                activations=activations_of(target),
+                cache_type=cache_type_of(target),
             )
         else:
             draft, draft_tokenizer = models.load_local(

@@ -157,7 +157,7 @@ def _cache_path(
     threads, the runner's forward path and the grid."""
     import torch
 
-    from specdec_rs.gguf.model import activations_of
+    from specdec_rs.gguf.model import activations_of, cache_type_of
 
     try:
         from specdec_rs.heads.identity import fingerprint
@@ -176,6 +176,7 @@ def _cache_path(
             "torch_threads": torch.get_num_threads(),
             "kernel_threads": kernel_threads,
             "activations": activations_of(runner.target),
+            "cache_type": cache_type_of(runner.target),
             "path": runner.path,
             "bs": bs,
             "ns": ns,

@@ -101,6 +101,7 @@ class FusedLlamaLayer(nn.Module):
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.window = int(getattr(config, "specdec_sliding_window", 0) or 0)
+        self.cache_dtype = torch.float32  # the keys and values it caches (`model.set_cache_type`)
         inter = parts["down_proj"].in_features
         # q, k, v (and gate, up) as one product when they share a format
         # (the usual case) or the file fuses them, else one each (files mix formats)
@@ -315,7 +316,7 @@ class FusedLlamaLayer(nn.Module):
         keys, values, pasts = [], [], []
         like = (1, self.kv_heads, self.head_dim)
         for layer, n in zip(layers, lengths, strict=True):
-            k, v, past = layer.slot_arrays(n, like, torch.float32)
+            k, v, past = layer.slot_arrays(n, like, self.cache_dtype)
             keys.append(k)
             values.append(v)
             pasts.append(past)

@@ -396,6 +396,34 @@ def set_activations(model: Any, activations: str) -> None:
     model.config.specdec_activations = activations  # `identity` and the profiles read it
 
 
+def set_cache_type(model: Any, cache_type: str) -> None:
+    """Cache the keys and values of every GGUF layer of `model` as "f32"
+    or "f16" (IEEE half: half the bytes a step reads past a long context,
+    llama.cpp's default). Each key and value is rounded to nearest even
+    once, when its position is written, and read back exactly; attention
+    reads a block's own keys from the cache too, so the forward stays one
+    function of the tokens (batch-, chunk- and split-invariant): two target
+    functions, each exact by itself. Caches already filled keep their type
+    (a ValueError when the model writes to one of the other type)."""
+    import torch
+
+    from specdec_rs import _checks
+    from specdec_rs.gguf.layer import FusedLlamaLayer
+    from specdec_rs.gguf.modules import CACHE_TYPES
+
+    _checks.choice(cache_type, "cache_type", CACHE_TYPES)
+    dtype = {"f32": torch.float32, "f16": torch.float16}[cache_type]
+    for module in model.modules():
+        if isinstance(module, FusedLlamaLayer):
+            module.cache_dtype = dtype
+    model.config.specdec_cache_type = cache_type  # `identity` and the profiles read it
+
+
+def cache_type_of(model: Any) -> str:
+    """The type a GGUF model caches its keys and values in ("f32" for any other model)."""
+    return str(getattr(getattr(model, "config", None), "specdec_cache_type", "f32"))
+
+
 def activations_of(model: Any) -> str:
     """The activations a GGUF model's products take ("f32" for any other model)."""
     return str(getattr(getattr(model, "config", None), "specdec_activations", "f32"))
@@ -462,12 +490,13 @@ def choose_threads(model: Any, *, repeats: int = 7) -> int:
 
 
 def load_gguf(
-    path: Any, *, tokenizer: bool = True, activations: str = "f32"
+    path: Any, *, tokenizer: bool = True, activations: str = "f32", cache_type: str = "f32"
 ) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer or None) of a GGUF file of a supported architecture
     (`architectures`: llama, qwen2, qwen3, phi3), its
     weights at the file's precision (see the module docs), its products
-    with `activations` "f32" (the reference) or "q8" (`set_activations`). ValueError for a
+    with `activations` "f32" (the reference) or "q8" (`set_activations`), its
+    keys and values cached as `cache_type` "f32" or "f16" (`set_cache_type`). ValueError for a
     file that is not one, is truncated or corrupt, or holds a tensor of an
     unknown type or a shape its metadata does not give; nothing is
     half-loaded.
@@ -479,9 +508,10 @@ def load_gguf(
 
     from specdec_rs import _checks
     from specdec_rs._files import cache_dir
-    from specdec_rs.gguf.modules import ACTIVATIONS
+    from specdec_rs.gguf.modules import ACTIVATIONS, CACHE_TYPES
 
     _checks.choice(activations, "activations", ACTIVATIONS)
+    _checks.choice(cache_type, "cache_type", CACHE_TYPES)
     f = read(path)
     if tokenizer and "tokenizer.ggml.tokens" not in f.metadata:
         raise f.fail(
@@ -490,6 +520,7 @@ def load_gguf(
         )
     model = build(f)
     set_activations(model, activations)
+    set_cache_type(model, cache_type)
     threads = choose_threads(model)
     set_threads(model, threads)
     if threads > 1:

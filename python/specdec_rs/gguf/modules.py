@@ -39,6 +39,7 @@ NATIVE_TYPES = {
     30: "BF16",
 }
 ACTIVATIONS = ("f32", "q8")
+CACHE_TYPES = ("f32", "f16")  # the keys and values a GGUF model caches (`model.set_cache_type`)
 
 
 class _Product(torch.autograd.Function):

@@ -128,9 +128,10 @@ class Stack:
         cos, sin = self.base.rotary_emb(x[None], positions[None])
         keys, values = [], []
         like = (1, *self.kv)
+        dtype = self.base.layers[0].cache_dtype
         for cache, n in zip(caches, lengths, strict=True):
             for layer in cache.layers[: self.depth]:
-                k, v, _ = layer.slot_arrays(n, like, torch.float32)
+                k, v, _ = layer.slot_arrays(n, like, dtype)
                 keys.append(k)
                 values.append(v)
         n_rows = len(ids)
