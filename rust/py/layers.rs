@@ -230,9 +230,10 @@ impl LlamaStack {
     /// The stack over x (N, hidden) in place (see `llama::forward`):
     /// keys[s · L + l], values[s · L + l] sequence s's cache of layer l
     /// (kv_heads, capacity, head_dim), float32 or float16 (`kv.rs`),
-    /// pasts[s] its filled positions, lengths[s] its rows of x; mask None (causal) or, for one sequence,
-    /// (n, past + n) uint8; the logits of rows `rows`. Returns (logits
-    /// (len(rows), vocab), the final-normed states (N, hidden)).
+    /// pasts[s] its filled positions, lengths[s] its rows of x; mask None
+    /// (causal) or, for one sequence, (n, past + n) uint8; the logits of
+    /// rows `rows`. Returns (logits (len(rows), vocab), the final-normed
+    /// states (N, hidden)).
     #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32"))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
