@@ -231,3 +231,15 @@ def test_the_command_line_runs_a_qwen2_file_in_every_weights_mode(
     assert values[2] == values[0], texts  # the reference's greedy text is the file's
     assert main([*args, "--weights", "float32", "--activations", "q8"]) == 2
     assert "--weights float32 has float weights" in capsys.readouterr().err
+    # a float16 cache: another function, its speculation (a GGUF draft too) its own greedy text
+    halves = []
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "prompt-lookup", "--k", "3"],
+        ["--drafter", f"model:{path}", "--k", "3"],
+    ):
+        assert main([*args, "--cache-type", "f16", *extra]) == 0, extra
+        halves.append(json.loads(capsys.readouterr().out)["text"])
+    assert halves[1] == halves[0] and halves[2] == halves[0], halves
+    assert main([*args, "--weights", "float32", "--cache-type", "f16"]) == 2
+    assert "cache_type='f16'" in capsys.readouterr().err
