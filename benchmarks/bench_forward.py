@@ -202,7 +202,7 @@ def breakdown(
         ms = med["head" if part == "LM head" else part] * 1e3
         memory, compute = nbytes[part] / bandwidth * 1e3, n * ops[part] / rate * 1e3
         rows.append([part, ms, max(memory, compute), "memory" if memory > compute else "compute"])
-    element = 2 if ours.cache_type == "f16" else 4
+    element = {"f32": 4.0, "f16": 2.0, "q8_0": 34 / 32}[ours.cache_type]
     kv = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * element
     attention_bytes = kv * (ours.length + n)
     rows.append(["attention", med["attention"] * 1e3, attention_bytes / bandwidth * 1e3, "memory"])
@@ -241,7 +241,7 @@ def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> d
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--activations", default="f32,q8")
-    ap.add_argument("--cache-types", default="f32", help="f32, f16 or both (f32,f16)")
+    ap.add_argument("--cache-types", default="f32", help="f32, f16, q8_0, or several (f32,f16)")
     ap.add_argument("--contexts", default="128,512,2048")
     ap.add_argument("--ns", default="1,2,3,5,9,17")
     ap.add_argument("--batches", default="1,4,8")

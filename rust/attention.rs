@@ -29,12 +29,16 @@
 //! a_c,i; out_i = o_i · (1/S). With one chunk (a context of at most 256
 //! positions) w = 1 and this is the plain softmax. Keys a query may not see
 //! add nothing (not even a zero), and a chunk with none it may see is left
-//! out, so a row's output is the same bits alone or in any batch or tree.
+//! out, so a row's output is the same bits alone or in any batch. Not in a
+//! tree: a row whose visible keys sit at other slots than its chain's
+//! (a later branch's ancestors) puts them in other lanes of s_c (and, across
+//! a multiple of 256, in another chunk), so its low bits differ (a known
+//! defect; the fix is lanes and chunks by the row's own key order).
 
 // Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
 
-use crate::kv::{Kv, Lanes};
+use crate::kv::{Kv, Lanes, Stored, Q8};
 use crate::llama::{Segment, Shape};
 use crate::pool::SharedOut;
 use crate::quant::Path;
@@ -277,19 +281,30 @@ unsafe fn chunk(
     buf: &mut Buffers,
     path: Path,
 ) {
-    let base = t.kv * t.seg.cache.capacity * t.s.head_dim;
+    let rows = t.kv * t.seg.cache.capacity; // the head's first row
+    let d = t.s.head_dim;
     match &t.seg.cache.kv {
         Kv::F32 { keys: k, values: v } => {
+            let at_row = rows * f32::row_len(d);
             let head = Head {
-                keys: k.as_ptr().add(base),
-                values: v.as_ptr().add(base),
+                keys: k.as_ptr().add(at_row),
+                values: v.as_ptr().add(at_row),
             };
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
         Kv::F16 { keys: k, values: v } => {
+            let at_row = rows * half::f16::row_len(d);
             let head = Head {
-                keys: k.as_ptr().add(base),
-                values: v.as_ptr().add(base),
+                keys: k.as_ptr().add(at_row),
+                values: v.as_ptr().add(at_row),
+            };
+            chunk_of(t, head, q, keys, at, off, buf, path)
+        }
+        Kv::Q8 { keys: k, values: v } => {
+            let at_row = rows * Q8::row_len(d);
+            let head = Head {
+                keys: k.as_ptr().add(at_row) as *const Q8,
+                values: v.as_ptr().add(at_row) as *const Q8,
             };
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
@@ -406,17 +421,21 @@ unsafe fn combine_lanes(part: *const f32, count: usize, d: usize, o: *mut f32) {
     }
 }
 
-/// Keys j0..j0 + 16 (zeros past `total`) transposed into `kt` (d × 16).
+/// Keys j0..j0 + 16 (zeros past `total`) of the rows at `keys` (d values
+/// each) transposed into `kt` (d × 16).
+///
+/// # Safety
+/// `keys` holds rows 0..total.
 #[inline(always)]
-pub(crate) fn transpose<T: crate::kv::Stored>(keys: &[T], d: usize, j0: usize, total: usize, kt: &mut [f32]) {
+pub(crate) unsafe fn transpose<T: Stored>(keys: *const T, d: usize, j0: usize, total: usize, kt: &mut [f32]) {
     let valid = KB.min(total - j0);
     for c0 in (0..d).step_by(KB) {
         let width = KB.min(d - c0);
         let mut tile = [[0.0f32; KB]; KB]; // [key][dim]
         for lane in 0..valid {
-            let row = &keys[(j0 + lane) * d + c0..(j0 + lane) * d + c0 + width];
-            for (t, k) in tile[lane][..width].iter_mut().zip(row) {
-                *t = k.get();
+            let row = keys.add((j0 + lane) * T::row_len(d));
+            for (c, t) in tile[lane][..width].iter_mut().enumerate() {
+                *t = T::get(row, c0 + c);
             }
         }
         for cc in 0..width {
@@ -535,10 +554,11 @@ unsafe fn nothing(part: *mut f32) {
 /// positions reads its cache about 20% faster.
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-unsafe fn fetch_rows<T>(base: *const T, d: usize, j0: usize, rows: usize) {
+unsafe fn fetch_rows<T: Stored>(base: *const T, d: usize, j0: usize, rows: usize) {
     use std::arch::x86_64 as v;
-    let start = base.wrapping_add(j0 * d) as *const u8;
-    let bytes = rows * d * std::mem::size_of::<T>();
+    let w = T::row_len(d);
+    let start = base.wrapping_add(j0 * w) as *const u8;
+    let bytes = rows * w * std::mem::size_of::<T>();
     for line in (0..bytes).step_by(64) {
         v::_mm_prefetch::<{ v::_MM_HINT_T0 }>(start.wrapping_add(line) as *const i8);
     }
@@ -614,8 +634,7 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
     let cache = &t.seg.cache;
     let mask = t.mask;
     let (past, total) = (cache.past, cache.past + t.seg.n);
-    let keys = std::slice::from_raw_parts(head.keys, total * d);
-    let values = std::slice::from_raw_parts(head.values, total * d);
+    let (keys, values, w) = (head.keys, head.values, T::row_len(d));
     let scale = 1.0 / (d as f32).sqrt();
     let (b0, b1) = chunk_blocks(q, (k0, k1));
     let span = (b1 - b0) * KB;
@@ -680,17 +699,17 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
         let mut acc = [[0.0f32; DMAX]; VB];
         let (common, last) = value_keys(q, q0, qn, k0, b1 * KB);
         for j in k0..common {
-            let v = &values[j * d..(j + 1) * d];
+            let v = values.add(j * w);
             for qi in 0..qn {
                 let p = scores[(q0 + qi) * span + j - k0];
                 let a = &mut acc[qi];
                 for c in 0..d {
-                    a[c] = p.mul_add(v[c].get(), a[c]);
+                    a[c] = p.mul_add(T::get(v, c), a[c]);
                 }
             }
         }
         for j in common..last {
-            let v = &values[j * d..(j + 1) * d];
+            let v = values.add(j * w);
             for qi in 0..qn {
                 let (i, _) = q.rows[q0 + qi];
                 if j >= q.limit[q0 + qi] || !allowed(mask, total, past, i, j) {
@@ -699,7 +718,7 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
                 let p = scores[(q0 + qi) * span + j - k0];
                 let a = &mut acc[qi];
                 for c in 0..d {
-                    a[c] = p.mul_add(v[c].get(), a[c]);
+                    a[c] = p.mul_add(T::get(v, c), a[c]);
                 }
             }
         }
@@ -747,13 +766,12 @@ mod x86 {
     #[inline(always)]
     pub(super) unsafe fn transpose16<T: Lanes>(keys: *const T, d: usize, j0: usize, total: usize, kt: &mut [f32]) {
         if total - j0 < KB {
-            let all = std::slice::from_raw_parts(keys, total * d);
-            return super::transpose(all, d, j0, total, kt);
+            return super::transpose(keys, d, j0, total, kt);
         }
         for c0 in (0..d).step_by(KB) {
             let mut r = [v::_mm512_setzero_ps(); KB];
             for lane in 0..KB {
-                r[lane] = T::load16(keys.add((j0 + lane) * d + c0));
+                r[lane] = T::load16(keys.add((j0 + lane) * T::row_len(d)), c0);
             }
             // pairs of rows interleaved by 32, then 64 bits, then 128-bit quarters twice
             let mut a = [v::_mm512_setzero_ps(); KB];
@@ -912,21 +930,21 @@ mod x86 {
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm512_setzero_ps(); C]; Q];
         for j in vp.k0..common {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             fetch_rows(vp.values, vp.d, j + AHEAD * KB, 1);
             let mut p = [v::_mm512_setzero_ps(); Q];
             for qi in 0..Q {
                 p[qi] = v::_mm512_set1_ps(score(qi, j));
             }
             for c in 0..C {
-                let vv = T::load16(vj.add(c * KB));
+                let vv = T::load16(vj, c * KB);
                 for qi in 0..Q {
                     acc[qi][c] = v::_mm512_fmadd_ps(p[qi], vv, acc[qi][c]);
                 }
             }
         }
         for j in common..last {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             for qi in 0..Q {
                 let (i, _) = vp.q.rows[q0 + qi];
                 if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
@@ -934,7 +952,7 @@ mod x86 {
                 }
                 let p = v::_mm512_set1_ps(score(qi, j));
                 for c in 0..C {
-                    acc[qi][c] = v::_mm512_fmadd_ps(p, T::load16(vj.add(c * KB)), acc[qi][c]);
+                    acc[qi][c] = v::_mm512_fmadd_ps(p, T::load16(vj, c * KB), acc[qi][c]);
                 }
             }
         }
@@ -959,17 +977,17 @@ mod x86 {
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm512_setzero_ps(); DMAX / KB]; VB];
         for j in vp.k0..common {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             fetch_rows(vp.values, vp.d, j + AHEAD * KB, 1);
             for c in 0..chunks {
-                let vv = T::load16(vj.add(c * KB));
+                let vv = T::load16(vj, c * KB);
                 for qi in 0..qn {
                     acc[qi][c] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(score(qi, j)), vv, acc[qi][c]);
                 }
             }
         }
         for j in common..last {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             for qi in 0..qn {
                 let (i, _) = vp.q.rows[q0 + qi];
                 if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
@@ -977,7 +995,7 @@ mod x86 {
                 }
                 let p = v::_mm512_set1_ps(score(qi, j));
                 for c in 0..chunks {
-                    acc[qi][c] = v::_mm512_fmadd_ps(p, T::load16(vj.add(c * KB)), acc[qi][c]);
+                    acc[qi][c] = v::_mm512_fmadd_ps(p, T::load16(vj, c * KB), acc[qi][c]);
                 }
             }
         }
@@ -1040,14 +1058,13 @@ mod x86_avx2 {
     #[inline(always)]
     pub(super) unsafe fn transpose16<T: Lanes>(keys: *const T, d: usize, j0: usize, total: usize, kt: &mut [f32]) {
         if total - j0 < KB {
-            let all = std::slice::from_raw_parts(keys, total * d);
-            return super::transpose(all, d, j0, total, kt);
+            return super::transpose(keys, d, j0, total, kt);
         }
         for h in 0..2 {
             for c0 in (0..d).step_by(H) {
                 let mut r = [v::_mm256_setzero_ps(); H];
                 for lane in 0..H {
-                    r[lane] = T::load8(keys.add((j0 + H * h + lane) * d + c0));
+                    r[lane] = T::load8(keys.add((j0 + H * h + lane) * T::row_len(d)), c0);
                 }
                 let mut a = [v::_mm256_setzero_ps(); H];
                 for k in 0..4 {
@@ -1209,7 +1226,7 @@ mod x86_avx2 {
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm256_setzero_ps(); C]; Q];
         for j in vp.k0..common {
-            let vj = vp.values.add(j * vp.d + c0 * H);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             if c0 == 0 {
                 fetch_rows(vp.values, vp.d, j + AHEAD * KB, 1);
             }
@@ -1218,14 +1235,14 @@ mod x86_avx2 {
                 p[qi] = v::_mm256_set1_ps(score(qi, j));
             }
             for c in 0..C {
-                let vv = T::load8(vj.add(c * H));
+                let vv = T::load8(vj, (c0 + c) * H);
                 for qi in 0..Q {
                     acc[qi][c] = v::_mm256_fmadd_ps(p[qi], vv, acc[qi][c]);
                 }
             }
         }
         for j in common..last {
-            let vj = vp.values.add(j * vp.d + c0 * H);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             for qi in 0..Q {
                 let (i, _) = vp.q.rows[q0 + qi];
                 if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
@@ -1233,7 +1250,7 @@ mod x86_avx2 {
                 }
                 let p = v::_mm256_set1_ps(score(qi, j));
                 for c in 0..C {
-                    acc[qi][c] = v::_mm256_fmadd_ps(p, T::load8(vj.add(c * H)), acc[qi][c]);
+                    acc[qi][c] = v::_mm256_fmadd_ps(p, T::load8(vj, (c0 + c) * H), acc[qi][c]);
                 }
             }
         }
@@ -1257,17 +1274,17 @@ mod x86_avx2 {
         let score = |qi: usize, j: usize| *vp.scores.add((q0 + qi) * vp.span + j - vp.k0);
         let mut acc = [[v::_mm256_setzero_ps(); DMAX / H]; VB];
         for j in vp.k0..common {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             fetch_rows(vp.values, vp.d, j + AHEAD * KB, 1);
             for c in 0..chunks {
-                let vv = T::load8(vj.add(c * H));
+                let vv = T::load8(vj, c * H);
                 for qi in 0..qn {
                     acc[qi][c] = v::_mm256_fmadd_ps(v::_mm256_set1_ps(score(qi, j)), vv, acc[qi][c]);
                 }
             }
         }
         for j in common..last {
-            let vj = vp.values.add(j * vp.d);
+            let vj = vp.values.add(j * T::row_len(vp.d));
             for qi in 0..qn {
                 let (i, _) = vp.q.rows[q0 + qi];
                 if j >= limit[qi] || !allowed(vp.mask, vp.total, vp.past, i, j) {
@@ -1275,7 +1292,7 @@ mod x86_avx2 {
                 }
                 let p = v::_mm256_set1_ps(score(qi, j));
                 for c in 0..chunks {
-                    acc[qi][c] = v::_mm256_fmadd_ps(p, T::load8(vj.add(c * H)), acc[qi][c]);
+                    acc[qi][c] = v::_mm256_fmadd_ps(p, T::load8(vj, c * H), acc[qi][c]);
                 }
             }
         }
@@ -1310,7 +1327,7 @@ mod tests {
     }
 
     /// Every path, every thread count, a query alone or among others and
-    /// under a tree's mask: the same bits.
+    /// under a tree's mask (its root row the chain's): the same bits.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn the_shuffle_transposes_move_every_key() {
@@ -1318,7 +1335,7 @@ mod tests {
         let keys = values(total * d, 9);
         for j0 in [0, 16, 32] {
             let mut a = vec![f32::NAN; d * KB];
-            transpose(&keys, d, j0, total, &mut a);
+            unsafe { transpose(keys.as_ptr(), d, j0, total, &mut a) };
             let want: Vec<u32> = a.iter().map(|x| x.to_bits()).collect();
             if path_available(Path::Avx512) {
                 let mut b = vec![f32::NAN; d * KB];
@@ -1364,18 +1381,19 @@ mod tests {
         same_bits(64, CHUNK - 4, CHUNK + 16);
     }
 
-    /// A binary16 cache is read as the float32 values it holds: its
-    /// attention has the bits of a float32 cache holding the rounded keys
-    /// and values, on every path and thread count, split or not, causal,
-    /// windowed or under a tree's mask (so every float32 test above holds
-    /// for it).
+    /// A binary16 or q8_0 cache is read as the float32 values it holds:
+    /// its attention has the bits of a float32 cache holding those values,
+    /// on every path and thread count, split or not, causal, windowed or
+    /// under a tree's mask (so every float32 test above holds for it).
     #[test]
-    fn a_half_cache_reads_as_its_float32_values() {
+    fn a_half_or_q8_cache_reads_as_its_float32_values() {
+        use crate::kv::Stored;
         use half::f16;
         for (head_dim, past, capacity) in [
             (64, 37, 64),
             (40, 2 * CHUNK + 90, 3 * CHUNK),
             (128, CHUNK - 4, CHUNK + 16),
+            (64, 2 * CHUNK + 90, 3 * CHUNK),
         ] {
             let s = Shape {
                 hidden: 0,
@@ -1386,18 +1404,45 @@ mod tests {
                 eps: 0.0,
                 window: 0,
             };
-            let (d, n) = (head_dim, 5);
+            let (d, n, rows) = (head_dim, 5, s.kv_heads * capacity);
             let width = (s.heads + 2 * s.kv_heads) * d;
             let qkv = values(n * width, 4);
-            let half = |seed| -> Vec<f16> {
-                values(s.kv_heads * capacity * d, seed)
-                    .iter()
-                    .map(|x| f16::from_f32(x * 3.7))
-                    .collect()
+            let (k0, v0) = (values(rows * d, 5), values(rows * d, 6));
+            let scaled = |x: &[f32]| -> Vec<f32> { x.iter().map(|v| v * 3.7).collect() };
+            let (k0, v0) = (scaled(&k0), scaled(&v0));
+            // each stored type written row by row, as a layer writes it
+            let (mut kh, mut vh) = (vec![f16::ZERO; rows * d], vec![f16::ZERO; rows * d]);
+            let q8 = d % crate::kv::Q8_BLOCK == 0;
+            let w = Q8::row_len(d);
+            let (mut kq, mut vq) = (vec![0u8; rows * w], vec![0u8; rows * w]);
+            for r in 0..rows {
+                let (key, value) = (&k0[r * d..(r + 1) * d], &v0[r * d..(r + 1) * d]);
+                Kv::F16 {
+                    keys: &mut kh,
+                    values: &mut vh,
+                }
+                .write(r, key, value);
+                if q8 {
+                    Kv::Q8 {
+                        keys: &mut kq,
+                        values: &mut vq,
+                    }
+                    .write(r, key, value);
+                }
+            }
+            // the float32 values each holds
+            let widen =
+                |get: &dyn Fn(usize, usize) -> f32| -> Vec<f32> { (0..rows * d).map(|i| get(i / d, i % d)).collect() };
+            let (khf, vhf) = (
+                widen(&|r, c| kh[r * d + c].to_f32()),
+                widen(&|r, c| vh[r * d + c].to_f32()),
+            );
+            let (kqf, vqf) = unsafe {
+                (
+                    widen(&|r, c| Q8::get(kq.as_ptr().add(r * w) as *const Q8, c)),
+                    widen(&|r, c| Q8::get(vq.as_ptr().add(r * w) as *const Q8, c)),
+                )
             };
-            let (kh, vh) = (half(5), half(6));
-            let widen = |h: &[f16]| -> Vec<f32> { h.iter().map(|x| x.to_f32()).collect() };
-            let (kf, vf) = (widen(&kh), widen(&vh));
             let total = past + n;
             let mut tree = vec![0u8; n * total];
             for i in 0..n {
@@ -1418,7 +1463,8 @@ mod tests {
                             attention(&qkv, &mut out, &seg, s, threads, path);
                             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                         };
-                        let (mut a, mut b, mut c, mut e) = (kh.clone(), vh.clone(), kf.clone(), vf.clone());
+                        let what = format!("d {d} past {past} {path:?} {threads} window {window}");
+                        let (mut a, mut b, mut c, mut e) = (kh.clone(), vh.clone(), khf.clone(), vhf.clone());
                         let got = run(Kv::F16 {
                             keys: &mut a,
                             values: &mut b,
@@ -1427,7 +1473,19 @@ mod tests {
                             keys: &mut c,
                             values: &mut e,
                         });
-                        assert_eq!(got, want, "d {d} past {past} {path:?} {threads} window {window}");
+                        assert_eq!(got, want, "f16, {what}");
+                        if q8 {
+                            let (mut a, mut b, mut c, mut e) = (kq.clone(), vq.clone(), kqf.clone(), vqf.clone());
+                            let got = run(Kv::Q8 {
+                                keys: &mut a,
+                                values: &mut b,
+                            });
+                            let want = run(Kv::F32 {
+                                keys: &mut c,
+                                values: &mut e,
+                            });
+                            assert_eq!(got, want, "q8_0, {what}");
+                        }
                     }
                 }
             }

@@ -190,6 +190,9 @@ pub struct StepShapes<'s> {
     pub pasts: usize,
     pub keys: Vec<&'s [usize]>,
     pub values: Vec<&'s [usize]>,
+    /// Which key arrays hold q8_0 rows (bytes: `kv::Q8_BYTES` per 32
+    /// values, so their last axis is head_dim / 32 · 34); none if empty.
+    pub q8: Vec<bool>,
     pub masked: bool,
 }
 
@@ -225,13 +228,28 @@ impl StepShapes<'_> {
         }
         for (i, (k, v)) in self.keys.iter().zip(&self.values).enumerate() {
             let l = &layers[i % depth];
-            if k.len() != 3 || *k != [l.kv_heads, k[1], l.head_dim] || v != k {
+            let q8 = self.q8.get(i).copied().unwrap_or(false);
+            if q8 && !l.head_dim.is_multiple_of(crate::kv::Q8_BLOCK) {
                 return Err(SpecError::Shape(format!(
-                    "{what}: sequence {} layer {}: keys {k:?}, values {v:?}; expected ({}, capacity, {})",
+                    "{what}: layer {}: a q8_0 cache holds blocks of {} values; the head size {} is not a \
+                     multiple: use an f32 or f16 cache",
+                    i % depth,
+                    crate::kv::Q8_BLOCK,
+                    l.head_dim
+                )));
+            }
+            let width = if q8 {
+                l.head_dim / crate::kv::Q8_BLOCK * crate::kv::Q8_BYTES
+            } else {
+                l.head_dim
+            };
+            if k.len() != 3 || *k != [l.kv_heads, k[1], width] || v != k {
+                return Err(SpecError::Shape(format!(
+                    "{what}: sequence {} layer {}: keys {k:?}, values {v:?}; expected ({}, capacity, {width}){}",
                     i / depth,
                     i % depth,
                     l.kv_heads,
-                    l.head_dim
+                    if q8 { " bytes of q8_0 rows" } else { "" }
                 )));
             }
         }
@@ -304,11 +322,20 @@ pub fn layer(
     }
     for (i, g) in segments.iter().enumerate() {
         let total = g.cache.past + g.n;
-        let cache_len = s.kv_heads * g.cache.capacity * d;
+        if matches!(g.cache.kv, crate::kv::Kv::Q8 { .. }) && !d.is_multiple_of(crate::kv::Q8_BLOCK) {
+            return Err(bad(format!(
+                "sequence {i}: a q8_0 cache holds blocks of {} values; the head size {d} is not a \
+                 multiple: use an f32 or f16 cache",
+                crate::kv::Q8_BLOCK
+            )));
+        }
+        let cache_len = s.kv_heads * g.cache.capacity * g.cache.kv.row_len(d);
         let (keys, values) = g.cache.kv.lens();
         if keys != cache_len || values != cache_len || total > g.cache.capacity {
             return Err(bad(format!(
-                "sequence {i}: a cache of {keys} keys and {values} values for capacity {} and {total} positions",
+                "sequence {i}: a {} cache of {keys} key and {values} value elements for capacity {} and \
+                 {total} positions",
+                g.cache.kv.name(),
                 g.cache.capacity
             )));
         }
@@ -349,7 +376,7 @@ pub fn layer(
             }
             let cache = &mut g.cache;
             for kv in 0..s.kv_heads {
-                let to = (kv * cache.capacity + cache.past + i) * d;
+                let to = kv * cache.capacity + cache.past + i; // a row of the cache
                 let from = r * row + qd + kv * d;
                 cache
                     .kv
@@ -702,6 +729,7 @@ mod tests {
             pasts: 2,
             keys: vec![&kv[..]; 4],
             values: vec![&kv[..]; 4],
+            q8: Vec::new(),
             masked: false,
         };
         let layers = [s, s];

@@ -34,20 +34,23 @@ def tiny() -> Any:
 
 @pytest.fixture(
     scope="module",
-    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16")],
-    ids=["f32", "q8", "q8-f16cache"],
+    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16"), ("q8", "q8_0")],
+    ids=["f32", "q8", "q8-f16cache", "q8-q8cache"],
 )
 def gguf(
     tiny: Any, tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
 ) -> Any:
-    """A GGUF target with float32 or q8 activations and a float32 or
-    float16 cache (each exact by itself)."""
+    """A GGUF target with float32 or q8 activations and a float32, float16
+    or q8_0 cache (each exact by itself; q8_0: a tiny model with heads of
+    32, its block)."""
     from specdec_rs.gguf import load_gguf
     from specdec_rs.gguf.writer import write_llama
 
+    activations, cache_type = request.param
+    if cache_type == "q8_0":
+        tiny = models.tiny_llama(vocab_size=V, hidden_size=128, num_layers=2, seed=1)
     path = Path(tmp_path_factory.mktemp("batch")) / "tiny.gguf"
     write_llama(tiny, path, linear_type="Q4_1", embed_type="Q8_0")
-    activations, cache_type = request.param
     return load_gguf(path, tokenizer=False, activations=activations, cache_type=cache_type)[0]
 
 

@@ -90,48 +90,66 @@ def files(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> dict[str, tupl
     for kind in ("Q4_0", "Q4_1", "Q8_0"):
         path = folder / f"tiny-{kind}.gguf"
         out[kind] = (path, write_llama(tiny, path, linear_type=kind, embed_type="Q8_0"))
+    # heads of 32 (a q8_0 cache's block): hidden 128, 4 heads
+    wide = models.tiny_llama(vocab_size=V, hidden_size=128, num_layers=2, seed=1)
+    path = folder / "tiny-wide-Q4_1.gguf"
+    out["Q4_1 wide"] = (path, write_llama(wide, path, linear_type="Q4_1", embed_type="Q8_0"))
     return out
 
 
 @pytest.fixture(
     scope="module",
-    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16")],
-    ids=["f32", "q8", "q8-f16cache"],
+    params=[("f32", "f32"), ("q8", "f32"), ("q8", "f16"), ("q8", "q8_0")],
+    ids=["f32", "q8", "q8-f16cache", "q8-q8cache"],
 )
 def target(files: dict[str, tuple[Path, Any]], request: pytest.FixtureRequest) -> Any:
-    """The Q4_1 file's model with float32 or q8 activations, its keys and
-    values cached in float32 or float16: three target functions, each exact
-    by itself (every test on `target` runs on each)."""
+    """A Q4_1 file's model with float32 or q8 activations, its keys and
+    values cached in float32, float16 or q8_0 (the file with heads of 32):
+    four target functions, each exact by itself (every test on `target`
+    runs on each); `target.test_file` names its file in `files`."""
     activations, cache_type = request.param
-    path = files["Q4_1"][0]
-    return load_gguf(path, tokenizer=False, activations=activations, cache_type=cache_type)[0]
+    kind = "Q4_1 wide" if cache_type == "q8_0" else "Q4_1"
+    model = load_gguf(
+        files[kind][0], tokenizer=False, activations=activations, cache_type=cache_type
+    )[0]
+    model.test_file = kind
+    return model
 
 
-def test_a_half_cache_is_another_function_close_to_the_f32_one(
+def test_a_half_or_q8_cache_is_another_function_close_to_the_f32_one(
     files: dict[str, tuple[Path, Any]],
 ) -> None:
-    """cache_type="f16" stores float16 keys and values (half the bytes):
-    logits move by the rounding of the cached keys and values only."""
-    path, twin = files["Q4_1"]
-    f32, _ = load_gguf(path, tokenizer=False)
-    f16, _ = load_gguf(path, tokenizer=False, cache_type="f16")
+    """cache_type="f16" stores float16 keys and values (half the bytes),
+    "q8_0" ggml's q8_0 blocks as uint8 rows (34 bytes per 32 values): logits
+    move by the rounding of the cached keys and values only."""
     ids = torch.randint(0, V, (23,), generator=torch.Generator().manual_seed(4))
-    with torch.inference_mode():
-        half_cache, full_cache = runner.new_cache(f16), runner.new_cache(f32)
-        a = runner.forward(f16, ids, half_cache, keep=len(ids))
-        b = runner.forward(f32, ids, full_cache, keep=len(ids))
-    assert half_cache.layers[0].keys.dtype == torch.float16
-    assert full_cache.layers[0].keys.dtype == torch.float32
-    scale = float(b.abs().max())
-    assert not torch.equal(a, b) and float((a - b).abs().max()) < 2e-3 * scale
+    for kind, cache_type, dtype, width, tolerance in (
+        ("Q4_1", "f16", torch.float16, 16, 2e-3),
+        ("Q4_1 wide", "q8_0", torch.uint8, 34, 3e-2),
+    ):
+        path = files[kind][0]
+        full, _ = load_gguf(path, tokenizer=False)
+        small, _ = load_gguf(path, tokenizer=False, cache_type=cache_type)
+        with torch.inference_mode():
+            small_cache, full_cache = runner.new_cache(small), runner.new_cache(full)
+            a = runner.forward(small, ids, small_cache, keep=len(ids))
+            b = runner.forward(full, ids, full_cache, keep=len(ids))
+        keys = small_cache.layers[0].keys
+        assert keys.dtype == dtype and keys.shape[-1] == width, (keys.dtype, keys.shape)
+        assert full_cache.layers[0].keys.dtype == torch.float32
+        scale = float(b.abs().max())
+        error = float((a - b).abs().max())
+        assert not torch.equal(a, b) and error < tolerance * scale, (cache_type, error, scale)
     with pytest.raises(ValueError, match="cache_type"):
-        load_gguf(path, tokenizer=False, cache_type="q8_0")
+        load_gguf(files["Q4_1"][0], tokenizer=False, cache_type="q4_0")
+    with pytest.raises(ValueError, match="blocks of 32 values; layer 0's heads have 16"):
+        load_gguf(files["Q4_1"][0], tokenizer=False, cache_type="q8_0")
     # a cache filled in one type refuses the other's writes (a model whose type changed)
     from specdec_rs.gguf.model import set_cache_type
 
-    set_cache_type(f32, "f16")
+    set_cache_type(full, "f16")
     with torch.inference_mode(), pytest.raises(ValueError, match="start a new cache"):
-        runner.forward(f32, ids[:2], full_cache, keep=1)
+        runner.forward(full, ids[:2], full_cache, keep=1)
 
 
 def test_the_q8_target_is_another_function_close_to_the_f32_one(
@@ -220,7 +238,7 @@ def test_a_long_prompt_is_prefilled_by_the_kernels_in_chunks(
 
     monkeypatch.setattr(QuantLinear, "dense", counted)
     monkeypatch.setattr(stack, "CHUNK", 16)
-    twin = files["Q4_1"][1]
+    twin = files[target.test_file][1]
     n = 3 * 16 + 5
     ids = torch.randint(0, V, (n + 2,), generator=torch.Generator().manual_seed(7))
     with torch.inference_mode():
@@ -753,3 +771,38 @@ def test_the_layer_refuses_cache_arrays_of_other_types(target: Any) -> None:
     same = np.zeros(shape, np.float32)
     with pytest.raises(ValueError, match="pass each cache array once"):
         call(same, same)
+    # q8_0 rows: uint8, 34 bytes per 32 values, for heads of a multiple of 32
+    rows = (layer.kv_heads, 4, d // 32 * 34)
+    if d % 32 == 0:
+        call(np.zeros(rows, np.uint8), np.zeros(rows, np.uint8))  # accepted
+        with pytest.raises(ValueError, match="bytes of q8_0 rows"):
+            call(np.zeros(shape, np.uint8), np.zeros(shape, np.uint8))
+        with pytest.raises(ValueError, match=r"uint8 \(q8_0\) but values\[0\] is float16"):
+            call(np.zeros(rows, np.uint8), np.zeros(rows, np.float16))
+    else:
+        with pytest.raises(ValueError, match="blocks of 32 values"):
+            call(np.zeros(shape, np.uint8), np.zeros(shape, np.uint8))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="known defect: attention sums a row's softmax denominator in 16 lanes by cache "
+    "slot (and splits its keys in chunks of 256 slots), so a tree row whose ancestors sit at "
+    "other slots than the chain's positions gets other low bits (f32: ~1e-6; q8 activations "
+    "can amplify them past an argmax). The fix: lanes and chunks by the row's own key order.",
+)
+def test_a_tree_row_has_the_bits_of_its_chain_row(files: dict[str, tuple[Path, Any]]) -> None:
+    """The same logits for a node of a draft tree and for its path decoded as
+    a chain: a sibling branch puts node 4's ancestors at other cache slots."""
+    model, _ = load_gguf(files["Q4_1"][0], tokenizer=False)
+    seq = torch.randint(0, V, (40,), generator=torch.Generator().manual_seed(6))
+    with torch.inference_mode():
+        tree_cache = runner.new_cache(model)
+        runner.forward(model, seq[:-1], tree_cache, keep=1)
+        tokens, parents = torch.tensor([11, 12, 13, 14, 5, 6]), [-1, 0, 1, 2, 0, 4]
+        tree, _ = runner.forward_tree(model, seq[-1:], tokens, parents, tree_cache)
+        chain_cache = runner.new_cache(model)
+        runner.forward(model, seq, chain_cache, keep=1)
+        chain = runner.forward(model, torch.tensor([11, 5, 6]), chain_cache, keep=3)
+    torch.testing.assert_close(tree[[1, 5, 6]], chain, rtol=0, atol=1e-5)  # close, always
+    assert torch.equal(tree[[1, 5, 6]], chain)

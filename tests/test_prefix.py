@@ -128,10 +128,11 @@ def test_a_tiny_cache_evicts_and_stays_exact(gguf: Any) -> None:
     block_bytes = (
         2
         * len(gguf.model.layers)
-        * gguf.model.layers[0].cache_dtype.itemsize  # 4 bytes, or 2 in a float16 cache
         * BLOCK
         * gguf.model.layers[0].kv_heads
-        * (gguf.model.layers[0].head_dim)
+        # a row's bytes: 4 or 2 per value (f32, f16), 34 per 32 (q8_0)
+        * gguf.model.layers[0].cache_dtype.itemsize
+        * gguf.model.layers[0].cache_width
     )
     cache = PrefixCache(megabytes=2.5 * block_bytes / (1 << 20))
     rs = shared_requests(0.8)

@@ -91,19 +91,26 @@ def test_tokenizer_and_vocabulary(smollm2: tuple[Any, Any]) -> None:
 
 
 @pytest.mark.slow
-def test_a_half_cache_keeps_the_greedy_identity(smollm2: tuple[Any, Any]) -> None:
-    """SmolLM2 with q8 activations and float16 keys and values (the fast
-    setting; another target function): speculative greedy text equals its
-    own target-only greedy text, for a chain and a tree."""
+@pytest.mark.parametrize("cache_type", ["f16", "q8_0"])
+def test_a_smaller_cache_keeps_the_greedy_identity(
+    smollm2: tuple[Any, Any], cache_type: str
+) -> None:
+    """SmolLM2 with q8 activations and float16 or q8_0 keys and values (the
+    fast settings; other target functions): speculative greedy text equals
+    its own target-only greedy text, for chains (prompt lookup, EAGLE). Not
+    for trees: a tree row's low bits can differ from its chain row's
+    (test_gguf.py's strict xfail), and q8 activations amplify them (with
+    q8_0 an EAGLE tree of 8 on this prompt parts at token 9)."""
     _, tokenizer = smollm2
-    model, _ = models.load_smollm2(activations="q8", cache_type="f16")
-    assert str(model.model.layers[0].cache_dtype) == "torch.float16"
+    model, _ = models.load_smollm2(activations="q8", cache_type=cache_type)
+    want = {"f16": "torch.float16", "q8_0": "torch.uint8"}[cache_type]
+    assert str(model.model.layers[0].cache_dtype) == want
     ids = workloads.encode(tokenizer, workloads.prompts("code")[11])
     baseline = sd.generate(model, None, ids, max_new_tokens=NEW, temperature=0)
     assert baseline.new_tokens > 8
     for drafter, kw in (
         (sd.PromptLookup(), {"k": 8}),
-        (sd.drafters.from_spec("eagle", model, tokenizer, greedy=True), {"tree": 8}),
+        (sd.drafters.from_spec("eagle", model, tokenizer, greedy=True), {"k": 3}),
     ):
         out = sd.generate(model, drafter, ids, max_new_tokens=NEW, temperature=0, **kw)
         assert out.tokens == baseline.tokens, drafter.name

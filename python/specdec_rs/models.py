@@ -133,8 +133,8 @@ def load_smollm2(
     (the reference); "auto" (default) takes "gguf" on the CPU in float32.
     `activations` ("f32", "q8"): the GGUF products' activations
     (`gguf.model.set_activations`; "q8" needs the GGUF weights);
-    `cache_type` ("f32", "f16"): the type its keys and values are cached in
-    (`gguf.model.set_cache_type`; "f16" needs the GGUF weights).
+    `cache_type` ("f32", "f16", "q8_0"): the type its keys and values are
+    cached in (`gguf.model.set_cache_type`; "f16" and "q8_0" need the GGUF weights).
     `linear`: the float32 model's linear layers for few positions ("auto",
     "rust", "torch"; see `kernels.apply_linear_choice`).
 
@@ -226,11 +226,12 @@ def check_activations(activations: Any, gguf: bool, other: str) -> str:
 
 
 def check_cache_type(cache_type: Any, gguf: bool, other: str) -> str:
-    """`cache_type` ("f32", "f16"), "f16" only with GGUF weights (the Rust layers cache it)."""
-    _checks.choice(cache_type, "cache_type", ("f32", "f16"))
-    if cache_type == "f16" and not gguf:
+    """`cache_type` ("f32", "f16", "q8_0"), "f16" and "q8_0" only with GGUF
+    weights (the Rust layers cache them)."""
+    _checks.choice(cache_type, "cache_type", ("f32", "f16", "q8_0"))
+    if cache_type != "f32" and not gguf:
         raise ValueError(
-            f"cache_type='f16' caches a GGUF model's keys and values in half precision; "
+            f"cache_type={cache_type!r} caches a GGUF model's keys and values in fewer bytes; "
             f"{other} is a transformers model (its cache is its dtype's): use "
             "cache_type='f32', or a GGUF file"
         )

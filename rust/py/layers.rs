@@ -30,11 +30,13 @@ impl<T: numpy::Element> Held<T> {
     }
 }
 
-/// A cache's keys or values as Python passes them: float32 or float16,
-/// (kv_heads, capacity, head_dim), borrowed for writing.
+/// A cache's keys or values as Python passes them: float32 or float16
+/// (kv_heads, capacity, head_dim), or uint8 q8_0 rows (kv_heads, capacity,
+/// head_dim / 32 · 34: ggml's `block_q8_0`, see `kv.rs`), borrowed for writing.
 pub(super) enum CacheArray<'py> {
     F32(numpy::PyReadwriteArray3<'py, f32>),
     F16(numpy::PyReadwriteArray3<'py, half::f16>),
+    Q8(numpy::PyReadwriteArray3<'py, u8>),
 }
 
 impl<'py> CacheArray<'py> {
@@ -49,6 +51,9 @@ impl<'py> CacheArray<'py> {
         if let Ok(x) = a.cast::<numpy::PyArray3<half::f16>>() {
             return x.try_readwrite().map(CacheArray::F16).map_err(busy);
         }
+        if let Ok(x) = a.cast::<numpy::PyArray3<u8>>() {
+            return x.try_readwrite().map(CacheArray::Q8).map_err(busy);
+        }
         let got = match a.getattr("dtype").and_then(|t| t.str()) {
             Ok(t) => format!(
                 "a {t} array of {} dimensions",
@@ -57,7 +62,8 @@ impl<'py> CacheArray<'py> {
             Err(_) => format!("a {}", a.get_type().name().map_or("?".into(), |n| n.to_string())),
         };
         Err(PyValueError::new_err(format!(
-            "{what} is {got}; expected a float32 or float16 array (kv_heads, capacity, head_dim)"
+            "{what} is {got}; expected a float32 or float16 array (kv_heads, capacity, head_dim), \
+             or uint8 q8_0 rows (kv_heads, capacity, head_dim / 32 · 34)"
         )))
     }
 
@@ -65,6 +71,19 @@ impl<'py> CacheArray<'py> {
         match self {
             CacheArray::F32(a) => a.shape(),
             CacheArray::F16(a) => a.shape(),
+            CacheArray::Q8(a) => a.shape(),
+        }
+    }
+
+    fn q8(&self) -> bool {
+        matches!(self, CacheArray::Q8(_))
+    }
+
+    fn name(&self) -> &'static str {
+        match self {
+            CacheArray::F32(_) => "float32",
+            CacheArray::F16(_) => "float16",
+            CacheArray::Q8(_) => "uint8 (q8_0)",
         }
     }
 
@@ -95,17 +114,15 @@ fn kv_of<'a>(
             keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
             values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
         },
-        (k, _) => {
-            let name = |a: &CacheArray<'_>| {
-                if matches!(a, CacheArray::F32(_)) {
-                    "float32"
-                } else {
-                    "float16"
-                }
-            };
+        (CacheArray::Q8(k), CacheArray::Q8(v)) => crate::kv::Kv::Q8 {
+            keys: k.as_slice_mut().map_err(|_| contiguous(format!("keys[{i}]")))?,
+            values: v.as_slice_mut().map_err(|_| contiguous(format!("values[{i}]")))?,
+        },
+        (k, v) => {
             return Err(PyValueError::new_err(format!(
-                "{call}: keys[{i}] is {} but values[{i}] is not; a cache stores its keys and values in one type",
-                name(k)
+                "{call}: keys[{i}] is {} but values[{i}] is {}; a cache stores its keys and values in one type",
+                k.name(),
+                v.name()
             )));
         }
     })
@@ -265,6 +282,7 @@ impl LlamaStack {
             pasts: pasts.len(),
             keys: keys.iter().map(|k| k.shape()).collect(),
             values: values.iter().map(|v| v.shape()).collect(),
+            q8: keys.iter().map(CacheArray::q8).collect(),
             masked: mask.is_some(),
         }
         .check("LlamaStack.forward", &shapes, self.hidden)?;
@@ -399,6 +417,7 @@ pub(super) fn llama_layer(
         pasts: pasts.len(),
         keys: keys.iter().map(|k| k.shape()).collect(),
         values: values.iter().map(|v| v.shape()).collect(),
+        q8: keys.iter().map(CacheArray::q8).collect(),
         masked: mask.is_some(),
     }
     .check("llama_layer", &[s], s.hidden)?;

@@ -101,7 +101,8 @@ class FusedLlamaLayer(nn.Module):
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.window = int(getattr(config, "specdec_sliding_window", 0) or 0)
-        self.cache_dtype = torch.float32  # the keys and values it caches (`model.set_cache_type`)
+        # the keys and values it caches (`model.set_cache_type`): a row's type and width
+        self.cache_dtype, self.cache_width = torch.float32, d
         inter = parts["down_proj"].in_features
         # q, k, v (and gate, up) as one product when they share a format
         # (the usual case) or the file fuses them, else one each (files mix formats)
@@ -314,7 +315,7 @@ class FusedLlamaLayer(nn.Module):
         over all N rows; attention per sequence. `mask` (n, past + n) uint8
         only for one sequence (a tree)."""
         keys, values, pasts = [], [], []
-        like = (1, self.kv_heads, self.head_dim)
+        like = (1, self.kv_heads, self.cache_width)
         for layer, n in zip(layers, lengths, strict=True):
             k, v, past = layer.slot_arrays(n, like, self.cache_dtype)
             keys.append(k)

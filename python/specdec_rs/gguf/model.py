@@ -397,14 +397,16 @@ def set_activations(model: Any, activations: str) -> None:
 
 
 def set_cache_type(model: Any, cache_type: str) -> None:
-    """Cache the keys and values of every GGUF layer of `model` as "f32"
-    or "f16" (IEEE half: half the bytes a step reads past a long context,
-    llama.cpp's default). Each key and value is rounded to nearest even
-    once, when its position is written, and read back exactly; attention
-    reads a block's own keys from the cache too, so the forward stays one
-    function of the tokens (batch-, chunk- and split-invariant): two target
-    functions, each exact by itself. Caches already filled keep their type
-    (a ValueError when the model writes to one of the other type)."""
+    """Cache the keys and values of every GGUF layer of `model` as "f32",
+    "f16" (IEEE half: half the bytes a step reads past a long context,
+    llama.cpp's default) or "q8_0" (ggml's blocks of 32: a float16 scale and
+    32 int8 codes, 34 bytes; rows stored as uint8, head sizes a multiple of
+    32). Each key and value is rounded once, when its position is written,
+    and read back exactly (`rust/kv.rs`); attention reads a block's own keys
+    from the cache too, so the forward stays one function of the tokens
+    (batch-, chunk- and split-invariant): each type another target
+    function, exact by itself. Caches already filled keep their type (a
+    ValueError when the model writes to one of another type)."""
     import torch
 
     from specdec_rs import _checks
@@ -412,10 +414,18 @@ def set_cache_type(model: Any, cache_type: str) -> None:
     from specdec_rs.gguf.modules import CACHE_TYPES
 
     _checks.choice(cache_type, "cache_type", CACHE_TYPES)
-    dtype = {"f32": torch.float32, "f16": torch.float16}[cache_type]
-    for module in model.modules():
-        if isinstance(module, FusedLlamaLayer):
-            module.cache_dtype = dtype
+    dtype = {"f32": torch.float32, "f16": torch.float16, "q8_0": torch.uint8}[cache_type]
+    layers = [m for m in model.modules() if isinstance(m, FusedLlamaLayer)]
+    for module in layers:
+        if cache_type == "q8_0" and module.head_dim % 32:
+            raise ValueError(
+                f"cache_type='q8_0' stores blocks of 32 values; layer {module.layer_idx}'s "
+                f"heads have {module.head_dim}: use cache_type='f16' or 'f32'"
+            )
+    for module in layers:
+        d = module.head_dim
+        module.cache_dtype = dtype
+        module.cache_width = d // 32 * 34 if cache_type == "q8_0" else d
     model.config.specdec_cache_type = cache_type  # `identity` and the profiles read it
 
 

@@ -39,7 +39,8 @@ NATIVE_TYPES = {
     30: "BF16",
 }
 ACTIVATIONS = ("f32", "q8")
-CACHE_TYPES = ("f32", "f16")  # the keys and values a GGUF model caches (`model.set_cache_type`)
+# the keys and values a GGUF model caches (`model.set_cache_type`)
+CACHE_TYPES = ("f32", "f16", "q8_0")
 
 
 class _Product(torch.autograd.Function):

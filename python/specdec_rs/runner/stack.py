@@ -127,8 +127,8 @@ class Stack:
         x = self.base.embed_tokens(ids[None])[0].float().contiguous()
         cos, sin = self.base.rotary_emb(x[None], positions[None])
         keys, values = [], []
-        like = (1, *self.kv)
-        dtype = self.base.layers[0].cache_dtype
+        first = self.base.layers[0]
+        like, dtype = (1, self.kv[0], first.cache_width), first.cache_dtype
         for cache, n in zip(caches, lengths, strict=True):
             for layer in cache.layers[: self.depth]:
                 k, v, _ = layer.slot_arrays(n, like, dtype)
