@@ -8,8 +8,8 @@
 //!     cargo run --release --example attn_bench -- 2048 1 2 best f16
 //!
 //! PATH names an instruction path (`quant::Path`, as Debug prints it;
-//! "best" or none: the host's best); CACHE the stored type, f32 (default)
-//! or f16; "cold": each run reads another copy of the caches, so that none
+//! "best" or none: the host's best); CACHE the stored type, f32 (default),
+//! f16 or q8_0; "cold": each run reads another copy of the caches, so that none
 //! is in the last-level cache (as in a forward, where the weights stream
 //! between the layers' attention), else the same copy (warm where it fits).
 
@@ -52,13 +52,35 @@ fn main() {
         .map(|l| (0..3 * cap * d).map(|i| ((i * 7 + l) % 13) as f32 * 0.01).collect())
         .collect();
     let mut vs = ks.clone();
-    let half = raw.get(4).is_some_and(|c| c == "f16");
+    let cache = raw.get(4).map_or("f32", String::as_str);
     let halves = |xs: &[Vec<f32>]| -> Vec<Vec<half::f16>> {
         xs.iter()
             .map(|x| x.iter().map(|&v| half::f16::from_f32(v)).collect())
             .collect()
     };
     let (mut kh, mut vh) = (halves(&ks), halves(&vs));
+    // q8_0 rows, written as a layer writes them
+    let q8s = |xs: &[Vec<f32>]| -> Vec<Vec<u8>> {
+        xs.iter()
+            .map(|x| {
+                let rows = x.len() / d;
+                let (mut k, mut spare) = (vec![0u8; rows * d / 32 * 34], vec![0u8; rows * d / 32 * 34]);
+                let mut kv = Kv::Q8 {
+                    keys: &mut k,
+                    values: &mut spare,
+                };
+                for r in 0..rows {
+                    kv.write(r, &x[r * d..(r + 1) * d], &x[r * d..(r + 1) * d]);
+                }
+                k
+            })
+            .collect()
+    };
+    let (mut kq, mut vq) = if cache == "q8_0" {
+        (q8s(&ks), q8s(&vs))
+    } else {
+        (Vec::new(), Vec::new())
+    };
     let row = (9 + 6) * d;
     let qkv: Vec<f32> = (0..n * row).map(|i| (i % 17) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; n * 9 * d];
@@ -66,16 +88,19 @@ fn main() {
     for run in 0..20 {
         let t = Instant::now();
         for l in (run % copies) * layers..(run % copies + 1) * layers {
-            let kv = if half {
-                Kv::F16 {
+            let kv = match cache {
+                "f16" => Kv::F16 {
                     keys: &mut kh[l],
                     values: &mut vh[l],
-                }
-            } else {
-                Kv::F32 {
+                },
+                "q8_0" => Kv::Q8 {
+                    keys: &mut kq[l],
+                    values: &mut vq[l],
+                },
+                _ => Kv::F32 {
                     keys: &mut ks[l],
                     values: &mut vs[l],
-                }
+                },
             };
             let segs = [Segment {
                 n,
@@ -92,7 +117,7 @@ fn main() {
     }
     println!(
         "past {past} n {n} threads {threads} {path:?} {}: {:.3} ms (30 layers)",
-        if half { "f16" } else { "f32" },
+        cache,
         best * 1e3
     );
 }
