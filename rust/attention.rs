@@ -29,11 +29,13 @@
 //! a_c,i; out_i = o_i · (1/S). With one chunk (a context of at most 256
 //! positions) w = 1 and this is the plain softmax. Keys a query may not see
 //! add nothing (not even a zero), and a chunk with none it may see is left
-//! out, so a row's output is the same bits alone or in any batch. Not in a
-//! tree: a row whose visible keys sit at other slots than its chain's
-//! (a later branch's ancestors) puts them in other lanes of s_c (and, across
-//! a multiple of 256, in another chunk), so its low bits differ (a known
-//! defect; the fix is lanes and chunks by the row's own key order).
+//! out, so a row's output is the same bits alone or in any batch. Under a
+//! tree's (or lookahead window's) mask, "key j" above means the row's j-th
+//! visible key in ascending slots (lanes j mod 16, chunks j / 256): a row of
+//! a later branch, whose ancestors sit at other slots than its path's
+//! positions, then computes what its path's causal row computes, bit for bit
+//! (`in_own_order`: its s_c taken again by its own lanes, or, where its keys
+//! fall in another chunk than their slots, its partial computed again).
 
 // Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
@@ -324,6 +326,25 @@ unsafe fn chunk_of<T: Lanes>(
     buf: &mut Buffers,
     path: Path,
 ) {
+    chunk_on_path(t, head, q, keys, at, off, buf, path);
+    if q.extras.iter().any(|e| !e.is_empty()) {
+        in_own_order(t, head, q, keys, at, off, buf, path);
+    }
+}
+
+/// `chunk` on the path's code.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn chunk_on_path<T: Lanes>(
+    t: Task<'_, '_>,
+    head: Head<T>,
+    q: &Queries,
+    keys: (usize, usize),
+    at: &[*mut f32],
+    off: usize,
+    buf: &mut Buffers,
+    path: Path,
+) {
     #[cfg(target_arch = "x86_64")]
     {
         if path.avx512() && t.s.head_dim.is_multiple_of(KB) {
@@ -338,6 +359,118 @@ unsafe fn chunk_of<T: Lanes>(
     }
     let _ = path;
     chunk_lanes(t, head, q, keys, at, off, buf)
+}
+
+/// The queries of a tree's (or window's) rows whose keys are not one run
+/// from the first (`Queries::extras`: a later branch's ancestors) get their
+/// chain row's partial of chunk `keys`: the function of their keys taken in
+/// their own order, key v of the row (v = 0, 1, ...: the run, then the
+/// extras) in lane v mod 16 and chunk v / CHUNK, as a causal row at
+/// position v sees key v. Where the chunk holds the same keys in both
+/// orders (no multiple of CHUNK between an extra's place and its slot), its
+/// max, p_j and value sums are already those (the kernels go through keys
+/// in ascending slots, which is their order), and only the sum s_c is
+/// taken again, by the row's own lanes; else the whole partial is computed
+/// again from the row's keys (`own_chunk`).
+#[allow(clippy::too_many_arguments)]
+unsafe fn in_own_order<T: Stored>(
+    t: Task<'_, '_>,
+    head: Head<T>,
+    q: &Queries,
+    (k0, k1): (usize, usize),
+    at: &[*mut f32],
+    off: usize,
+    buf: &mut Buffers,
+    path: Path,
+) {
+    let (b0, b1) = chunk_blocks(q, (k0, k1));
+    let span = (b1 - b0) * KB;
+    let c = k0 / CHUNK;
+    for qi in 0..t.len {
+        let (run, extras) = (q.run[qi], &q.extras[qi]);
+        if extras.is_empty() || k1 <= run {
+            continue; // its keys here are the run's: their own order
+        }
+        let part = at[qi].add(off);
+        // the row's keys v in this chunk's range: the run's, then extras[v - run]
+        let (v0, v1) = (c * CHUNK, ((c + 1) * CHUNK).min(run + extras.len()));
+        let own = |v: usize| if v < run { v } else { extras[v - run] };
+        let same = v0 >= v1 && (k0..k1).all(|j| j >= run && extras.binary_search(&j).is_err())
+            || v0 < v1
+                && own(v0) >= k0
+                && own(v1 - 1) < k1
+                && (v1 == run + extras.len() || own(v1) >= k1)
+                && (v0 == 0 || own(v0 - 1) < k0);
+        if !same {
+            let slots: Vec<usize> = (v0..v1.max(v0)).map(own).collect();
+            own_chunk(q.qptr[qi], head, t.s.head_dim, &slots, part, path);
+            continue;
+        }
+        if *part == f32::NEG_INFINITY {
+            continue;
+        }
+        let mut lanes = [0.0f32; KB];
+        for v in v0..v1 {
+            lanes[v % KB] += buf.scores[qi * span + own(v) - k0];
+        }
+        *part.add(1) = pairwise(lanes);
+    }
+}
+
+/// A row's partial (see the module docs) of the keys at `slots` taken in
+/// that order as keys v0, v0 + 1, ... of one chunk (v0 a multiple of 16):
+/// the lane-wise operations of the kernels, key by key.
+unsafe fn own_chunk<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32, path: Path) {
+    #[cfg(target_arch = "x86_64")]
+    if path.vector() {
+        return own_chunk_fma(qv, head, d, slots, part);
+    }
+    let _ = path;
+    own_chunk_lanes(qv, head, d, slots, part)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn own_chunk_fma<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32) {
+    own_chunk_lanes(qv, head, d, slots, part)
+}
+
+#[inline(always)]
+unsafe fn own_chunk_lanes<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32) {
+    if slots.is_empty() {
+        return nothing(part);
+    }
+    let w = T::row_len(d);
+    let scale = 1.0 / (d as f32).sqrt();
+    let mut scores = vec![0.0f32; slots.len()];
+    for (b, block) in slots.chunks(KB).enumerate() {
+        let mut acc = [0.0f32; KB];
+        for c in 0..d {
+            let qc = *qv.add(c);
+            for (lane, &j) in block.iter().enumerate() {
+                acc[lane] = qc.mul_add(T::get(head.keys.add(j * w), c), acc[lane]);
+            }
+        }
+        for lane in 0..block.len() {
+            scores[b * KB + lane] = acc[lane] * scale;
+        }
+    }
+    let best = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+    let mut lanes = [0.0f32; KB];
+    for (v, x) in scores.iter_mut().enumerate() {
+        *x = exp(*x - best);
+        lanes[v % KB] += *x;
+    }
+    *part = best;
+    *part.add(1) = pairwise(lanes);
+    let a = std::slice::from_raw_parts_mut(part.add(2), d);
+    a.fill(0.0);
+    for (&j, &p) in slots.iter().zip(&scores) {
+        let row = head.values.add(j * w);
+        for c in 0..d {
+            a[c] = p.mul_add(T::get(row, c), a[c]);
+        }
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -469,6 +602,10 @@ struct Queries {
     qptr: Vec<*const f32>,
     limit: Vec<usize>,
     run: Vec<usize>,
+    /// Under a segment's own mask (a tree's, a lookahead window's), for a
+    /// row that sees the first key, the keys past `run` it sees, ascending
+    /// (empty for most: see `in_own_order`).
+    extras: Vec<Vec<usize>>,
 }
 
 fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
@@ -482,6 +619,7 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
         qptr: vec![qkv.as_ptr(); t.len],
         limit: vec![0; t.len],
         run: vec![0; t.len],
+        extras: vec![Vec::new(); t.len],
     };
     for qi in 0..t.len {
         let flat = t.q0 + qi;
@@ -499,6 +637,13 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
             None => q.limit[qi],
             Some(_) => (0..total).find(|&j| !allowed(mask, total, past, i, j)).unwrap_or(total),
         };
+        // own order for the rows that see the first key (a tree's, a lookahead
+        // window's: the whole past); a band (a window) keeps the slots' order
+        if t.seg.mask.is_some() && q.run[qi] > 0 && q.limit[qi] > q.run[qi] {
+            q.extras[qi] = (q.run[qi]..q.limit[qi])
+                .filter(|&j| allowed(mask, total, past, i, j))
+                .collect();
+        }
     }
     q
 }
@@ -1490,6 +1635,154 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// A tree's row has its chain row's bits: the keys it sees, taken in
+    /// their order, are those of a causal row whose cache holds just them,
+    /// on every path, thread count and cache type, with the tree block
+    /// inside a chunk or across a multiple of 256 (where its rows' keys
+    /// fall in other chunks than their slots).
+    #[test]
+    fn a_tree_row_has_its_chain_rows_bits() {
+        use half::f16;
+        // a tree of 12 rows: the root, then branches (parents by row)
+        let parents: [isize; 12] = [-1, 0, 1, 2, 0, 4, 5, 0, 7, 1, 9, 6];
+        let n = parents.len();
+        for (head_dim, past) in [(64, 37), (64, 250), (32, 2 * CHUNK - 5), (64, CHUNK - 1)] {
+            let s = Shape {
+                hidden: 0,
+                heads: 4,
+                kv_heads: 2,
+                head_dim,
+                inter: 0,
+                eps: 0.0,
+                window: 0,
+            };
+            let d = head_dim;
+            let (capacity, total) = (past + n + 16, past + n);
+            let width = (s.heads + 2 * s.kv_heads) * d;
+            let qkv = values(n * width, 7);
+            let (k0, v0) = (
+                values(s.kv_heads * capacity * d, 8),
+                values(s.kv_heads * capacity * d, 9),
+            );
+            let mut mask = vec![0u8; n * total];
+            for i in 0..n {
+                mask[i * total..i * total + past].fill(1);
+                let mut j = i as isize;
+                while j >= 0 {
+                    mask[i * total + past + j as usize] = 1;
+                    j = parents[j as usize];
+                }
+            }
+            for cache in ["f32", "f16", "q8_0"] {
+                if cache == "q8_0" && d % 32 != 0 {
+                    continue;
+                }
+                // the stored rows of keys and values, as one buffer each per type
+                let store = |k: &[f32], v: &[f32], rows: usize| -> (Vec<u8>, Vec<u8>) {
+                    let w = match cache {
+                        "f32" => d * 4,
+                        "f16" => d * 2,
+                        _ => d / 32 * 34,
+                    };
+                    let (mut kb, mut vb) = (vec![0u8; rows * w], vec![0u8; rows * w]);
+                    for r in 0..rows {
+                        let (key, value) = (&k[r * d..(r + 1) * d], &v[r * d..(r + 1) * d]);
+                        let (ks, vs) = (&mut kb[r * w..(r + 1) * w], &mut vb[r * w..(r + 1) * w]);
+                        match cache {
+                            "f32" => {
+                                for c in 0..d {
+                                    ks[c * 4..c * 4 + 4].copy_from_slice(&key[c].to_le_bytes());
+                                    vs[c * 4..c * 4 + 4].copy_from_slice(&value[c].to_le_bytes());
+                                }
+                            }
+                            "f16" => {
+                                for c in 0..d {
+                                    ks[c * 2..c * 2 + 2].copy_from_slice(&f16::from_f32(key[c]).to_le_bytes());
+                                    vs[c * 2..c * 2 + 2].copy_from_slice(&f16::from_f32(value[c]).to_le_bytes());
+                                }
+                            }
+                            _ => Kv::Q8 { keys: ks, values: vs }.write(0, key, value),
+                        }
+                    }
+                    (kb, vb)
+                };
+                let run = |kb: &mut Vec<u8>,
+                           vb: &mut Vec<u8>,
+                           cap: usize,
+                           past: usize,
+                           m: usize,
+                           q: &[f32],
+                           mask: Option<&[u8]>,
+                           path: Path,
+                           threads: usize| {
+                    let kv = match cache {
+                        "f32" => Kv::F32 {
+                            keys: bytemuck_f32(kb),
+                            values: bytemuck_f32(vb),
+                        },
+                        "f16" => Kv::F16 {
+                            keys: bytemuck_f16(kb),
+                            values: bytemuck_f16(vb),
+                        },
+                        _ => Kv::Q8 { keys: kb, values: vb },
+                    };
+                    let seg = [Segment {
+                        n: m,
+                        cache: Cache {
+                            kv,
+                            capacity: cap,
+                            past,
+                        },
+                        mask,
+                    }];
+                    let mut out = vec![0.0f32; m * s.heads * d];
+                    attention(q, &mut out, &seg, s, threads, path);
+                    out
+                };
+                let (mut kb, mut vb) = store(&k0, &v0, s.kv_heads * capacity);
+                for path in Path::all().into_iter().filter(|p| path_available(*p)) {
+                    for threads in [1, 2] {
+                        let tree = run(&mut kb, &mut vb, capacity, past, n, &qkv, Some(&mask), path, threads);
+                        for i in 0..n {
+                            // the chain: a cache of just the row's keys, the row last
+                            let seen: Vec<usize> = (0..total).filter(|&j| mask[i * total + j] != 0).collect();
+                            let m = seen.len();
+                            let cap = m + 3;
+                            let (mut kc, mut vc) =
+                                (vec![0.0f32; s.kv_heads * cap * d], vec![0.0f32; s.kv_heads * cap * d]);
+                            for kv in 0..s.kv_heads {
+                                for (v, &j) in seen.iter().enumerate() {
+                                    let (from, to) = ((kv * capacity + j) * d, (kv * cap + v) * d);
+                                    kc[to..to + d].copy_from_slice(&k0[from..from + d]);
+                                    vc[to..to + d].copy_from_slice(&v0[from..from + d]);
+                                }
+                            }
+                            let (mut kcb, mut vcb) = store(&kc, &vc, s.kv_heads * cap);
+                            let row = &qkv[i * width..(i + 1) * width];
+                            let chain = run(&mut kcb, &mut vcb, cap, m - 1, 1, row, None, path, 1);
+                            let got = &tree[i * s.heads * d..(i + 1) * s.heads * d];
+                            let same = got.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits());
+                            assert!(
+                                same,
+                                "row {i}, past {past}, d {d}, {cache}, {path:?}, {threads} threads"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    fn bytemuck_f32(b: &mut [u8]) -> &mut [f32] {
+        assert!(b.len().is_multiple_of(4) && (b.as_ptr() as usize).is_multiple_of(4));
+        unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut f32, b.len() / 4) }
+    }
+
+    fn bytemuck_f16(b: &mut [u8]) -> &mut [half::f16] {
+        assert!(b.len().is_multiple_of(2) && (b.as_ptr() as usize).is_multiple_of(2));
+        unsafe { std::slice::from_raw_parts_mut(b.as_mut_ptr() as *mut half::f16, b.len() / 2) }
     }
 
     /// The float64 softmax attention of query (row i, head) over the keys `seen`.
