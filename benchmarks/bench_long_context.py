@@ -1,12 +1,12 @@
-"""Generation after a long prompt: the float16 cache against the float32
-one and llama.cpp (whose default cache is float16), target-only and with
-prompt lookup.
+"""Generation after a long prompt: the float16 and q8_0 caches against the
+float32 one and llama.cpp (whose default cache is float16), target-only
+and with prompt lookup.
 
 On SmolLM2-135M-Instruct (its GGUF file), q8 activations, greedy: each
 prompt asks for a change to a standard-library module's source cut to
 about `--context` tokens. Per prompt, interleaved (10 ms between methods):
 llama.cpp target-only (llama-cpp-python, 2 threads), ours target-only with
-each cache type, ours with prompt lookup (k = 8) with each cache type.
+each cache type, ours with prompt lookup (k = 8) with the f32 and f16 caches.
 The decode rate excludes the prefill: ours (new tokens − 1) / (total −
 prefill seconds), llama.cpp its own counters (`llama_perf_context`: tokens
 evaluated after the prompt over their milliseconds); the prefill is
@@ -91,6 +91,7 @@ def main() -> None:
     methods = [
         ("f32 cache, target-only", "f32", False),
         ("f16 cache, target-only", "f16", False),
+        ("q8_0 cache, target-only", "q8_0", False),
         ("f32 cache, prompt lookup k = 8", "f32", True),
         ("f16 cache, prompt lookup k = 8", "f16", True),
     ]
