@@ -386,6 +386,9 @@ unsafe fn in_own_order<T: Stored>(
     let (b0, b1) = chunk_blocks(q, (k0, k1));
     let span = (b1 - b0) * KB;
     let c = k0 / CHUNK;
+    let d = t.s.head_dim;
+    // the chunk's keys (transposed) and values as float32, read once for the rows recomputed
+    let mut chunk_f32: Option<ChunkF32> = None;
     for qi in 0..t.len {
         let (run, extras) = (q.run[qi], &q.extras[qi]);
         if extras.is_empty() || k1 <= run {
@@ -403,7 +406,8 @@ unsafe fn in_own_order<T: Stored>(
                 && (v0 == 0 || own(v0 - 1) < k0);
         if !same {
             let slots: Vec<usize> = (v0..v1.max(v0)).map(own).collect();
-            own_chunk(q.qptr[qi], head, t.s.head_dim, &slots, part, path);
+            let f = chunk_f32.get_or_insert_with(|| ChunkF32::of(head, d, (k0, k1)));
+            own_chunk(q.qptr[qi], head, d, &slots, f, part, path);
             continue;
         }
         if *part == f32::NEG_INFINITY {
@@ -417,38 +421,117 @@ unsafe fn in_own_order<T: Stored>(
     }
 }
 
+/// A chunk's keys k0..k1, transposed (d × (k1 − k0)), and values
+/// ((k1 − k0) × d), as their exact float32 values.
+struct ChunkF32 {
+    k0: usize,
+    len: usize,
+    kt: Vec<f32>,
+    values: Vec<f32>,
+}
+
+impl ChunkF32 {
+    unsafe fn of<T: Stored>(head: Head<T>, d: usize, (k0, k1): (usize, usize)) -> ChunkF32 {
+        let (len, w) = (k1 - k0, T::row_len(d));
+        let mut out = ChunkF32 {
+            k0,
+            len,
+            kt: vec![0.0; d * len],
+            values: vec![0.0; len * d],
+        };
+        for j in 0..len {
+            let (key, value) = (head.keys.add((k0 + j) * w), head.values.add((k0 + j) * w));
+            for c in 0..d {
+                out.kt[c * len + j] = T::get(key, c);
+                out.values[j * d + c] = T::get(value, c);
+            }
+        }
+        out
+    }
+
+    /// Key `slot`'s value c, from the chunk or else from the cache.
+    #[inline(always)]
+    unsafe fn key<T: Stored>(&self, head: Head<T>, d: usize, slot: usize, c: usize) -> f32 {
+        match slot.checked_sub(self.k0) {
+            Some(j) if j < self.len => self.kt[c * self.len + j],
+            _ => T::get(head.keys.add(slot * T::row_len(d)), c),
+        }
+    }
+}
+
 /// A row's partial (see the module docs) of the keys at `slots` taken in
 /// that order as keys v0, v0 + 1, ... of one chunk (v0 a multiple of 16):
-/// the lane-wise operations of the kernels, key by key.
-unsafe fn own_chunk<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32, path: Path) {
+/// the lane-wise operations of the kernels, key by key; keys and values of
+/// the chunk `f` read from it, others from the cache.
+unsafe fn own_chunk<T: Stored>(
+    qv: *const f32,
+    head: Head<T>,
+    d: usize,
+    slots: &[usize],
+    f: &ChunkF32,
+    part: *mut f32,
+    path: Path,
+) {
     #[cfg(target_arch = "x86_64")]
     if path.vector() {
-        return own_chunk_fma(qv, head, d, slots, part);
+        return own_chunk_fma(qv, head, d, slots, f, part);
     }
     let _ = path;
-    own_chunk_lanes(qv, head, d, slots, part)
+    own_chunk_lanes(qv, head, d, slots, f, part)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn own_chunk_fma<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32) {
-    own_chunk_lanes(qv, head, d, slots, part)
+unsafe fn own_chunk_fma<T: Stored>(
+    qv: *const f32,
+    head: Head<T>,
+    d: usize,
+    slots: &[usize],
+    f: &ChunkF32,
+    part: *mut f32,
+) {
+    own_chunk_lanes(qv, head, d, slots, f, part)
 }
 
 #[inline(always)]
-unsafe fn own_chunk_lanes<T: Stored>(qv: *const f32, head: Head<T>, d: usize, slots: &[usize], part: *mut f32) {
+unsafe fn own_chunk_lanes<T: Stored>(
+    qv: *const f32,
+    head: Head<T>,
+    d: usize,
+    slots: &[usize],
+    f: &ChunkF32,
+    part: *mut f32,
+) {
     if slots.is_empty() {
         return nothing(part);
     }
-    let w = T::row_len(d);
     let scale = 1.0 / (d as f32).sqrt();
     let mut scores = vec![0.0f32; slots.len()];
+    let mut kt = vec![0.0f32; d * KB];
     for (b, block) in slots.chunks(KB).enumerate() {
+        // the block's keys transposed (d × 16): a run of the chunk's slots is a copy
+        let first = block[0];
+        let run = first >= f.k0
+            && first + KB <= f.k0 + f.len
+            && block.len() == KB
+            && block.iter().enumerate().all(|(l, &j)| j == first + l);
+        for c in 0..d {
+            let col = &mut kt[c * KB..(c + 1) * KB];
+            if run {
+                let at = c * f.len + first - f.k0;
+                col.copy_from_slice(&f.kt[at..at + KB]);
+            } else {
+                for (lane, x) in col.iter_mut().enumerate() {
+                    *x = block.get(lane).map_or(0.0, |&j| f.key(head, d, j, c));
+                }
+            }
+        }
         let mut acc = [0.0f32; KB];
         for c in 0..d {
             let qc = *qv.add(c);
-            for (lane, &j) in block.iter().enumerate() {
-                acc[lane] = qc.mul_add(T::get(head.keys.add(j * w), c), acc[lane]);
+            let col: &[f32; KB] = kt[c * KB..(c + 1) * KB].try_into().expect("a block of 16");
+            for lane in 0..KB {
+                acc[lane] = qc.mul_add(col[lane], acc[lane]);
             }
         }
         for lane in 0..block.len() {
@@ -465,10 +548,20 @@ unsafe fn own_chunk_lanes<T: Stored>(qv: *const f32, head: Head<T>, d: usize, sl
     *part.add(1) = pairwise(lanes);
     let a = std::slice::from_raw_parts_mut(part.add(2), d);
     a.fill(0.0);
+    let mut row = vec![0.0f32; d];
     for (&j, &p) in slots.iter().zip(&scores) {
-        let row = head.values.add(j * w);
+        let value: &[f32] = match j.checked_sub(f.k0) {
+            Some(r) if r < f.len => &f.values[r * d..(r + 1) * d],
+            _ => {
+                let at = head.values.add(j * T::row_len(d));
+                for (c, x) in row.iter_mut().enumerate() {
+                    *x = T::get(at, c);
+                }
+                &row
+            }
+        };
         for c in 0..d {
-            a[c] = p.mul_add(T::get(row, c), a[c]);
+            a[c] = p.mul_add(value[c], a[c]);
         }
     }
 }
