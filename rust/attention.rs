@@ -34,8 +34,8 @@
 //! visible key in ascending slots (lanes j mod 16, chunks j / 256): a row of
 //! a later branch, whose ancestors sit at other slots than its path's
 //! positions, then computes what its path's causal row computes, bit for bit
-//! (`in_own_order`: its s_c taken again by its own lanes, or, where its keys
-//! fall in another chunk than their slots, its partial computed again).
+//! (`own_order_chunk`: each chunk run under the mask of each row's keys of
+//! that chunk in its own order, its s_c taken again by the row's lanes).
 
 // Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
@@ -245,12 +245,25 @@ unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>,
             None => base.at(qi * count * stride),
         })
         .collect();
+    let own = q.extras.iter().any(|e| !e.is_empty());
+    // own order: a chunk's keys may reach n slots past it (`own_order_chunk`)
+    let most_keys = if own { CHUNK + t.seg.n + KB } else { CHUNK };
     let mut buf = Buffers {
-        scores: vec![0.0f32; t.len * CHUNK],
+        scores: vec![0.0f32; t.len * most_keys],
         kt: vec![0.0f32; d * KB],
     };
     let total = t.seg.cache.past + t.seg.n;
+    // the chunks wholly inside every own-order row's run are the slots' chunks
+    let first_own = (0..t.len)
+        .filter(|&qi| !q.extras[qi].is_empty())
+        .map(|qi| q.run[qi] / CHUNK)
+        .min()
+        .unwrap_or(usize::MAX);
     for c in c0..c1 {
+        if own && c >= first_own {
+            own_order_chunk(t, &q, c, &at, (c - c0) * stride, &mut buf, path);
+            continue;
+        }
         let keys = (c * CHUNK, ((c + 1) * CHUNK).min(total));
         chunk(t, &q, keys, &at, (c - c0) * stride, &mut buf, path);
     }
@@ -327,9 +340,6 @@ unsafe fn chunk_of<T: Lanes>(
     path: Path,
 ) {
     chunk_on_path(t, head, q, keys, at, off, buf, path);
-    if q.extras.iter().any(|e| !e.is_empty()) {
-        in_own_order(t, head, q, keys, at, off, buf, path);
-    }
 }
 
 /// `chunk` on the path's code.
@@ -361,208 +371,79 @@ unsafe fn chunk_on_path<T: Lanes>(
     chunk_lanes(t, head, q, keys, at, off, buf)
 }
 
-/// The queries of a tree's (or window's) rows whose keys are not one run
-/// from the first (`Queries::extras`: a later branch's ancestors) get their
-/// chain row's partial of chunk `keys`: the function of their keys taken in
-/// their own order, key v of the row (v = 0, 1, ...: the run, then the
-/// extras) in lane v mod 16 and chunk v / CHUNK, as a causal row at
-/// position v sees key v. Where the chunk holds the same keys in both
-/// orders (no multiple of CHUNK between an extra's place and its slot), its
-/// max, p_j and value sums are already those (the kernels go through keys
-/// in ascending slots, which is their order), and only the sum s_c is
-/// taken again, by the row's own lanes; else the whole partial is computed
-/// again from the row's keys (`own_chunk`).
-#[allow(clippy::too_many_arguments)]
-unsafe fn in_own_order<T: Stored>(
+/// Chunk c of a task whose segment has its own mask (a tree's, a lookahead
+/// window's) and rows whose keys are not one run from the first
+/// (`Queries::extras`: a later branch's ancestors). Each such row takes
+/// its keys in their own order: key v of the row (v = 0, 1, ...: the run,
+/// then the extras) in chunk v / CHUNK and lane v mod 16, as its path's
+/// causal row at position v takes key v. The kernel runs over the slots
+/// that may hold chunk c's keys of some row (c·CHUNK up to (c + 1)·CHUNK +
+/// n: a row's key sits at most n − 1 slots past its place) under the mask
+/// of each row's keys of chunk c; its max, p_j and value sums are then the
+/// row's (the kernels take keys in ascending slots, which is their order),
+/// and the sum s_c is taken again by the row's own lanes. Other rows get
+/// the slots' chunks, as without a mask.
+unsafe fn own_order_chunk(
     t: Task<'_, '_>,
-    head: Head<T>,
     q: &Queries,
-    (k0, k1): (usize, usize),
+    c: usize,
     at: &[*mut f32],
     off: usize,
     buf: &mut Buffers,
     path: Path,
 ) {
-    let (b0, b1) = chunk_blocks(q, (k0, k1));
+    let (n, past) = (t.seg.n, t.seg.cache.past);
+    let total = past + n;
+    let mask = t.mask.unwrap_or(&[]);
+    let (k0, k1) = (c * CHUNK, ((c + 1) * CHUNK + n).min(total));
+    let end = (c + 1) * CHUNK;
+    // each row's keys of chunk c, as a mask (n × total)
+    let mut mine = vec![0u8; n * total];
+    let mut rows_done = vec![false; n];
+    for qi in 0..t.len {
+        let i = q.rows[qi].0;
+        if std::mem::replace(&mut rows_done[i], true) {
+            continue;
+        }
+        let row = &mut mine[i * total..(i + 1) * total];
+        let (run, extras) = (q.run[qi], &q.extras[qi]);
+        if extras.is_empty() {
+            for j in k0..end.min(total) {
+                row[j] = mask[i * total + j];
+            }
+        } else {
+            row[k0.min(run)..end.min(run)].fill(1);
+            for (rank, &j) in extras.iter().enumerate() {
+                if (run + rank) / CHUNK == c {
+                    row[j] = 1;
+                }
+            }
+        }
+    }
+    let view = Queries {
+        rows: q.rows.clone(),
+        qptr: q.qptr.clone(),
+        limit: q.limit.clone(),
+        run: q.run.iter().map(|&r| r.min(end)).collect(),
+        extras: vec![Vec::new(); t.len],
+    };
+    let tc = Task { mask: Some(&mine), ..t };
+    chunk(tc, &view, (k0, k1), at, off, buf, path);
+    // s_c by each own-order row's lanes, from the p_j the kernel left
+    let (b0, b1) = chunk_blocks(&view, (k0, k1));
     let span = (b1 - b0) * KB;
-    let c = k0 / CHUNK;
-    let d = t.s.head_dim;
-    // the chunk's keys (transposed) and values as float32, read once for the rows recomputed
-    let mut chunk_f32: Option<ChunkF32> = None;
     for qi in 0..t.len {
         let (run, extras) = (q.run[qi], &q.extras[qi]);
-        if extras.is_empty() || k1 <= run {
-            continue; // its keys here are the run's: their own order
-        }
         let part = at[qi].add(off);
-        // the row's keys v in this chunk's range: the run's, then extras[v - run]
-        let (v0, v1) = (c * CHUNK, ((c + 1) * CHUNK).min(run + extras.len()));
+        if extras.is_empty() || *part == f32::NEG_INFINITY {
+            continue;
+        }
         let own = |v: usize| if v < run { v } else { extras[v - run] };
-        let same = v0 >= v1 && (k0..k1).all(|j| j >= run && extras.binary_search(&j).is_err())
-            || v0 < v1
-                && own(v0) >= k0
-                && own(v1 - 1) < k1
-                && (v1 == run + extras.len() || own(v1) >= k1)
-                && (v0 == 0 || own(v0 - 1) < k0);
-        if !same {
-            let slots: Vec<usize> = (v0..v1.max(v0)).map(own).collect();
-            let f = chunk_f32.get_or_insert_with(|| ChunkF32::of(head, d, (k0, k1)));
-            own_chunk(q.qptr[qi], head, d, &slots, f, part, path);
-            continue;
-        }
-        if *part == f32::NEG_INFINITY {
-            continue;
-        }
         let mut lanes = [0.0f32; KB];
-        for v in v0..v1 {
+        for v in k0..end.min(run + extras.len()) {
             lanes[v % KB] += buf.scores[qi * span + own(v) - k0];
         }
         *part.add(1) = pairwise(lanes);
-    }
-}
-
-/// A chunk's keys k0..k1, transposed (d × (k1 − k0)), and values
-/// ((k1 − k0) × d), as their exact float32 values.
-struct ChunkF32 {
-    k0: usize,
-    len: usize,
-    kt: Vec<f32>,
-    values: Vec<f32>,
-}
-
-impl ChunkF32 {
-    unsafe fn of<T: Stored>(head: Head<T>, d: usize, (k0, k1): (usize, usize)) -> ChunkF32 {
-        let (len, w) = (k1 - k0, T::row_len(d));
-        let mut out = ChunkF32 {
-            k0,
-            len,
-            kt: vec![0.0; d * len],
-            values: vec![0.0; len * d],
-        };
-        for j in 0..len {
-            let (key, value) = (head.keys.add((k0 + j) * w), head.values.add((k0 + j) * w));
-            for c in 0..d {
-                out.kt[c * len + j] = T::get(key, c);
-                out.values[j * d + c] = T::get(value, c);
-            }
-        }
-        out
-    }
-
-    /// Key `slot`'s value c, from the chunk or else from the cache.
-    #[inline(always)]
-    unsafe fn key<T: Stored>(&self, head: Head<T>, d: usize, slot: usize, c: usize) -> f32 {
-        match slot.checked_sub(self.k0) {
-            Some(j) if j < self.len => self.kt[c * self.len + j],
-            _ => T::get(head.keys.add(slot * T::row_len(d)), c),
-        }
-    }
-}
-
-/// A row's partial (see the module docs) of the keys at `slots` taken in
-/// that order as keys v0, v0 + 1, ... of one chunk (v0 a multiple of 16):
-/// the lane-wise operations of the kernels, key by key; keys and values of
-/// the chunk `f` read from it, others from the cache.
-unsafe fn own_chunk<T: Stored>(
-    qv: *const f32,
-    head: Head<T>,
-    d: usize,
-    slots: &[usize],
-    f: &ChunkF32,
-    part: *mut f32,
-    path: Path,
-) {
-    #[cfg(target_arch = "x86_64")]
-    if path.vector() {
-        return own_chunk_fma(qv, head, d, slots, f, part);
-    }
-    let _ = path;
-    own_chunk_lanes(qv, head, d, slots, f, part)
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn own_chunk_fma<T: Stored>(
-    qv: *const f32,
-    head: Head<T>,
-    d: usize,
-    slots: &[usize],
-    f: &ChunkF32,
-    part: *mut f32,
-) {
-    own_chunk_lanes(qv, head, d, slots, f, part)
-}
-
-#[inline(always)]
-unsafe fn own_chunk_lanes<T: Stored>(
-    qv: *const f32,
-    head: Head<T>,
-    d: usize,
-    slots: &[usize],
-    f: &ChunkF32,
-    part: *mut f32,
-) {
-    if slots.is_empty() {
-        return nothing(part);
-    }
-    let scale = 1.0 / (d as f32).sqrt();
-    let mut scores = vec![0.0f32; slots.len()];
-    let mut kt = vec![0.0f32; d * KB];
-    for (b, block) in slots.chunks(KB).enumerate() {
-        // the block's keys transposed (d × 16): a run of the chunk's slots is a copy
-        let first = block[0];
-        let run = first >= f.k0
-            && first + KB <= f.k0 + f.len
-            && block.len() == KB
-            && block.iter().enumerate().all(|(l, &j)| j == first + l);
-        for c in 0..d {
-            let col = &mut kt[c * KB..(c + 1) * KB];
-            if run {
-                let at = c * f.len + first - f.k0;
-                col.copy_from_slice(&f.kt[at..at + KB]);
-            } else {
-                for (lane, x) in col.iter_mut().enumerate() {
-                    *x = block.get(lane).map_or(0.0, |&j| f.key(head, d, j, c));
-                }
-            }
-        }
-        let mut acc = [0.0f32; KB];
-        for c in 0..d {
-            let qc = *qv.add(c);
-            let col: &[f32; KB] = kt[c * KB..(c + 1) * KB].try_into().expect("a block of 16");
-            for lane in 0..KB {
-                acc[lane] = qc.mul_add(col[lane], acc[lane]);
-            }
-        }
-        for lane in 0..block.len() {
-            scores[b * KB + lane] = acc[lane] * scale;
-        }
-    }
-    let best = scores.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
-    let mut lanes = [0.0f32; KB];
-    for (v, x) in scores.iter_mut().enumerate() {
-        *x = exp(*x - best);
-        lanes[v % KB] += *x;
-    }
-    *part = best;
-    *part.add(1) = pairwise(lanes);
-    let a = std::slice::from_raw_parts_mut(part.add(2), d);
-    a.fill(0.0);
-    let mut row = vec![0.0f32; d];
-    for (&j, &p) in slots.iter().zip(&scores) {
-        let value: &[f32] = match j.checked_sub(f.k0) {
-            Some(r) if r < f.len => &f.values[r * d..(r + 1) * d],
-            _ => {
-                let at = head.values.add(j * T::row_len(d));
-                for (c, x) in row.iter_mut().enumerate() {
-                    *x = T::get(at, c);
-                }
-                &row
-            }
-        };
-        for c in 0..d {
-            a[c] = p.mul_add(value[c], a[c]);
-        }
     }
 }
 
@@ -697,7 +578,7 @@ struct Queries {
     run: Vec<usize>,
     /// Under a segment's own mask (a tree's, a lookahead window's), for a
     /// row that sees the first key, the keys past `run` it sees, ascending
-    /// (empty for most: see `in_own_order`).
+    /// (empty for most: see `own_order_chunk`).
     extras: Vec<Vec<usize>>,
 }
 
