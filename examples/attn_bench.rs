@@ -58,7 +58,11 @@ fn main() {
             .map(|x| x.iter().map(|&v| half::f16::from_f32(v)).collect())
             .collect()
     };
-    let (mut kh, mut vh) = (halves(&ks), halves(&vs));
+    let (mut kh, mut vh) = if cache == "f16" {
+        (halves(&ks), halves(&vs))
+    } else {
+        (Vec::new(), Vec::new())
+    };
     // q8_0 rows, written as a layer writes them
     let q8s = |xs: &[Vec<f32>]| -> Vec<Vec<u8>> {
         xs.iter()

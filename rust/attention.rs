@@ -283,6 +283,17 @@ struct Head<T> {
     values: *const T,
 }
 
+impl<T: Stored> Head<T> {
+    /// Key-value head `kv` of buffers holding `capacity` rows of d values each.
+    unsafe fn at(keys: *const T, values: *const T, kv: usize, capacity: usize, d: usize) -> Head<T> {
+        let first = kv * capacity * T::row_len(d);
+        Head {
+            keys: keys.add(first),
+            values: values.add(first),
+        }
+    }
+}
+
 /// One chunk of a task's keys, `keys` = (k0, k1), on the path's code:
 /// each query's partial (m, s, a: see the module docs) at `at[qi] + off`,
 /// m = −∞ where it sees none of these keys.
@@ -296,56 +307,27 @@ unsafe fn chunk(
     buf: &mut Buffers,
     path: Path,
 ) {
-    let rows = t.kv * t.seg.cache.capacity; // the head's first row
-    let d = t.s.head_dim;
+    let (kv, capacity, d) = (t.kv, t.seg.cache.capacity, t.s.head_dim);
     match &t.seg.cache.kv {
         Kv::F32 { keys: k, values: v } => {
-            let at_row = rows * f32::row_len(d);
-            let head = Head {
-                keys: k.as_ptr().add(at_row),
-                values: v.as_ptr().add(at_row),
-            };
+            let head = Head::at(k.as_ptr(), v.as_ptr(), kv, capacity, d);
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
         Kv::F16 { keys: k, values: v } => {
-            let at_row = rows * half::f16::row_len(d);
-            let head = Head {
-                keys: k.as_ptr().add(at_row),
-                values: v.as_ptr().add(at_row),
-            };
+            let head = Head::at(k.as_ptr(), v.as_ptr(), kv, capacity, d);
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
         Kv::Q8 { keys: k, values: v } => {
-            let at_row = rows * Q8::row_len(d);
-            let head = Head {
-                keys: k.as_ptr().add(at_row) as *const Q8,
-                values: v.as_ptr().add(at_row) as *const Q8,
-            };
+            let head = Head::at(k.as_ptr() as *const Q8, v.as_ptr() as *const Q8, kv, capacity, d);
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
     }
 }
 
-/// `chunk` on the cache's stored type.
+/// `chunk` on the cache's stored type and the path's code.
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn chunk_of<T: Lanes>(
-    t: Task<'_, '_>,
-    head: Head<T>,
-    q: &Queries,
-    keys: (usize, usize),
-    at: &[*mut f32],
-    off: usize,
-    buf: &mut Buffers,
-    path: Path,
-) {
-    chunk_on_path(t, head, q, keys, at, off, buf, path);
-}
-
-/// `chunk` on the path's code.
-#[allow(clippy::too_many_arguments)]
-#[inline(always)]
-unsafe fn chunk_on_path<T: Lanes>(
     t: Task<'_, '_>,
     head: Head<T>,
     q: &Queries,

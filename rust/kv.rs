@@ -132,12 +132,11 @@ impl Stored for f16 {
 }
 
 impl Q8 {
-    /// The scale of the block holding value c, and where its codes start.
+    /// The float16 scale bits of the block holding value c, and where its codes start.
     #[inline(always)]
-    unsafe fn block(row: *const Q8, c: usize) -> (f32, *const i8) {
+    unsafe fn block(row: *const Q8, c: usize) -> (u16, *const i8) {
         let p = (row as *const u8).add(c / Q8_BLOCK * Q8_BYTES);
-        let scale = crate::q8::f16_to_f32(u16::from_le_bytes([*p, *p.add(1)]));
-        (scale, p.add(2) as *const i8)
+        (u16::from_le_bytes([*p, *p.add(1)]), p.add(2) as *const i8)
     }
 }
 
@@ -148,8 +147,8 @@ impl Stored for Q8 {
     }
     #[inline(always)]
     unsafe fn get(row: *const Q8, c: usize) -> f32 {
-        let (scale, codes) = Q8::block(row, c);
-        *codes.add(c % Q8_BLOCK) as f32 * scale
+        let (bits, codes) = Q8::block(row, c);
+        *codes.add(c % Q8_BLOCK) as f32 * crate::q8::f16_to_f32(bits)
     }
 }
 
@@ -200,29 +199,21 @@ impl Lanes for f16 {
     }
 }
 
-/// The scale bits of the block holding value c, and where its codes start.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn q8_block_bits(row: *const Q8, c: usize) -> (i16, *const i8) {
-    let p = (row as *const u8).add(c / Q8_BLOCK * Q8_BYTES);
-    (i16::from_le_bytes([*p, *p.add(1)]), p.add(2) as *const i8)
-}
-
 #[cfg(target_arch = "x86_64")]
 impl Lanes for Q8 {
     #[inline(always)]
     unsafe fn load16(row: *const Q8, c: usize) -> std::arch::x86_64::__m512 {
         use std::arch::x86_64 as v;
-        let (bits, codes) = q8_block_bits(row, c);
-        let scale = v::_mm512_cvtph_ps(v::_mm256_set1_epi16(bits)); // exact, as `Stored::get`
+        let (bits, codes) = Q8::block(row, c);
+        let scale = v::_mm512_cvtph_ps(v::_mm256_set1_epi16(bits as i16)); // exact, as `Stored::get`
         let q = v::_mm_loadu_si128(codes.add(c % Q8_BLOCK) as *const v::__m128i);
         v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(v::_mm512_cvtepi8_epi32(q)), scale)
     }
     #[inline(always)]
     unsafe fn load8(row: *const Q8, c: usize) -> std::arch::x86_64::__m256 {
         use std::arch::x86_64 as v;
-        let (bits, codes) = q8_block_bits(row, c);
-        let scale = v::_mm256_cvtph_ps(v::_mm_set1_epi16(bits));
+        let (bits, codes) = Q8::block(row, c);
+        let scale = v::_mm256_cvtph_ps(v::_mm_set1_epi16(bits as i16));
         let q = v::_mm_loadl_epi64(codes.add(c % Q8_BLOCK) as *const v::__m128i);
         v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(v::_mm256_cvtepi8_epi32(q)), scale)
     }

@@ -101,8 +101,7 @@ class FusedLlamaLayer(nn.Module):
         self.eps = float(config.rms_norm_eps)
         self.scale = self.head_dim**-0.5
         self.window = int(getattr(config, "specdec_sliding_window", 0) or 0)
-        # the keys and values it caches (`model.set_cache_type`): a row's type and width
-        self.cache_dtype, self.cache_width = torch.float32, d
+        self.cache_dtype = torch.float32  # the keys and values it caches (`model.set_cache_type`)
         inter = parts["down_proj"].in_features
         # q, k, v (and gate, up) as one product when they share a format
         # (the usual case) or the file fuses them, else one each (files mix formats)
@@ -297,6 +296,13 @@ class FusedLlamaLayer(nn.Module):
                 mask = allowed.to(torch.uint8).contiguous().numpy()
         self.forward_rows(x.numpy(), *_ROTARY.arrays(position_embeddings), [layer], [n], mask)
         return x.unsqueeze(0).to(hidden_states.dtype)
+
+    @property
+    def cache_width(self) -> int:
+        """Elements of a cached key or value row: head_dim, or for q8_0 (uint8)
+        34 bytes per 32 values (`rust/kv.rs`)."""
+        d = int(self.head_dim)
+        return d // 32 * 34 if self.cache_dtype == torch.uint8 else d
 
     def forward_rows(
         self,

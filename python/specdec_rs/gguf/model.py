@@ -423,9 +423,7 @@ def set_cache_type(model: Any, cache_type: str) -> None:
                 f"heads have {module.head_dim}: use cache_type='f16' or 'f32'"
             )
     for module in layers:
-        d = module.head_dim
         module.cache_dtype = dtype
-        module.cache_width = d // 32 * 34 if cache_type == "q8_0" else d
     model.config.specdec_cache_type = cache_type  # `identity` and the profiles read it
 
 
