@@ -50,18 +50,25 @@ def rng() -> np.random.Generator:
 # (--dist worksteal) each worker starts on a long module and the short ones
 # fill the end, where an idle worker steals them.
 LONGEST_FIRST = (
-    "test_serve.py",
     "test_cli_models.py",
+    "test_serve.py",
+    "test_serve_limits.py",
     "test_smollm2.py",
     "test_generate.py",
     "test_lab.py",
-    "test_heads.py",
-    "test_power.py",
     "test_cli.py",
-    "test_fuzz.py",
-    "test_fuzz_files.py",
+    "test_power.py",
+    "test_heads.py",
+    "test_batch.py",
     "test_gguf.py",
+    "test_gguf_architectures.py",
+    "test_serve_fuzz.py",
+    "test_fuzz.py",
+    "test_testing.py",
     "test_verify.py",
+    "test_serve_structured.py",
+    "test_memory.py",
+    "test_fuzz_files.py",
     "test_tree.py",
     "test_measure.py",
 )
@@ -79,9 +86,12 @@ def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """Each pytest-xdist worker gets one torch thread: two workers with two
-    threads each on two cores stall each other."""
+    """Each pytest-xdist worker gets one torch thread and one GGUF kernel
+    thread: two workers with two threads each on two cores stall each other
+    (and a GGUF load's thread probe, ~0.1 s a load, would measure the other
+    worker). The tests of other thread counts name theirs."""
     if os.environ.get("PYTEST_XDIST_WORKER"):
+        os.environ.setdefault("SPECDEC_KERNEL_THREADS", "1")
         try:
             import torch
         except ImportError:

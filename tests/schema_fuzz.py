@@ -11,14 +11,16 @@ crash, no hang, and the server keeps serving. A 200 that finishes with
 
     python tests/schema_fuzz.py --schemas 2000 --bodies 500   # the tally
 
-The tests (tests/test_serve_fuzz.py) run the same checks: a few hundred
-in the default suite, the full 2,000 under `pytest -m fuzz`."""
+The tests (tests/test_serve_fuzz.py) run the same checks: in the default
+suite on 230 asks drawn once and stored (tests/data/schema_fuzz_corpus.json,
+`--write-corpus`), drawn afresh at full size under `pytest -m fuzz`."""
 
 from __future__ import annotations
 
 import json
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -215,14 +217,16 @@ def ask(
         )
 
 
-def fuzz(
-    url: str, n_schemas: int, n_bodies: int, max_tokens: int = 24, timeout: float = 60.0
-) -> Tally:
+Ask = tuple[str, dict[str, Any]]  # ("schema" | "malformed", the body's fields past the messages)
+CORPUS = Path(__file__).parent / "data" / "schema_fuzz_corpus.json"
+DRAFTERS = ["none", "prompt-lookup", "suffix"]
+
+
+def draw(n_schemas: int, n_bodies: int, max_tokens: int = 24) -> list[Ask]:
     """`n_schemas` drawn schemas (as response_format json_schema, at T = 0
     or 0.7, drafter none, prompt lookup or suffix) and `n_bodies` malformed
-    bodies against the server at `url`; derandomized, so fixed per count."""
-    tally = Tally()
-    drafters = ["none", "prompt-lookup", "suffix"]
+    bodies; derandomized, so fixed per count (and per hypothesis version)."""
+    asks: list[Ask] = []
     options = settings(
         max_examples=1,
         derandomize=True,
@@ -230,32 +234,50 @@ def fuzz(
         deadline=None,
         suppress_health_check=list(HealthCheck),
     )
+
+    @settings(options, max_examples=n_schemas)
+    @given(schema=SCHEMAS, i=st.integers(0, 5))
+    def one_schema(schema: dict[str, Any], i: int) -> None:
+        body = {
+            "max_tokens": max_tokens,
+            "temperature": 0.7 * (i % 2),
+            "seed": i,
+            "speculation": {"drafter": DRAFTERS[i % 3]},
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "s", "schema": schema},
+            },
+        }
+        asks.append(("schema", body))
+
+    @settings(options, max_examples=n_bodies)
+    @given(body=malformed())
+    def one_body(body: dict[str, Any]) -> None:
+        asks.append(("malformed", {"max_tokens": 8, **body}))
+
+    if n_schemas:
+        one_schema()
+    if n_bodies:
+        one_body()
+    return asks
+
+
+def corpus() -> list[Ask]:
+    """The default suite's asks: `draw(150, 80)` stored as drawn (drawing
+    them takes hypothesis-jsonschema ~17 s on two cores; the server's
+    answers to them take ~2 s). `python tests/schema_fuzz.py --write-corpus`
+    draws them again."""
+    return [(a["kind"], a["body"]) for a in json.loads(CORPUS.read_text())]
+
+
+def fuzz(url: str, asks: list[Ask], timeout: float = 60.0) -> Tally:
+    """Send each ask as a chat body to the server at `url` and tally the
+    answers; then check that the server still serves."""
+    tally = Tally()
     with httpx.Client(base_url=url, timeout=timeout) as http:
-
-        @settings(options, max_examples=n_schemas)
-        @given(schema=SCHEMAS, i=st.integers(0, 5))
-        def one_schema(schema: dict[str, Any], i: int) -> None:
-            body = {
-                "max_tokens": max_tokens,
-                "temperature": 0.7 * (i % 2),
-                "seed": i,
-                "speculation": {"drafter": drafters[i % 3]},
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "s", "schema": schema},
-                },
-            }
-            ask(http, body, tally, "schema", schema)
-
-        @settings(options, max_examples=n_bodies)
-        @given(body=malformed())
-        def one_body(body: dict[str, Any]) -> None:
-            ask(http, {"max_tokens": 8, **body}, tally, "malformed")
-
-        if n_schemas:
-            one_schema()
-        if n_bodies:
-            one_body()
+        for kind, body in asks:
+            schema = body["response_format"]["json_schema"]["schema"] if kind == "schema" else None
+            ask(http, body, tally, kind, schema)
         r = http.post(
             "/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 4}
         )
@@ -267,19 +289,29 @@ def fuzz(
 def main() -> None:
     import argparse
     import sys
-    from pathlib import Path
     from tempfile import mkdtemp
 
     sys.path.insert(0, str(Path(__file__).parent))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--schemas", type=int, default=2000)
     parser.add_argument("--bodies", type=int, default=500)
+    parser.add_argument(
+        "--write-corpus",
+        action="store_true",
+        help=f"store the draws of 150 schemas and 80 bodies in {CORPUS.name} (no server)",
+    )
     args = parser.parse_args()
+    if args.write_corpus:
+        asks = [{"kind": kind, "body": body} for kind, body in draw(150, 80)]
+        CORPUS.parent.mkdir(exist_ok=True)
+        CORPUS.write_text(json.dumps(asks, indent=None, separators=(",", ":")) + "\n")
+        print(f"{len(asks)} asks written to {CORPUS}")
+        return
     from serve_fixtures import save_model, serve
 
     bg = serve(save_model(Path(mkdtemp())), max_batch=4, drafters=("none", "suffix"))
     try:
-        tally = fuzz(bg.url, args.schemas, args.bodies)
+        tally = fuzz(bg.url, draw(args.schemas, args.bodies))
     finally:
         bg.stop()
     print(tally.summary())

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import httpx2 as httpx
 import openai
 import pytest
 from specdec_rs import models
@@ -16,6 +17,10 @@ from specdec_rs.serve.server import Background, start_in_thread
 CONTEXT = 16384
 LONG = 12000  # tokens: a request that runs for seconds
 MESSAGE = "Write a short poem about the sea, and then another one."
+
+# One client for the tests' plain requests (making a client costs ~30 ms, its
+# SSL context); no keep-alive, so no connection outlives its server.
+HTTP = httpx.Client(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))
 
 
 @pytest.fixture(scope="module")
@@ -49,4 +54,11 @@ def serve(folder: Path, **options: Any) -> Background:
 
 
 def client(bg: Background) -> openai.OpenAI:
-    return openai.OpenAI(base_url=bg.url + "/v1", api_key="unused", max_retries=0)
+    """The official client on `bg`, over the shared `HTTP` transport."""
+    return openai.OpenAI(
+        base_url=bg.url + "/v1", api_key="unused", max_retries=0, http_client=OPENAI_HTTP
+    )
+
+
+# the official client's own transport (its default timeout), made once
+OPENAI_HTTP = openai.DefaultHttpxClient(limits=httpx.Limits(max_keepalive_connections=0))

@@ -686,11 +686,14 @@ def test_a_file_without_a_tokenizer_says_so(files: dict[str, tuple[Path, Any]]) 
 def test_a_damaged_tokenizer_cache_is_rebuilt(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from specdec_rs.gguf.model import tokenizer_for
+    import shutil
+
+    from specdec_rs.gguf.model import tokenizer_folder, tokenizer_for
 
     gguf_path = models.smollm2_gguf()
-    tokenizer_for(gguf_path, tmp_path)  # builds the cache
-    (folder,) = (tmp_path / "gguf-tokenizers").iterdir()
+    tokenizer_for(gguf_path, models.cache_dir())  # the shared cache, built once per machine
+    folder = tokenizer_folder(gguf_path, tmp_path)
+    shutil.copytree(tokenizer_folder(gguf_path, models.cache_dir()), folder)
     (folder / "tokenizer.json").write_text("{damaged")
     tok = tokenizer_for(gguf_path, tmp_path)
     assert "cannot be read" in capsys.readouterr().err and len(tok) > 1000

@@ -21,7 +21,7 @@ import httpx2 as httpx
 import openai
 import pytest
 import specdec_rs as sd
-from serve_fixtures import CONTEXT, LONG, MESSAGE, client, model_folder, serve
+from serve_fixtures import CONTEXT, HTTP, LONG, MESSAGE, client, model_folder, serve
 from specdec_rs import drafters, models
 from specdec_rs.cli import main
 from specdec_rs.serve import ServerOptions, build_served
@@ -42,7 +42,7 @@ def server(model_folder: Path) -> Iterator[Background]:
 def metrics(bg: Background) -> dict[tuple[str, str], float]:
     """{(series, labels): value} of GET /metrics."""
     out = {}
-    for line in httpx.get(bg.url + "/metrics").text.splitlines():
+    for line in HTTP.get(bg.url + "/metrics").text.splitlines():
         if line and not line.startswith("#"):
             head, value = line.rsplit(" ", 1)
             name, _, labels = head.partition("{")
@@ -58,7 +58,7 @@ def idle(bg: Background, timeout: float = 10.0) -> dict[str, Any]:
     """/health once no request runs or waits (fails after `timeout` s)."""
     deadline = time.monotonic() + timeout
     while True:
-        h: dict[str, Any] = httpx.get(bg.url + "/health").json()
+        h: dict[str, Any] = HTTP.get(bg.url + "/health").json()
         if h["running"] == h["waiting"] == h["outstanding"] == 0:
             return h
         assert time.monotonic() < deadline, f"the server did not return to idle: {h}"
@@ -87,7 +87,7 @@ def test_completions_chat_models_and_health(server: Background) -> None:
     )
     assert chat.object == "chat.completion" and chat.choices[0].message.role == "assistant"
     assert chat.usage.completion_tokens == 8
-    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    assert HTTP.get(server.url + "/health").json()["status"] == "ok"
 
 
 def test_a_seed_reproduces_its_output(server: Background) -> None:
@@ -303,7 +303,7 @@ BAD = [
 def test_a_bad_request_is_a_400_and_the_server_goes_on(
     server: Background, body: bytes, says: str, param: str | None
 ) -> None:
-    r = httpx.post(
+    r = HTTP.post(
         server.url + "/v1/completions", content=body, headers={"content-type": "application/json"}
     )
     assert r.status_code == 400, r.text
@@ -324,7 +324,7 @@ def test_a_bug_is_a_500_with_an_error_body(
         raise RuntimeError("a bug")
 
     monkeypatch.setattr(app, "prompt_ids", broken)
-    r = httpx.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
+    r = HTTP.post(server.url + "/v1/completions", json={"prompt": "x", "max_tokens": 2})
     assert r.status_code == 500 and "RuntimeError: a bug" in r.json()["error"]["message"]
     monkeypatch.undo()
     assert client(server).completions.create(model="tiny", prompt="x", max_tokens=2).usage
@@ -347,7 +347,7 @@ def test_chat_refusals_and_other_models(server: Background) -> None:
         )
     with pytest.raises(openai.NotFoundError, match="not served here"):
         c.completions.create(model="gpt-4", prompt="x", max_tokens=2)
-    r = httpx.get(server.url + "/v2/nothing")
+    r = HTTP.get(server.url + "/v2/nothing")
     assert r.status_code == 404 and "error" in r.json()
     assert total(metrics(server), "specdec:requests_rejected_total", 'reason="not_found"') >= 1
 
@@ -358,10 +358,10 @@ def test_a_full_queue_answers_429(model_folder: Path) -> None:
         body = {"model": "tiny", "prompt": "x y", "max_tokens": LONG, "ignore_eos": True}
         body["stream"] = True
         c = client(bg)
-        with httpx.stream("POST", bg.url + "/v1/completions", json=body) as first:
+        with HTTP.stream("POST", bg.url + "/v1/completions", json=body) as first:
             lines = first.iter_lines()  # kept: a dropped iterator closes the stream
             assert next(lines).startswith("data: ")
-            with httpx.stream("POST", bg.url + "/v1/completions", json=body):
+            with HTTP.stream("POST", bg.url + "/v1/completions", json=body):
                 idle_until(bg, lambda h: h["waiting"] == 1)
                 with pytest.raises(openai.RateLimitError, match="queue is full"):
                     c.completions.create(model="tiny", prompt="x", max_tokens=2)
@@ -376,16 +376,16 @@ def test_a_client_that_leaves_frees_its_row(model_folder: Path) -> None:
     bg = serve(model_folder, max_batch=1, max_queue=4)
     try:
         body = {"model": "tiny", "prompt": "x y", "max_tokens": LONG, "ignore_eos": True}
-        with httpx.stream("POST", bg.url + "/v1/completions", json={**body, "stream": True}) as r:
+        with HTTP.stream("POST", bg.url + "/v1/completions", json={**body, "stream": True}) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: ")
             # a second one waits in the queue, and leaves too
-            with httpx.stream("POST", bg.url + "/v1/completions", json={**body, "stream": True}):
+            with HTTP.stream("POST", bg.url + "/v1/completions", json={**body, "stream": True}):
                 waiting = idle_until(bg, lambda h: h["waiting"] == 1)
                 assert waiting["running"] == 1
         idle(bg)
         with pytest.raises(httpx.ReadTimeout):  # a non-streamed request whose client gives up
-            httpx.post(bg.url + "/v1/completions", json=body, timeout=0.5)
+            HTTP.post(bg.url + "/v1/completions", json=body, timeout=0.5)
         idle(bg)
         assert total(metrics(bg), "vllm:request_success_total", 'finished_reason="abort"') == 3
     finally:
@@ -395,7 +395,7 @@ def test_a_client_that_leaves_frees_its_row(model_folder: Path) -> None:
 def idle_until(bg: Background, ok: Any, timeout: float = 10.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
-        h: dict[str, Any] = httpx.get(bg.url + "/health").json()
+        h: dict[str, Any] = HTTP.get(bg.url + "/health").json()
         if ok(h):
             return h
         assert time.monotonic() < deadline, h
@@ -420,7 +420,7 @@ def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> No
             body = {"model": "tiny", "prompt": "a b", "max_tokens": 300, "stream": True}
             body["ignore_eos"] = True
             body["stream_options"] = {"include_usage": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            with HTTP.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
                 got["lines"] = [x for x in r.iter_lines() if x]
                 got["started"] = True
 
@@ -443,7 +443,7 @@ def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> No
 
 def idle_until_url(url: str, ok: Any, timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
-    while not ok(httpx.get(url + "/health").json()):
+    while not ok(HTTP.get(url + "/health").json()):
         assert time.monotonic() < deadline
         time.sleep(0.01)
 
@@ -594,7 +594,7 @@ def test_an_api_key_is_required_when_set(model_folder: Path) -> None:
             wrong.models.list()
         right = openai.OpenAI(base_url=bg.url + "/v1", api_key="s3cret", max_retries=0)
         assert right.completions.create(model="tiny", prompt="x", max_tokens=2).usage
-        assert httpx.get(bg.url + "/health").status_code == 200  # probes need no key
+        assert HTTP.get(bg.url + "/health").status_code == 200  # probes need no key
     finally:
         bg.stop()
 
@@ -634,10 +634,10 @@ def test_draining_answers_503_and_the_default_host_is_loopback(server: Backgroun
     try:
         with pytest.raises(openai.InternalServerError, match="shutting down"):
             client(server).completions.create(model="tiny", prompt="x", max_tokens=2)
-        assert httpx.get(server.url + "/health").status_code == 503
+        assert HTTP.get(server.url + "/health").status_code == 503
     finally:
         served.draining = False
-    assert httpx.get(server.url + "/health").json()["status"] == "ok"
+    assert HTTP.get(server.url + "/health").json()["status"] == "ok"
     args = build_parser().parse_args(["serve"])
     assert args.host == ServerOptions().host == "127.0.0.1"
     with pytest.raises(ValueError, match="--max-batch"):
@@ -708,7 +708,7 @@ def test_concurrent_requests_prefilled_in_chunks_equal_each_alone(served_gguf: A
 
 
 def metric(bg: Background, name: str) -> float:
-    for line in httpx.get(bg.url + "/metrics").text.splitlines():
+    for line in HTTP.get(bg.url + "/metrics").text.splitlines():
         if line.startswith(name + "{"):
             return float(line.rsplit(" ", 1)[1])
     raise AssertionError(f"{name} is not in /metrics")

@@ -19,7 +19,7 @@ import httpx2 as httpx
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from serve_fixtures import CONTEXT, client, model_folder, serve
+from serve_fixtures import CONTEXT, HTTP, client, model_folder, serve
 from specdec_rs.cli import main
 from specdec_rs.serve.server import Background
 from specdec_rs.serve.text import MAX_STOP_CHARS, MAX_STOPS, StopScan, TextAssembler
@@ -71,12 +71,12 @@ def test_long_stops_and_a_huge_prompt_never_stall_health(server: Background) -> 
     def long_stops() -> None:
         body = {"prompt": "a b a b", "max_tokens": 3000, "ignore_eos": True, "stop": stops}
         body["stream"] = True
-        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
+        with HTTP.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
             results["stops"] = [x for x in r.iter_lines() if x][-1]
 
     def huge(key: str, size: int) -> None:
         body = json.dumps({"prompt": "x " * (size // 2), "max_tokens": 4}).encode()
-        r = httpx.post(server.url + "/v1/completions", content=body, timeout=120)
+        r = HTTP.post(server.url + "/v1/completions", content=body, timeout=120)
         results[key] = (r.status_code, r.json()["error"])
 
     threads = [
@@ -105,7 +105,7 @@ def test_stop_strings_are_bounded_in_count_and_length(server: Background) -> Non
         ("\ud800", "unicode string"),
     ):
         body = json.dumps({"prompt": "x", "stop": stop}).encode()  # \ud800 escaped
-        r = httpx.post(server.url + "/v1/completions", content=body)
+        r = HTTP.post(server.url + "/v1/completions", content=body)
         assert r.status_code == 400 and says in r.json()["error"]["message"], r.text
         assert r.json()["error"]["param"].startswith("stop")
 
@@ -128,7 +128,7 @@ def test_stop_strings_are_bounded_in_count_and_length(server: Background) -> Non
 def test_bad_fields_are_400s_naming_them(
     server: Background, route: str, body: dict[str, Any], param: str | None, says: str
 ) -> None:
-    r = httpx.post(server.url + f"/v1/{route}", content=json.dumps(body).encode())
+    r = HTTP.post(server.url + f"/v1/{route}", content=json.dumps(body).encode())
     assert r.status_code == 400, r.text
     error = r.json()["error"]
     assert says in error["message"] and error["param"] == param, error
@@ -138,10 +138,10 @@ def test_the_bearer_scheme_is_case_insensitive(model_folder: Path) -> None:
     bg = serve(model_folder, api_key="s3cret")
     try:
         for header in ("Bearer s3cret", "bearer s3cret", "BEARER  s3cret"):
-            r = httpx.get(bg.url + "/v1/models", headers={"authorization": header})
+            r = HTTP.get(bg.url + "/v1/models", headers={"authorization": header})
             assert r.status_code == 200, header
         for header in ("Basic s3cret", "s3cret", "Bearer s3cre", ""):
-            r = httpx.get(bg.url + "/v1/models", headers={"authorization": header})
+            r = HTTP.get(bg.url + "/v1/models", headers={"authorization": header})
             assert r.status_code == 401, header
     finally:
         bg.stop()
@@ -396,7 +396,7 @@ def test_fuzzed_bodies_are_answered_and_health_stays_up(
 def test_the_fuzzed_server_is_idle_and_whole_afterwards(server: Background) -> None:
     assert client(server).completions.create(model="tiny", prompt="x", max_tokens=2).usage
     deadline = time.monotonic() + 10
-    while httpx.get(server.url + "/health").json()["outstanding"]:
+    while HTTP.get(server.url + "/health").json()["outstanding"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
 
@@ -423,12 +423,12 @@ def test_the_drain_timeout_cuts_with_one_line_and_counts_cuts_apart(model_folder
 
         def stream() -> None:
             body = {"prompt": "a b", "max_tokens": LONG_CUT, "stream": True, "ignore_eos": True}
-            with httpx.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
+            with HTTP.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
                 got["lines"] = [x for x in r.iter_lines() if x]
 
         t = threading.Thread(target=stream)
         t.start()
-        while httpx.get(url + "/health").json()["running"] != 1:
+        while HTTP.get(url + "/health").json()["running"] != 1:
             time.sleep(0.01)
         proc.send_signal(signal.SIGTERM)
         t.join(60)

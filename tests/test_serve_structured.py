@@ -12,9 +12,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx2 as httpx
 import pytest
-from serve_fixtures import client, model_folder, serve
+from serve_fixtures import HTTP, client, model_folder, serve
 from specdec_rs.serve.server import Background
 
 pytest.importorskip("llguidance")
@@ -161,7 +160,7 @@ def test_an_unsupported_constraint_is_a_400_and_the_server_goes_on(
         ("completions", {"prompt": "x", "max_tokens": 4}),
         ("chat/completions", {"messages": MESSAGES, "max_tokens": 4}),
     ):
-        r = httpx.post(f"{server.url}/v1/{endpoint}", json={**body, **extra})
+        r = HTTP.post(f"{server.url}/v1/{endpoint}", json={**body, **extra})
         assert r.status_code == 400, r.text
         error = r.json()["error"]
         assert says in error["message"], error
@@ -185,11 +184,11 @@ def test_a_grammar_the_tokenizer_cannot_follow_is_a_400_streamed_or_not(
         "structured_outputs": {"regex": "ab\U00063a19c"},
         "speculation": {"drafter": drafter},
     }
-    r = httpx.post(f"{server.url}/v1/chat/completions", json=body)
+    r = HTTP.post(f"{server.url}/v1/chat/completions", json=body)
     assert r.status_code == 400, r.text
     assert "no tokenization" in r.json()["error"]["message"]
     streamed = {**body, "stream": True}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=streamed) as s:
+    with HTTP.stream("POST", f"{server.url}/v1/chat/completions", json=streamed) as s:
         events = [line for line in s.iter_lines() if line.startswith("data: ")]
     error = json.loads(events[-2][len("data: ") :])["error"]
     assert error["type"] == "invalid_request_error" and "no tokenization" in error["message"]

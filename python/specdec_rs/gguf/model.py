@@ -340,15 +340,20 @@ def _layer_parts(
     return parts, extras
 
 
+def tokenizer_folder(path: Path, cache: Path) -> Path:
+    """Where `tokenizer_for` keeps the file's tokenizer under `cache`."""
+    stat = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
+    return cache / "gguf-tokenizers" / f"{path.stem}-{key[:16]}"
+
+
 def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
     """The file's tokenizer, built by transformers from the GGUF once (a few
     seconds) and then read from a folder under `cache` (keyed by the file's
     path, size and modification time)."""
     from transformers import AutoTokenizer
 
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    folder = cache / "gguf-tokenizers" / f"{path.stem}-{key[:16]}"
+    folder = tokenizer_folder(path, cache)
     if folder.exists():
         try:
             return AutoTokenizer.from_pretrained(folder, local_files_only=True)
