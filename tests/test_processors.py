@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from specdec_rs.drafters import lookup
-from specdec_rs.processors import SamplingConfig, logits_to_probs
+from specdec_rs.processors import SamplingConfig, argmax, logits_to_probs
 
 torch = pytest.importorskip("torch")
 lp = pytest.importorskip("transformers.generation.logits_process")
@@ -49,6 +49,27 @@ def test_processors_match_transformers(config: SamplingConfig) -> None:
 def test_greedy_is_one_hot_at_the_first_argmax() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
     assert logits_to_probs(logits, SamplingConfig(0)).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_argmax_is_torchs_on_ties_nan_inf_views_and_other_dtypes() -> None:
+    """`processors.argmax` (NumPy's on float32 CPU rows) returns torch.argmax's
+    indices and dtype: the first of tied maxima, a NaN as the largest, +inf
+    and all -inf rows, strided views, 1..3 dimensions, other dtypes."""
+    g = torch.Generator().manual_seed(0)
+    cases = [
+        torch.randint(-2, 3, shape, generator=g).float() for shape in [(7,), (4, 9), (2, 3, 49152)]
+    ]
+    odd = torch.randn(5, 10, generator=g)
+    odd[1, [3, 7]] = float("nan")
+    odd[2, 5] = float("inf")
+    odd[3] = float("-inf")
+    cases += [odd, odd[:, ::3], odd.t(), odd.double(), odd.half(), torch.randint(0, 4, (3, 8))]
+    for x in cases:
+        got, want = argmax(x), x.argmax(dim=-1)
+        assert torch.equal(got, want) and got.dtype == want.dtype == torch.int64, x.dtype
+    with torch.enable_grad():
+        x = torch.randn(2, 6, requires_grad=True)
+        assert torch.equal(argmax(x), x.argmax(-1))
 
 
 def test_lookup_takes_the_longest_match() -> None:

@@ -48,7 +48,7 @@ from specdec_rs import _checks, models, runner
 from specdec_rs.drafters.base import ChainScores, TeacherForced, empty_draft, one_hot_draft
 from specdec_rs.drafters.draft import Draft, TreeDraft, Window, joined
 from specdec_rs.drafters.registry import register
-from specdec_rs.processors import Sampler
+from specdec_rs.processors import Sampler, argmax
 from specdec_rs.trees import trie
 
 if TYPE_CHECKING:
@@ -243,7 +243,7 @@ class Lookahead:
             raise ValueError(
                 f"lookahead: {logits.shape[0]} window rows for a top level of {width} nodes"
             )
-        new = logits.argmax(-1).tolist()
+        new = argmax(logits).tolist()
         if len(levels) < self.ngram - 1:  # filling: every level moves one position on
             self.levels = [row[1:] for row in levels] + [new[1:]]
             return
