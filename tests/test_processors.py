@@ -72,6 +72,34 @@ def test_argmax_is_torchs_on_ties_nan_inf_views_and_other_dtypes() -> None:
         assert torch.equal(argmax(x), x.argmax(-1))
 
 
+def test_top_k_and_top_p_on_the_cpu_drop_what_the_full_sort_drops() -> None:
+    """The CPU's top-k (a partition) and top-p (the cut looked for among the
+    largest scores) drop the tokens transformers' sort-based warpers drop:
+    peaky and flat rows (cuts below the first 256 candidates), rounded
+    scores (ties, some across the cut: those rows take the full sort), rows
+    after top-k (-inf scores), 2..49,152 tokens."""
+    from specdec_rs import processors
+
+    g = torch.Generator().manual_seed(3)
+    for trial in range(60):
+        v = 49152 if trial % 10 == 0 else int(torch.randint(2, 3000, (1,), generator=g))
+        x = torch.randn(3, v, generator=g) * float(torch.rand(1, generator=g) * 8)
+        if trial % 4 == 0:
+            x = torch.round(x)
+        k = min(50, v)
+        kth = processors._kth_largest(x, k)
+        assert torch.equal(kth, torch.topk(x, k, dim=-1).values[..., -1:])
+        if trial % 3 == 0:
+            x = x.masked_fill(x < kth, float("-inf"))
+        top_p = float(torch.rand(1, generator=g)) * 0.999 + 0.0005
+        want = processors._top_p_drop_sorted(x, top_p)
+        assert torch.equal(processors._top_p_drop(x, top_p), want), (trial, v, top_p)
+        assert torch.equal(processors._top_p_drop(x[0], top_p), want[0])
+    # a tie across the cut: torch.sort's order decides, as in transformers
+    tied = torch.tensor([[0.0, 2.0, 2.0, 2.0, -1.0]])
+    assert torch.equal(processors._top_p_drop(tied, 0.5), processors._top_p_drop_sorted(tied, 0.5))
+
+
 def test_lookup_takes_the_longest_match() -> None:
     seq = np.array([1, 2, 3, 4, 9, 2, 3, 5, 6, 1, 2, 3])
     # "2 3" occurs twice earlier, "1 2 3" once (at the start): copy what followed it
