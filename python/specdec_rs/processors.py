@@ -185,12 +185,14 @@ def _top_p_first_kept(row: Any, probs: Any, limit: Any) -> float | None:
     among its largest scores; None where the full sort must decide."""
     import numpy as np
 
+    finite = row > -np.inf
+    if not finite.all():  # top-k's -inf scores: no mass, always dropped
+        row, probs = row[finite], probs[finite]
     v = len(row)
     k = min(TOP_P_CANDIDATES, v)
     while True:
         kth = np.partition(row, v - k)[v - k]
-        # every score tied with the k-th too; -inf scores (top-k's) have no mass
-        picked = np.flatnonzero(row >= kth if kth > -np.inf else row > kth)
+        picked = np.flatnonzero(row >= kth)  # every score tied with the k-th too
         # ascending; a softmax is monotone, so the masses sort as their scores
         values, mass = np.sort(row[picked]), np.sort(probs[picked]).astype(np.float64)
         below = probs.sum(dtype=np.float64) - mass.sum()  # the mass under the candidates
