@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from lscpu import lscpu
+from bench_forward import host
 from specdec_rs import models, processors
 from specdec_rs.drafters import PromptLookup
 from specdec_rs.generation import generate
@@ -172,12 +172,11 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=96)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    fields = lscpu()
-    host = f"{fields.get('Vendor ID', '?')} {fields.get('Model name', '?')}"
+    machine = host()  # the same host report as the other benchmarks
     rows = per_row(args.repeats)
-    torch.set_num_threads(1)
     runs = end_to_end(args.rounds, args.max_new_tokens)
-    table = f"Host: {host}\n\n" + markdown_table(
+    flags = ", ".join(machine["flags"])
+    table = f"Host: {machine['cpu']}; {flags}\n\n" + markdown_table(
         ["rows", "setting", "reference ms/row", "project ms/row", "ratio"],
         [
             [
@@ -216,7 +215,7 @@ def main() -> None:
     )
     print(table)
     if args.out:
-        write_results(args.out, {"host": host, "per_row": rows, "generate": runs}, table)
+        write_results(args.out, {"host": machine, "per_row": rows, "generate": runs}, table)
 
 
 if __name__ == "__main__":

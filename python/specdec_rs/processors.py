@@ -152,10 +152,10 @@ def _top_p_drop(scores: torch.Tensor, top_p: float) -> torch.Tensor:
     top_p are dropped, never the largest. That sort (~4 ms for a
     49,152-wide row on one thread, as long as SmolLM2's whole step) is
     only needed near the cut: on the CPU the cut is looked for among the
-    `TOP_P_CANDIDATES` largest scores (then 16 times as many), below them
-    only their mass. Where the cut falls between two equal scores, or
-    below the candidates, the row takes the full sort, so tied tokens are
-    kept or dropped in torch.sort's order, as transformers does; elsewhere
+    `TOP_P_CANDIDATES` largest scores (16 times as many while the cut lies
+    below them, up to the whole row), below them only their mass. Where
+    the cut falls between two equal scores the row takes the full sort, so
+    tied tokens are kept or dropped in torch.sort's order, as transformers does; elsewhere
     the kept set is every score at or above the first kept one, the same
     set up to the rounding of the sums (float64 sums in another order)."""
     import numpy as np
@@ -188,18 +188,16 @@ def _top_p_first_kept(row: Any, probs: Any, limit: Any) -> float | None:
     finite = row > -np.inf
     if not finite.all():  # top-k's -inf scores: no mass, always dropped
         row, probs = row[finite], probs[finite]
-    v = len(row)
+    v, total = len(row), probs.sum(dtype=np.float64)
     k = min(TOP_P_CANDIDATES, v)
     while True:
         kth = np.partition(row, v - k)[v - k]
         picked = np.flatnonzero(row >= kth)  # every score tied with the k-th too
         # ascending; a softmax is monotone, so the masses sort as their scores
         values, mass = np.sort(row[picked]), np.sort(probs[picked]).astype(np.float64)
-        below = probs.sum(dtype=np.float64) - mass.sum()  # the mass under the candidates
+        below = total - mass.sum()  # the mass under the candidates
         if len(picked) < v and np.float32(below) > limit:
-            if k == v:
-                return None
-            k = min(16 * k, v)  # the cut lies below the candidates: take more
+            k = min(16 * k, v)  # the cut lies below the candidates (never all of them)
             continue
         dropped = (below + np.cumsum(mass)).astype(np.float32) <= limit
         dropped[-1] = False
@@ -240,7 +238,7 @@ def argmax(rows: torch.Tensor) -> torch.Tensor:
     import numpy as np
     import torch
 
-    if rows.device.type != "cpu" or rows.dtype != torch.float32 or rows.requires_grad:
+    if not _on_numpy(rows):
         return rows.argmax(dim=-1)
     return torch.from_numpy(np.asarray(rows.numpy().argmax(-1), dtype=np.int64))
 
