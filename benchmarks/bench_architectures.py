@@ -2,7 +2,9 @@
 project's writer, read by llama-cpp-python and by specdec_rs.
 
 1. Per architecture (Llama with Llama 3's rope scaling, Qwen2, Qwen3,
-   Phi-3): a random 2-layer model of transformers' own class (hidden 256,
+   Phi-3, Gemma 1-3): a random 2-layer model of transformers' own class
+   (6 layers for Gemma 3, whose sixth is its first global one; Gemma 2's
+   and 3's windows of 8 positions, crossed by the text; hidden 256,
    SmolLM2's vocabulary and tokenizer) written in F32. llama.cpp must load
    it; its greedy text over 24 tokens (its own logits, argmax) is compared
    with ours (float32 activations: the reference function), and the file
@@ -34,25 +36,29 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent))
 
-ARCHITECTURES = ("llama3", "qwen2", "qwen3", "phi3")
+ARCHITECTURES = ("llama3", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3")
 
 
-def llama_cpp_greedy(path: Path, ids: list[int], new: int) -> tuple[list[int], Any]:
+def llama_cpp_greedy(path: Path, ids: list[int], new: int) -> tuple[list[int], Any, list[float]]:
     """llama.cpp's greedy continuation of `ids` (argmax of its own logits),
-    and its logits over the prompt (len(ids), V)."""
+    its logits over the prompt (len(ids), V), and its top-2 margin at each
+    new token."""
     import numpy as np
     from llama_cpp import Llama
 
     llm = Llama(str(path), n_threads=2, n_ctx=512, logits_all=True, verbose=False)
     llm.eval(ids)
     prompt = np.array(llm.scores[: len(ids)])
-    out = []
+    out, margins = [], []
     for _ in range(new):
-        token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+        scores = np.array(llm.scores[llm.n_tokens - 1])
+        token = int(np.argmax(scores))
+        top = np.sort(scores)[-2:]
         out.append(token)
+        margins.append(float(top[1] - top[0]))
         llm.eval([token])
     del llm
-    return out, prompt
+    return out, prompt, margins
 
 
 def ours_greedy(path: Path, ids: list[int], new: int, activations: str) -> tuple[list[int], Any]:
@@ -76,17 +82,16 @@ def agreement(path: Path, ids: list[int], new: int, activations: str) -> str:
     import numpy as np
 
     ours, a = ours_greedy(path, ids, new, activations)
-    theirs, b = llama_cpp_greedy(path, ids, new)
+    theirs, b, margins = llama_cpp_greedy(path, ids, new)
     gap = f"max |Δ logit| {np.abs(a - b).max():.3g} of {np.abs(b).max():.3g}"
     for i, (x, y) in enumerate(zip(ours, theirs, strict=True)):
         if x != y:
-            top = np.sort(b[-1])[-2:] if i == 0 else None
-            margin = f", its top-2 margin {top[1] - top[0]:.3g}" if top is not None else ""
+            margin = f", llama.cpp's own top-2 margin there {margins[i]:.3g}"
             return f"no: first divergence at token {i} ({gap}{margin})"
     return f"yes ({gap})"
 
 
-def architecture_rows(work: Path, new: int) -> list[dict[str, Any]]:
+def architecture_rows(work: Path, new: int, architectures: list[str]) -> list[dict[str, Any]]:
     from collections import Counter
 
     from bench_formats import llama_cpp_quantize
@@ -96,8 +101,11 @@ def architecture_rows(work: Path, new: int) -> list[dict[str, Any]]:
 
     rows = []
     ids = [(i * 613 + 7) % 49152 for i in range(24)]
-    for arch in ARCHITECTURES:
-        model = models.tiny_model(arch, vocab_size=49152, hidden_size=256, seed=11)
+    for arch in architectures:
+        layers = 6 if arch == "gemma3" else 2
+        model = models.tiny_model(
+            arch, vocab_size=49152, hidden_size=256, num_layers=layers, seed=11
+        )
         f32 = work / f"{arch}-F32.gguf"
         write_gguf(model, f32, linear_type="F32", embed_type="F32", tokenizer=models.smollm2_gguf())
         k = work / f"{arch}-Q4_K_M.gguf"
@@ -222,6 +230,7 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=24, help="greedy tokens compared with llama.cpp")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--skip-pair", action="store_true")
+    ap.add_argument("--architectures", nargs="+", choices=ARCHITECTURES, default=ARCHITECTURES)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -230,7 +239,7 @@ def main() -> None:
 
     report: dict[str, Any] = {"host": host()}
     print(report["host"], flush=True)
-    report["architectures"] = architecture_rows(args.work, args.new)
+    report["architectures"] = architecture_rows(args.work, args.new, list(args.architectures))
     md = [f"Host: {report['host']}", "", table(report["architectures"]), ""]
     if not args.skip_pair:
         target, draft = qwen2_pair(args.work)

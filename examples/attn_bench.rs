@@ -31,15 +31,7 @@ fn main() {
     };
     let (past, n, threads) = (args[0], args[1], args[2]);
     let layers = 30;
-    let s = Shape {
-        hidden: 576,
-        heads: 9,
-        kv_heads: 3,
-        head_dim: 64,
-        inter: 1536,
-        eps: 1e-5,
-        window: 0,
-    };
+    let s = Shape::llama(576, 9, 3, 64, 1536, 1e-5);
     let d = 64;
     let cap = past + n + 16;
     let bytes = 2 * layers * 3 * cap * d * 4;

@@ -20,7 +20,7 @@
 //! thread count or the instruction path (the same lane-wise code is
 //! compiled for AVX-512, AVX2 and portable). In each chunk c of the keys
 //! the query may see: score_j = (Σ_i q_i·k_ji by fused multiply-adds in i
-//! order) · scale; m_c = the largest score of those keys; p_j =
+//! order) · scale (then c·tanh(score_j/c) where the layer soft-caps); m_c = the largest score of those keys; p_j =
 //! `rowwise::exp(score_j − m_c)`; s_c = the sum of the p_j in 16 lanes
 //! (lane j mod 16, blocks in order), the lanes added pairwise; a_c,i =
 //! Σ_j p_j·v_ji by fused multiply-adds over those keys in order. Then, over
@@ -58,6 +58,18 @@ pub(crate) const DMAX: usize = 256;
 const AHEAD: usize = 2;
 /// Keys per chunk (a multiple of `KB`): chunk c holds positions c·CHUNK..(c + 1)·CHUNK.
 pub(crate) const CHUNK: usize = 256;
+
+/// Gemma 2's soft-capping (`Shape::softcap`) of a chunk's `len` scaled
+/// scores in place, c·tanh(score/c) (transformers' order), scalar code:
+/// the same bits on every path. Nothing when c is 0.
+#[inline(always)]
+unsafe fn soft_cap(scores: *mut f32, len: usize, cap: f32) {
+    if cap > 0.0 {
+        for x in std::slice::from_raw_parts_mut(scores, len) {
+            *x = cap * (*x / cap).tanh();
+        }
+    }
+}
 
 /// Whether query row i of a segment (of n rows after `past`) may see key j.
 #[inline(always)]
@@ -736,7 +748,7 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
     let mask = t.mask;
     let (past, total) = (cache.past, cache.past + t.seg.n);
     let (keys, values, w) = (head.keys, head.values, T::row_len(d));
-    let scale = 1.0 / (d as f32).sqrt();
+    let scale = s.scale;
     let (b0, b1) = chunk_blocks(q, (k0, k1));
     let span = (b1 - b0) * KB;
     let scores = &mut buf.scores[..t.len * span];
@@ -762,6 +774,7 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
             }
         }
     }
+    soft_cap(scores.as_mut_ptr(), scores.len(), s.softcap);
     // softmax within the chunk: p_j in place of the scores, 0 where the query may not see j
     for qi in 0..t.len {
         let (i, _) = q.rows[qi];
@@ -923,7 +936,7 @@ mod x86 {
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = head.keys;
-        let scale = v::_mm512_set1_ps(1.0 / (d as f32).sqrt());
+        let scale = v::_mm512_set1_ps(s.scale);
         let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
@@ -947,6 +960,7 @@ mod x86 {
                 }
             }
         }
+        soft_cap(scores, t.len * span, s.softcap);
         // softmax within the chunk: p_j in place of the scores (0 where the query may not see j)
         for qi in 0..t.len {
             let (i, _) = rows[qi];
@@ -1206,7 +1220,7 @@ mod x86_avx2 {
         let mask = t.mask;
         let (past, total) = (cache.past, cache.past + t.seg.n);
         let keys = head.keys;
-        let scale = v::_mm256_set1_ps(1.0 / (d as f32).sqrt());
+        let scale = v::_mm256_set1_ps(s.scale);
         let Queries { rows, qptr, .. } = q;
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
@@ -1226,6 +1240,7 @@ mod x86_avx2 {
                 }
             }
         }
+        soft_cap(scores, t.len * span, s.softcap);
         // softmax within the chunk: p_j in place of the scores (0 where the query may not see j)
         for qi in 0..t.len {
             let (i, _) = rows[qi];
@@ -1482,6 +1497,97 @@ mod tests {
         same_bits(64, CHUNK - 4, CHUNK + 16);
     }
 
+    /// Gemma 2's scores (another scale, soft-capped): the capped softmax
+    /// (float64 reference), the same bits on every path, thread count and
+    /// batch, within a chunk and across chunks.
+    #[test]
+    fn soft_capped_scores_have_the_same_bits_everywhere() {
+        let s = Shape {
+            scale: 0.3,
+            softcap: 2.0,
+            ..Shape::llama(0, 4, 2, 64, 0, 0.0)
+        };
+        let (d, n) = (s.head_dim, 3);
+        let width = (s.heads + 2 * s.kv_heads) * d;
+        for (past, capacity) in [(37, 64), (2 * CHUNK + 90, 3 * CHUNK)] {
+            let qkv: Vec<f32> = values(n * width, 4).iter().map(|v| v * 2.0).collect();
+            let (keys, vals) = (
+                values(s.kv_heads * capacity * d, 5),
+                values(s.kv_heads * capacity * d, 6),
+            );
+            let run = |rows: std::ops::Range<usize>, path: Path, threads: usize| {
+                let (mut k, mut v) = (keys.clone(), vals.clone());
+                let seg = [Segment {
+                    n: rows.len(),
+                    cache: Cache {
+                        kv: crate::kv::Kv::F32 {
+                            keys: &mut k,
+                            values: &mut v,
+                        },
+                        capacity,
+                        past: past + rows.start,
+                    },
+                    mask: None,
+                }];
+                let mut out = vec![0.0f32; rows.len() * s.heads * d];
+                attention(
+                    &qkv[rows.start * width..rows.end * width],
+                    &mut out,
+                    &seg,
+                    s,
+                    threads,
+                    path,
+                );
+                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            };
+            let all = run(0..n, Path::Portable, 1);
+            let uncapped = {
+                let (mut k, mut v) = (keys.clone(), vals.clone());
+                let seg = [Segment {
+                    n,
+                    cache: Cache {
+                        kv: crate::kv::Kv::F32 {
+                            keys: &mut k,
+                            values: &mut v,
+                        },
+                        capacity,
+                        past,
+                    },
+                    mask: None,
+                }];
+                let mut out = vec![0.0f32; n * s.heads * d];
+                attention(&qkv, &mut out, &seg, Shape { softcap: 0.0, ..s }, 1, Path::Portable);
+                out
+            };
+            let mut moved = 0.0f64;
+            for i in 0..n {
+                let seen: Vec<usize> = (0..=past + i).collect();
+                for head in 0..s.heads {
+                    let want = reference(&qkv, &keys, &vals, s, capacity, i, head, &seen);
+                    for c in 0..d {
+                        let at = (i * s.heads + head) * d + c;
+                        let got = f32::from_bits(all[at]) as f64;
+                        assert!((got - want[c]).abs() < 1e-4, "past {past} row {i} head {head} lane {c}");
+                        moved = moved.max((got - uncapped[at] as f64).abs());
+                    }
+                }
+            }
+            assert!(moved > 1e-3, "the cap changes the output ({moved})");
+            for path in Path::all().into_iter().filter(|p| path_available(*p)) {
+                for threads in [1, 2, 3] {
+                    assert_eq!(run(0..n, path, threads), all, "{path:?} {threads}");
+                }
+                for i in 0..n {
+                    assert_eq!(
+                        run(i..i + 1, path, 1),
+                        all[i * s.heads * d..(i + 1) * s.heads * d],
+                        "row {i}"
+                    );
+                }
+            }
+        }
+    }
+
     /// A binary16 or q8_0 cache is read as the float32 values it holds:
     /// its attention has the bits of a float32 cache holding those values,
     /// on every path and thread count, split or not, causal, windowed or
@@ -1496,15 +1602,7 @@ mod tests {
             (128, CHUNK - 4, CHUNK + 16),
             (64, 2 * CHUNK + 90, 3 * CHUNK),
         ] {
-            let s = Shape {
-                hidden: 0,
-                heads: 6,
-                kv_heads: 2,
-                head_dim,
-                inter: 0,
-                eps: 0.0,
-                window: 0,
-            };
+            let s = Shape::llama(0, 6, 2, head_dim, 0, 0.0);
             let (d, n, rows) = (head_dim, 5, s.kv_heads * capacity);
             let width = (s.heads + 2 * s.kv_heads) * d;
             let qkv = values(n * width, 4);
@@ -1605,15 +1703,7 @@ mod tests {
         let parents: [isize; 12] = [-1, 0, 1, 2, 0, 4, 5, 0, 7, 1, 9, 6];
         let n = parents.len();
         for (head_dim, past) in [(64, 37), (64, 250), (32, 2 * CHUNK - 5), (64, CHUNK - 1)] {
-            let s = Shape {
-                hidden: 0,
-                heads: 4,
-                kv_heads: 2,
-                head_dim,
-                inter: 0,
-                eps: 0.0,
-                window: 0,
-            };
+            let s = Shape::llama(0, 4, 2, head_dim, 0, 0.0);
             let d = head_dim;
             let (capacity, total) = (past + n + 16, past + n);
             let width = (s.heads + 2 * s.kv_heads) * d;
@@ -1760,7 +1850,15 @@ mod tests {
         let key = |j: usize| &keys[(kv * capacity + j) * d..(kv * capacity + j + 1) * d];
         let scores: Vec<f64> = seen
             .iter()
-            .map(|&j| q.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (d as f64).sqrt())
+            .map(|&j| q.iter().zip(key(j)).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() * s.scale as f64)
+            .map(|x| {
+                let c = s.softcap as f64;
+                if c > 0.0 {
+                    c * (x / c).tanh()
+                } else {
+                    x
+                }
+            })
             .collect();
         let top = scores.iter().cloned().fold(f64::MIN, f64::max);
         let p: Vec<f64> = scores.iter().map(|x| (x - top).exp()).collect();
@@ -1777,15 +1875,7 @@ mod tests {
     }
 
     fn same_bits(head_dim: usize, past: usize, capacity: usize) {
-        let s = Shape {
-            hidden: 0,
-            heads: 6,
-            kv_heads: 2,
-            head_dim,
-            inter: 0,
-            eps: 0.0,
-            window: 0,
-        };
+        let s = Shape::llama(0, 6, 2, head_dim, 0, 0.0);
         let (d, n) = (s.head_dim, 5);
         let width = (s.heads + 2 * s.kv_heads) * d;
         let qkv = values(n * width, 1);

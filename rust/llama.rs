@@ -5,6 +5,9 @@
 //! RMSNorm → gate, up (one stacked product) → SiLU(gate)·up → down →
 //! residual. It replaces some twenty small torch operations per layer,
 //! whose overhead is most of a small model's step on a CPU.
+//! An architecture's differences (`Extras`, `Shape`): q, k, v biases, q/k
+//! head norms, Gemma's post-norms, GELU gate, score scale and soft-capping,
+//! and a layer's own rotary table.
 //!
 //! Every value of a position is computed from that position's row alone, in
 //! a fixed order (the products as in `quant.rs`, each norm, rotation,
@@ -31,6 +34,34 @@ pub struct Shape {
     /// A sliding window: a position sees the `window` positions up to
     /// itself (0: every earlier one).
     pub window: usize,
+    /// The attention scores' scale: 1/√d (Gemma's 27B models: 1/√(hidden/heads)).
+    pub scale: f32,
+    /// Gemma 2's soft-capping of the scaled scores, c·tanh(score/c) (0: none).
+    pub softcap: f32,
+    /// The MLP's gate: GELU (its tanh form, Gemma) instead of SiLU.
+    pub gelu: bool,
+    /// The rotary table the layer takes in a `Stack` (0: the model's; 1:
+    /// the local one of Gemma 3's sliding layers).
+    pub rotary: usize,
+}
+
+impl Shape {
+    /// A Llama layer's shape: scale 1/√d, no soft-capping, SiLU, the model's rotary.
+    pub fn llama(hidden: usize, heads: usize, kv_heads: usize, head_dim: usize, inter: usize, eps: f32) -> Shape {
+        Shape {
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            inter,
+            eps,
+            window: 0,
+            scale: 1.0 / (head_dim as f32).sqrt(),
+            softcap: 0.0,
+            gelu: false,
+            rotary: 0,
+        }
+    }
 }
 
 /// A packed weight (`quant::pack`) and its format.
@@ -97,14 +128,17 @@ pub struct Weights<'a> {
     pub extras: Extras<'a>,
 }
 
-/// What a layer adds to a Llama layer, each applied to the q, k, v rows
-/// right after their product and before RoPE: Qwen2's biases (heads·d +
-/// 2·kv_heads·d, in q, k, v order), Qwen3's RMS norms of each query head
-/// and each key head (d weights each, the layer's eps).
+/// What a layer adds to a Llama layer. Applied to the q, k, v rows right
+/// after their product and before RoPE: Qwen2's biases (heads·d +
+/// 2·kv_heads·d, in q, k, v order), the RMS norms of each query head and
+/// each key head of Qwen3 and Gemma 3 (d weights each, the layer's eps).
+/// Gemma's post-norms (hidden weights each): RMS norms of the attention's
+/// output and of the MLP's output before each is added to the residual.
 #[derive(Clone, Copy, Default)]
 pub struct Extras<'a> {
     pub qkv_bias: Option<&'a [f32]>,
     pub qk_norms: Option<(&'a [f32], &'a [f32])>,
+    pub post_norms: Option<(&'a [f32], &'a [f32])>,
 }
 
 impl Extras<'_> {
@@ -112,6 +146,7 @@ impl Extras<'_> {
     pub const NONE: Extras<'static> = Extras {
         qkv_bias: None,
         qk_norms: None,
+        post_norms: None,
     };
 }
 
@@ -311,6 +346,15 @@ pub fn layer(
             )));
         }
     }
+    if let Some((a, f)) = w.extras.post_norms {
+        if a.len() != h || f.len() != h {
+            return Err(bad(format!(
+                "post-attention and post-MLP norms of {} and {} weights; expected the hidden size {h}",
+                a.len(),
+                f.len()
+            )));
+        }
+    }
     if let Some((qn, kn)) = w.extras.qk_norms {
         if qn.len() != d || kn.len() != d {
             return Err(bad(format!(
@@ -391,9 +435,8 @@ pub fn layer(
     laps.lap(3);
     let mut o = vec![0.0f32; n * h];
     qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path, act)?;
-    for (a, b) in x.iter_mut().zip(&o) {
-        *a += b;
-    }
+    let post = w.extras.post_norms;
+    add_normed(x, &mut o, post.map(|p| p.0), s.eps, path, h);
     laps.lap(4);
     // MLP
     crate::rowwise::rms_norm(path, x, w.ffn_norm, s.eps, &mut xn, h);
@@ -402,7 +445,11 @@ pub fn layer(
     w.gate_up.apply(&xn, &mut gu, n, h, 2 * s.inter, threads, path, act)?;
     laps.lap(5);
     let mut gated = vec![0.0f32; n * s.inter];
-    crate::rowwise::silu_mul(path, &gu, &mut gated, s.inter);
+    if s.gelu {
+        crate::rowwise::gelu_mul(path, &gu, &mut gated, s.inter);
+    } else {
+        crate::rowwise::silu_mul(path, &gu, &mut gated, s.inter);
+    }
     laps.lap(6);
     qlinear(
         &gated,
@@ -416,32 +463,46 @@ pub fn layer(
         path,
         act,
     )?;
-    for (a, b) in x.iter_mut().zip(&o) {
-        *a += b;
-    }
+    add_normed(x, &mut o, post.map(|p| p.1), s.eps, path, h);
     laps.lap(7);
     Ok(())
 }
 
-/// A whole decoder: its layers, the final norm and the LM head.
+/// x += o, or x += RMSNorm(o)·w where the layer post-norms (`norm`); o is scratch.
+fn add_normed(x: &mut [f32], o: &mut [f32], norm: Option<&[f32]>, eps: f32, path: Path, h: usize) {
+    if let Some(w) = norm {
+        let src = o.to_vec();
+        crate::rowwise::rms_norm(path, &src, w, eps, o, h);
+    }
+    for (a, b) in x.iter_mut().zip(o.iter()) {
+        *a += b;
+    }
+}
+
+/// A whole decoder: its layers, the final norm and the LM head (its logits
+/// soft-capped, c·tanh(logit/c), where `softcap` is not 0: Gemma 2).
 pub struct Stack<'a> {
     pub layers: Vec<(Weights<'a>, Shape)>,
     pub norm: &'a [f32],
     pub eps: f32,
     pub head: Weight<'a>,
     pub vocab: usize,
+    pub softcap: f32,
 }
 
+/// The rotary tables of a step's N rows, (cos, sin) (N, d) each: the
+/// model's, then any a layer names by `Shape::rotary` (Gemma 3's local one).
+pub type Tables<'a> = [(&'a [f32], &'a [f32])];
+
 /// The whole stack over `x` (N, hidden) in place: every layer (`caches[l]`
-/// the segments' caches of layer l), the final norm of every row into
-/// `states` (N, hidden), then the LM head on the rows `rows` into `logits`
-/// (len(rows), vocab). One call for a forward: a step's Python is the
-/// embedding lookup and the rotary tables.
+/// the segments' caches of layer l, `tables[shape.rotary]` its rotary), the
+/// final norm of every row into `states` (N, hidden), then the LM head on
+/// the rows `rows` into `logits` (len(rows), vocab). One call for a
+/// forward: a step's Python is the embedding lookup and the rotary tables.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     x: &mut [f32],
-    cos: &[f32],
-    sin: &[f32],
+    tables: &Tables<'_>,
     caches: &mut [Vec<Segment<'_>>],
     stack: &Stack<'_>,
     rows: &[usize],
@@ -474,7 +535,14 @@ pub fn forward(
             stack.vocab
         )));
     }
-    for ((w, s), segments) in stack.layers.iter().zip(caches.iter_mut()) {
+    for (i, ((w, s), segments)) in stack.layers.iter().zip(caches.iter_mut()).enumerate() {
+        let Some(&(cos, sin)) = tables.get(s.rotary) else {
+            return Err(bad(format!(
+                "layer {i} takes rotary table {}; {} given",
+                s.rotary,
+                tables.len()
+            )));
+        };
         layer(x, cos, sin, segments, w.clone(), *s, threads, path, act)?;
     }
     crate::rowwise::rms_norm(path, x, stack.norm, stack.eps, states, h);
@@ -493,7 +561,14 @@ pub fn forward(
         threads,
         path,
         act,
-    )
+    )?;
+    if stack.softcap > 0.0 {
+        let c = stack.softcap;
+        for v in logits.iter_mut() {
+            *v = c * (*v / c).tanh();
+        }
+    }
+    Ok(())
 }
 
 /// The extras (see `Extras`) on `qkv` (N, heads·d + 2·kv_heads·d) in place,
@@ -560,15 +635,7 @@ mod tests {
     /// the same cache entries): the products see rows, attention its own cache.
     #[test]
     fn a_sequence_has_the_same_bits_alone_or_in_a_batch() {
-        let s = Shape {
-            hidden: 16,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 8,
-            inter: 24,
-            eps: 1e-5,
-            window: 0,
-        };
+        let s = Shape::llama(16, 2, 1, 8, 24, 1e-5);
         let (h, d) = (s.hidden, s.head_dim);
         let (qkv, o, gu, down) = (weight(32, h, 1), weight(h, 16, 2), weight(48, h, 3), weight(h, 24, 4));
         let norms = (values(h, 5), values(h, 6));
@@ -713,15 +780,7 @@ mod tests {
     /// each error naming what is wrong and what was expected.
     #[test]
     fn bad_step_shapes_and_weight_counts_are_shape_errors() {
-        let s = Shape {
-            hidden: 16,
-            heads: 2,
-            kv_heads: 1,
-            head_dim: 8,
-            inter: 24,
-            eps: 1e-5,
-            window: 0,
-        };
+        let s = Shape::llama(16, 2, 1, 8, 24, 1e-5);
         let kv = [1usize, 32, 8];
         let good = || StepShapes {
             x: &[5, 16],

@@ -5,6 +5,8 @@
 //! - RMSNorm: Σ x_j² in 16 lanes (lane j mod 16, in order), the lanes added
 //!   pairwise; inv = 1 / sqrt(Σ / h + eps); out_j = w_j · (x_j · inv).
 //! - SiLU·up: g / (1 + exp(−g)) · u, with `exp` below.
+//! - GELU·up (the tanh form, Gemma's): 0.5·g·(1 + tanh(z/2)) = g / (1 +
+//!   exp(−z)), z = g · (2√(2/π) + 2√(2/π)·0.044715 · g²), then · u.
 
 // Index loops over lanes, rows and panels read like the order they document.
 #![allow(clippy::needless_range_loop)]
@@ -73,6 +75,21 @@ fn silu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
     }
 }
 
+/// 2√(2/π) and 2√(2/π)·0.044715: GELU's tanh form as a sigmoid.
+const GELU_Z: (f32, f32) = (1.595_769_2, 0.071_354_814);
+
+#[inline(always)]
+fn gelu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
+    for (pair, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
+        let (gate, up) = pair.split_at(inter);
+        for j in 0..inter {
+            let g = gate[j];
+            let z = g * GELU_Z.1.mul_add(g * g, GELU_Z.0);
+            dst[j] = g / (1.0 + exp(-z)) * up[j];
+        }
+    }
+}
+
 macro_rules! per_path {
     ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
         /// See the module docs; the same bits on every path.
@@ -100,6 +117,7 @@ macro_rules! per_path {
 
 per_path!(rms_norm, rms_norm_body, (x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize));
 per_path!(silu_mul, silu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
+per_path!(gelu_mul, gelu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
 
 #[cfg(test)]
 mod tests {
@@ -118,6 +136,24 @@ mod tests {
         assert_eq!(exp(f32::NEG_INFINITY), 0.0);
     }
 
+    /// GELU·up against the tanh form in float64 (torch's `gelu(approximate="tanh")`).
+    #[test]
+    fn gelu_is_the_tanh_form() {
+        let gate: Vec<f32> = (0..400).map(|i| (i as f32 - 200.0) * 0.05).collect();
+        let mut gu = gate.clone();
+        gu.extend(std::iter::repeat_n(1.0f32, gate.len()));
+        let mut out = vec![0.0f32; gate.len()];
+        gelu_mul(Path::Portable, &gu, &mut out, gate.len());
+        for (g, got) in gate.iter().zip(&out) {
+            let g = *g as f64;
+            let want = 0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g.powi(3))).tanh());
+            assert!(
+                (*got as f64 - want).abs() <= 2e-7 * want.abs().max(1.0),
+                "{g}: {got} vs {want}"
+            );
+        }
+    }
+
     #[test]
     fn every_path_gives_the_same_bits() {
         let (h, rows) = (100, 5);
@@ -126,12 +162,12 @@ mod tests {
         let paths: Vec<Path> = Path::all().into_iter().filter(|p| path_available(*p)).collect();
         let run = |p: Path| {
             let (mut a, mut b) = (vec![0.0f32; h * rows], vec![0.0f32; h / 2 * rows]);
+            let mut c = b.clone();
             rms_norm(p, &x, &w, 1e-5, &mut a, h);
             silu_mul(p, &x, &mut b, h / 2);
-            (
-                a.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-                b.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
-            )
+            gelu_mul(p, &x, &mut c, h / 2);
+            let bits = |v: &[f32]| v.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            (bits(&a), bits(&b), bits(&c))
         };
         let want = run(Path::Portable);
         for p in paths {

@@ -357,9 +357,9 @@ def test_bad_files_are_refused_naming_the_file_and_the_tensor(
     arch = _corrupt(
         good,
         tmp_path / "arch.gguf",
-        lambda b: b.__setitem__(slice(b.find(b"llama"), b.find(b"llama") + 5), b"gemma"),
+        lambda b: b.__setitem__(slice(b.find(b"llama"), b.find(b"llama") + 5), b"mamba"),
     )
-    with pytest.raises(ValueError, match="architecture is 'gemma'"):
+    with pytest.raises(ValueError, match="architecture is 'mamba'"):
         load_gguf(arch, tokenizer=False)
     # a tensor of a type no reader knows: its type id set to 99
     unknown = _corrupt(good, tmp_path / "type.gguf", _retype(b"blk.0.ffn_up.weight", 99))

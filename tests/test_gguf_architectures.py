@@ -1,6 +1,6 @@
 """The GGUF architectures beyond Llama (`gguf.architectures`): a tiny random
 model of each, built by transformers' own class (Llama with Llama 3's rope
-scaling, Qwen2, Qwen3, Phi-3), written by the project's writer in Q4_K_M-like
+scaling, Qwen2, Qwen3, Phi-3, Gemma 1-3), written by the project's writer in Q4_K_M-like
 types (Q4_K, Q6_K for attn_v and ffn_down, a Q8_0 embedding) and read back:
 logits against transformers' forward of the dequantized twin, greedy text
 against the twin's, speculation against target-only for the drafters and a
@@ -9,6 +9,7 @@ are refused. p = target, q = draft, k = γ."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 
@@ -23,9 +24,13 @@ torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 V = 96
-ARCHITECTURES = ["llama3", "qwen2", "qwen3", "phi3"]
+ARCHITECTURES = ["llama3", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3"]
 # Q4_K_M-like: Q4_K linears, Q6_K value and down projections, a Q8_0 embedding
-Q4_K_M = {f"blk.{i}.{name}.weight": "Q6_K" for i in range(2) for name in ("attn_v", "ffn_down")}
+Q4_K_M = {f"blk.{i}.{name}.weight": "Q6_K" for i in range(6) for name in ("attn_v", "ffn_down")}
+# Gemma 3's sixth layer is its first global one (other rotary, no window); Gemma's windows
+# hold the prompts here (tree drafters run only inside a window): `test_gemma_windows` crosses them
+LAYERS = {"gemma3": 6}
+WINDOWS = {"gemma2": {"sliding_window": 64}, "gemma3": {"sliding_window": 64}}
 
 
 def written(model: Any, path: Path, **kw: Any) -> Any:
@@ -39,7 +44,14 @@ def written(model: Any, path: Path, **kw: Any) -> Any:
 def arch_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Any:
     """(architecture, its Q4_K_M-like file, the float32 twin transformers runs)."""
     arch = request.param
-    model = models.tiny_model(arch, vocab_size=V, hidden_size=256, num_layers=2, seed=7)
+    model = models.tiny_model(
+        arch,
+        vocab_size=V,
+        hidden_size=256,
+        num_layers=LAYERS.get(arch, 2),
+        seed=7,
+        **WINDOWS.get(arch, {}),
+    )
     path = tmp_path_factory.mktemp(arch) / f"{arch}.gguf"
     twin = written(model, path, linear_type="Q4_K", embed_type="Q8_0", types=Q4_K_M)
     return arch, path, twin
@@ -59,9 +71,16 @@ def test_logits_match_transformers_forward_of_the_twin(
     assert type(twin).__name__.lower().startswith(arch.rstrip("3") if arch == "llama3" else arch)
     ids = prompt(1, 11)[None]
     with torch.inference_mode():
+        exact = copy.deepcopy(twin).double()(ids).logits  # the file's function, in float64
         want = twin(ids).logits
-        got = model(ids).logits
-    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+        got = model(ids).logits  # torch's operations over the kernels' products
+        native = model(ids, use_cache=False).logits  # the Rust layer (`rust/llama.rs`)
+    # float32 noise: 1e-4 of the largest logit, or 4x transformers' own float32 error where
+    # the random K-quant blocks make a deep model ill-conditioned (Gemma 3's six layers: 1.6e-3)
+    noise = float((want.double() - exact).abs().max())
+    tolerance = max(1e-4 * float(exact.abs().max()), 4 * noise)
+    for logits in (got, native):
+        torch.testing.assert_close(logits.double(), exact, rtol=0, atol=tolerance)
 
 
 def test_greedy_text_is_the_twins(arch_file: Any) -> None:
@@ -115,7 +134,6 @@ def test_speculation_is_the_targets_on_every_architecture(
 def windowed(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """A Phi-3 of a sliding window of 8 positions: its file, its twin, and
     a file of the same weights without the window."""
-    import copy
 
     model = models.tiny_model("phi3", vocab_size=V, hidden_size=64, seed=9, sliding_window=8)
     folder = tmp_path_factory.mktemp("window")
@@ -156,6 +174,55 @@ def test_a_sliding_window_is_applied_as_transformers_does(windowed: Any) -> None
         )
 
 
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+def test_gemma_windows_rotaries_and_soft_caps_are_transformers(arch: str, tmp_path: Path) -> None:
+    """Gemma 2 and 3 with a window of 8 (their layers in llama.cpp's
+    pattern), Gemma 2's soft-caps, Gemma 3's local and scaled global
+    rotaries: logits past the window against transformers' own model of
+    the file's values, greedy text against it, speculation (a chain
+    drafter and a GGUF draft model) and batch rows against target-only."""
+    layers = 6 if arch == "gemma3" else 2
+    model_hf = models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=layers, seed=11)
+    path = tmp_path / f"{arch}.gguf"
+    twin = write_gguf(model_hf, path, linear_type="Q8_0")
+    model, _ = load_gguf(path, tokenizer=False)
+    decoder = model.model.layers
+    if arch == "gemma2":  # even layers slide; scores and logits capped
+        assert [(x.window, x.rotary, x.softcap) for x in decoder] == [(8, 0, 50.0), (0, 0, 50.0)]
+        assert model.lm_head.softcap == 30.0
+    else:  # all but every sixth layer slide, on the local rotary
+        assert [(x.window, x.rotary) for x in decoder] == [(8, 1)] * 5 + [(0, 0)]
+    ids = prompt(12, 24)[None]
+    with torch.inference_mode():
+        want = twin(ids).logits
+        got = model(ids).logits
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * float(want.abs().max()))
+    # decoding past the window: the twin's text; speculative (chain) and batch rows target-only's
+    ids = torch.cat([prompt(13, 12), prompt(13, 12)[:5]])
+    plain = sd.generate(model, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
+    twin_text = sd.generate(twin, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
+    assert plain.tokens == twin_text.tokens
+    draft_path = tmp_path / "draft.gguf"
+    write_gguf(
+        models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=1, seed=14),
+        draft_path,
+        linear_type="Q8_0",
+    )
+    draft = sd.drafters.DraftModel.from_spec(str(draft_path), model, None, False)
+    for name, drafter in (("prompt lookup", sd.PromptLookup()), ("gguf draft model", draft)):
+        out = sd.generate(
+            model, drafter, ids, max_new_tokens=16, k=3, temperature=0, eos_token_id=[]
+        )
+        assert out.tokens == plain.tokens and out.drafted > 0, name
+    rows = [ids, prompt(15, 10)]
+    batch = sd.generate_batch(
+        model, sd.PromptLookup, rows, max_new_tokens=12, k=3, temperature=0, eos_token_id=[]
+    )
+    for row, out in zip(rows, batch.results, strict=True):
+        lone = sd.generate(model, None, row, max_new_tokens=12, temperature=0, eos_token_id=[])
+        assert out is not None and out.tokens == lone.tokens
+
+
 def _renamed(path: Path, to: Path, old: bytes, new: bytes) -> Path:
     """A copy of the file with the first `old` (a key or tensor name) spelled `new` (as long)."""
     assert len(old) == len(new)
@@ -167,11 +234,18 @@ def _renamed(path: Path, to: Path, old: bytes, new: bytes) -> Path:
 def test_other_architectures_rope_scalings_and_missing_extras_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "qwen2.gguf"
     write_gguf(models.tiny_model("qwen2", vocab_size=V, num_layers=1), path, linear_type="Q8_0")
-    gemma = _renamed(path, tmp_path / "gemma.gguf", b"qwen2", b"gemma")
+    moe = tmp_path / "moe.gguf"  # an architecture refused with its reason
+    writer = gguf.GGUFWriter(str(moe), "qwen2moe")
+    writer.add_block_count(1)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
     with pytest.raises(
-        ValueError, match=r"gemma.gguf.*'gemma' \(Gemma.*\); this loader reads llama .*phi3"
+        ValueError,
+        match=r"moe.gguf.*'qwen2moe' \(mixture-of-experts.*\); this loader reads llama .*gemma3",
     ):
-        load_gguf(gemma, tokenizer=False)
+        load_gguf(moe, tokenizer=False)
     other = _renamed(path, tmp_path / "other.gguf", b"qwen2", b"mamba")
     with pytest.raises(
         ValueError, match=r"'mamba'; this loader reads llama \(.*qwen2 .*qwen3 .*phi3"

@@ -110,9 +110,10 @@ class LlamaStack:
                 list[tuple[npt.NDArray[np.uint8], int]],
                 npt.NDArray[np.float32],
                 npt.NDArray[np.float32],
-                tuple[int, int, int, int, float, int],
+                tuple[int, int, int, int, float, int, float, float, bool, int],
                 tuple[
                     npt.NDArray[np.float32] | None,
+                    tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None,
                     tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None,
                 ],
             ]
@@ -121,6 +122,7 @@ class LlamaStack:
         eps: float,
         head: tuple[npt.NDArray[np.uint8], int],
         vocab: int,
+        softcap: float,
     ) -> LlamaStack: ...
     def forward(
         self,
@@ -136,6 +138,7 @@ class LlamaStack:
         threads: int,
         path: str | None = None,
         activations: str = "f32",
+        local: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 
 @final
@@ -225,11 +228,12 @@ def llama_layer(
     weights: list[tuple[npt.NDArray[np.uint8], int]],
     attn_norm: npt.NDArray[np.float32],
     ffn_norm: npt.NDArray[np.float32],
-    shape: tuple[int, int, int, int, float, int],
+    shape: tuple[int, int, int, int, float, int, float, float, bool, int],
     threads: int,
     path: str | None = None,
     activations: str = "f32",
     qkv_bias: npt.NDArray[np.float32] | None = None,
     qk_norms: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None,
+    post_norms: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None,
 ) -> None: ...
 def qlinear_path() -> str: ...

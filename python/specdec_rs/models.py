@@ -361,7 +361,7 @@ def tiny_llama(
     return model.eval()
 
 
-TINY_TYPES = ("llama", "llama3", "qwen2", "qwen3", "phi3")
+TINY_TYPES = ("llama", "llama3", "qwen2", "qwen3", "phi3", "gemma", "gemma2", "gemma3")
 
 
 def tiny_model(
@@ -376,9 +376,14 @@ def tiny_model(
 ) -> PreTrainedModel:
     """A random model of transformers' own class for `model_type` (no
     download): "llama", "llama3" (a Llama with Llama 3's rope scaling),
-    "qwen2" (random q, k, v biases), "qwen3" (random q, k norms), "phi3";
-    4 heads over 2 key-value heads; `config` overrides its config's
-    keywords. For the GGUF architecture tests and benchmarks; eval mode."""
+    "qwen2" (random q, k, v biases), "qwen3" (random q, k norms), "phi3",
+    "gemma", "gemma2" (a sliding window of 8 on its even layers, soft-caps
+    of 50 and 30), "gemma3" (text; a window of 8 on all layers but every
+    sixth, linear rope scaling of 8 on the others; random q, k norms);
+    Gemma's norms random around its 1 + w, its embedding tied (and not
+    scaled by `logit_scale`: the embedding is Gemma's head); 4 heads over
+    2 key-value heads; `config` overrides its config's keywords. For the
+    GGUF architecture tests and benchmarks; eval mode."""
     import torch
     import transformers
 
@@ -389,6 +394,9 @@ def tiny_model(
         "qwen2": ("Qwen2Config", "Qwen2ForCausalLM"),
         "qwen3": ("Qwen3Config", "Qwen3ForCausalLM"),
         "phi3": ("Phi3Config", "Phi3ForCausalLM"),
+        "gemma": ("GemmaConfig", "GemmaForCausalLM"),
+        "gemma2": ("Gemma2Config", "Gemma2ForCausalLM"),
+        "gemma3": ("Gemma3TextConfig", "Gemma3ForCausalLM"),
     }
     config_class, model_class = (getattr(transformers, n) for n in classes[model_type])
     keywords: dict[str, Any] = {
@@ -413,15 +421,29 @@ def tiny_model(
             "high_freq_factor": 4.0,
             "original_max_position_embeddings": 64,
         }
-    if model_type == "qwen3":
+    if model_type in ("qwen3", "gemma", "gemma2", "gemma3"):
         keywords["head_dim"] = hidden_size // 4
+    if model_type.startswith("gemma"):
+        keywords["tie_word_embeddings"] = True
+    if model_type in ("gemma2", "gemma3"):
+        keywords |= {"query_pre_attn_scalar": hidden_size // 4, "sliding_window": 8}
+    if model_type == "gemma3":
+        keywords["rope_parameters"] = {
+            "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        }
     keywords |= config
     torch.manual_seed(_checks.seed(seed) % 2**63)
     model = model_class(config_class(**keywords)).float()
+    gemma = model_type.startswith("gemma")  # its norms are 1 + w, w initialized to 0
+    logit_scale = _checks.real(logit_scale, "logit_scale")
     with torch.no_grad():
-        model.lm_head.weight.mul_(_checks.real(logit_scale, "logit_scale"))
+        if not gemma:  # Gemma's head is its embedding: scaled, it would drown the layers
+            model.lm_head.weight.mul_(logit_scale)
         for name, param in model.named_parameters():  # the extras away from their init (0, 1)
-            if name.endswith((".bias", "q_norm.weight", "k_norm.weight")):
+            if gemma and name.endswith("norm.weight"):
+                param.copy_(0.3 * torch.randn_like(param))
+            elif name.endswith((".bias", "q_norm.weight", "k_norm.weight")):
                 param.copy_(
                     1 + 0.3 * torch.randn_like(param)
                     if "norm" in name

@@ -134,6 +134,7 @@ pub(super) struct HeldLayer {
     ffn_norm: Held<f32>,
     qkv_bias: Option<Held<f32>>,
     qk_norms: Option<(Held<f32>, Held<f32>)>,
+    post_norms: Option<(Held<f32>, Held<f32>)>,
     shape: crate::llama::Shape,
 }
 
@@ -148,19 +149,22 @@ pub(super) struct LlamaStack {
     head: (Held<u8>, crate::quant::QType),
     vocab: usize,
     hidden: usize,
+    softcap: f32,
 }
 
 /// Two float32 matrices handed back to Python.
 type Arrays2<'py> = (Bound<'py, PyArray2<f32>>, Bound<'py, PyArray2<f32>>);
 
-/// (heads, kv heads, head size, intermediate size, eps, sliding window or 0).
-type Dims = (usize, usize, usize, usize, f32, usize);
+/// (heads, kv heads, head size, intermediate size, eps, sliding window or
+/// 0, score scale, score soft-cap or 0, GELU gate, rotary table): `llama::Shape`.
+type Dims = (usize, usize, usize, usize, f32, usize, f32, f32, bool, usize);
 
-/// A layer's optional q, k, v biases and (q norm, k norm) weights.
-type ExtrasSpec<'py> = (
-    Option<Bound<'py, PyArray1<f32>>>,
-    Option<(Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>)>,
-);
+/// Two optional float32 weights of a layer.
+type PairSpec<'py> = Option<(Bound<'py, PyArray1<f32>>, Bound<'py, PyArray1<f32>>)>;
+
+/// A layer's optional q, k, v biases, (q norm, k norm) and (post-attention
+/// norm, post-MLP norm) weights.
+type ExtrasSpec<'py> = (Option<Bound<'py, PyArray1<f32>>>, PairSpec<'py>, PairSpec<'py>);
 
 type LayerSpec<'py> = (
     Vec<(Bound<'py, PyArray1<u8>>, u32)>,
@@ -170,8 +174,17 @@ type LayerSpec<'py> = (
     ExtrasSpec<'py>,
 );
 
-pub(super) fn shape_of(hidden: usize, (heads, kv_heads, head_dim, inter, eps, window): Dims) -> crate::llama::Shape {
-    crate::llama::Shape {
+pub(super) fn shape_of(
+    hidden: usize,
+    (heads, kv_heads, head_dim, inter, eps, window, scale, softcap, gelu, rotary): Dims,
+) -> PyResult<crate::llama::Shape> {
+    if !(scale.is_finite() && scale > 0.0) || !(softcap.is_finite() && softcap >= 0.0) {
+        return Err(PyValueError::new_err(format!(
+            "a layer's score scale {scale} and soft-cap {softcap}: expected a positive scale and a \
+             soft-cap of 0 (none) or more"
+        )));
+    }
+    Ok(crate::llama::Shape {
         hidden,
         heads,
         kv_heads,
@@ -179,7 +192,30 @@ pub(super) fn shape_of(hidden: usize, (heads, kv_heads, head_dim, inter, eps, wi
         inter,
         eps,
         window,
-    }
+        scale,
+        softcap,
+        gelu,
+        rotary,
+    })
+}
+
+/// A held pair of a layer's weights (`what` names them in errors).
+fn held_pair(pair: PairSpec<'_>, what: [&str; 2]) -> PyResult<Option<(Held<f32>, Held<f32>)>> {
+    Ok(match pair {
+        Some((a, b)) => Some((Held::of(a, what[0])?, Held::of(b, what[1])?)),
+        None => None,
+    })
+}
+
+/// A borrowed pair of a layer's weights (`what` names them in errors).
+fn pair_slices<'a>(
+    pair: &'a Option<(PyReadonlyArray1<'_, f32>, PyReadonlyArray1<'_, f32>)>,
+    what: [&str; 2],
+) -> PyResult<Option<(&'a [f32], &'a [f32])>> {
+    Ok(match pair {
+        Some((a, b)) => Some((c_slice(a, what[0])?, c_slice(b, what[1])?)),
+        None => None,
+    })
 }
 
 #[pymethods]
@@ -191,9 +227,15 @@ impl LlamaStack {
         eps: f32,
         head: (Bound<'_, PyArray1<u8>>, u32),
         vocab: usize,
+        softcap: f32,
     ) -> PyResult<Self> {
+        if !(softcap.is_finite() && softcap >= 0.0) {
+            return Err(PyValueError::new_err(format!(
+                "LlamaStack: the logits' soft-cap is {softcap}; expected 0 (none) or a positive number"
+            )));
+        }
         let mut held = Vec::with_capacity(layers.len());
-        for (i, (weights, attn_norm, ffn_norm, dims, (bias, norms))) in layers.into_iter().enumerate() {
+        for (i, (weights, attn_norm, ffn_norm, dims, (bias, norms, post))) in layers.into_iter().enumerate() {
             let mut ws = Vec::with_capacity(weights.len());
             for (j, (w, id)) in weights.into_iter().enumerate() {
                 ws.push((
@@ -207,20 +249,24 @@ impl LlamaStack {
                 Some(b) => Some(Held::of(b, &format!("LlamaStack: layer {i} qkv_bias"))?),
                 None => None,
             };
-            let qk_norms = match norms {
-                Some((q, k)) => Some((
-                    Held::of(q, &format!("LlamaStack: layer {i} q_norm"))?,
-                    Held::of(k, &format!("LlamaStack: layer {i} k_norm"))?,
-                )),
-                None => None,
+            let names = |a: &str, b: &str| {
+                [
+                    format!("LlamaStack: layer {i} {a}"),
+                    format!("LlamaStack: layer {i} {b}"),
+                ]
             };
-            let shape = shape_of(attn_norm.len, dims);
+            let [q, k] = names("q_norm", "k_norm");
+            let qk_norms = held_pair(norms, [&q, &k])?;
+            let [a, f] = names("post_attention_norm", "post_ffw_norm");
+            let post_norms = held_pair(post, [&a, &f])?;
+            let shape = shape_of(attn_norm.len, dims)?;
             let layer = HeldLayer {
                 weights: ws,
                 attn_norm,
                 ffn_norm,
                 qkv_bias,
                 qk_norms,
+                post_norms,
                 shape,
             };
             layer_weights(&layer).map_err(|e| PyValueError::new_err(format!("LlamaStack: layer {i}: {e}")))?;
@@ -241,6 +287,7 @@ impl LlamaStack {
             head: (Held::of(head.0, "LlamaStack: head")?, q),
             vocab,
             hidden,
+            softcap,
         })
     }
 
@@ -249,9 +296,10 @@ impl LlamaStack {
     /// (kv_heads, capacity, head_dim), float32 or float16 (`kv.rs`),
     /// pasts[s] its filled positions, lengths[s] its rows of x; mask None
     /// (causal) or, for one sequence, (n, past + n) uint8; the logits of
-    /// rows `rows`. Returns (logits (len(rows), vocab), the final-normed
-    /// states (N, hidden)).
-    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32"))]
+    /// rows `rows`; `local` the (cos, sin) of the layers that take rotary
+    /// table 1 (Gemma 3's sliding layers). Returns (logits (len(rows),
+    /// vocab), the final-normed states (N, hidden)).
+    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32", local=None))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &self,
@@ -268,6 +316,7 @@ impl LlamaStack {
         threads: usize,
         path: Option<&str>,
         activations: &str,
+        local: Option<(PyReadonlyArray2<'py, f32>, PyReadonlyArray2<'py, f32>)>,
     ) -> PyResult<Arrays2<'py>> {
         let (path, act) = (path_of(path)?, act_of(activations)?);
         let (mut keys, mut values) = (
@@ -300,11 +349,26 @@ impl LlamaStack {
                 q: self.head.1,
             },
             vocab: self.vocab,
+            softcap: self.softcap,
         };
-        let (cs, ss) = (
+        let mut tables = vec![(
             c_slice(&cos, "LlamaStack.forward: cos")?,
             c_slice(&sin, "LlamaStack.forward: sin")?,
-        );
+        )];
+        if let Some((c, s)) = &local {
+            if c.shape() != cos.shape() || s.shape() != sin.shape() {
+                return Err(PyValueError::new_err(format!(
+                    "LlamaStack.forward: the local rotary tables are {:?} and {:?}; expected cos's {:?}",
+                    c.shape(),
+                    s.shape(),
+                    cos.shape()
+                )));
+            }
+            tables.push((
+                c_slice(c, "LlamaStack.forward: local cos")?,
+                c_slice(s, "LlamaStack.forward: local sin")?,
+            ));
+        }
         let ms = match &mask {
             Some(m) => Some(c_slice(m, "LlamaStack.forward: mask")?),
             None => None,
@@ -331,8 +395,7 @@ impl LlamaStack {
         py.detach(|| {
             crate::llama::forward(
                 xs,
-                cs,
-                ss,
+                &tables,
                 &mut caches,
                 &stack,
                 &rows,
@@ -368,6 +431,7 @@ pub(super) fn layer_weights(l: &HeldLayer) -> crate::Result<crate::llama::Weight
     let extras = Extras {
         qkv_bias: l.qkv_bias.as_ref().map(|b| b.slice()),
         qk_norms: l.qk_norms.as_ref().map(|(q, k)| (q.slice(), k.slice())),
+        post_norms: l.post_norms.as_ref().map(|(a, f)| (a.slice(), f.slice())),
     };
     Weights::of(&packed, &l.shape, l.attn_norm.slice(), l.ffn_norm.slice(), extras)
 }
@@ -379,10 +443,12 @@ pub(super) fn layer_weights(l: &HeldLayer) -> crate::Result<crate::llama::Weight
 /// positions filled (this step writes the next n_s); `mask` None (causal) or, for one sequence, (n, past + n)
 /// uint8; `weights` the packed (qkv, o, gate_up, down) with their ggml
 /// types; `shape` (heads, kv_heads, head_dim, intermediate, eps, sliding
-/// window or 0); `qkv_bias` (heads·d + 2·kv_heads·d) and `qk_norms` (q
-/// norm, k norm), (d,) each, where the architecture has them.
+/// window or 0, score scale, score soft-cap or 0, GELU gate, rotary table:
+/// unused here); `qkv_bias` (heads·d + 2·kv_heads·d), `qk_norms` (q norm, k
+/// norm), (d,) each, and `post_norms` (post-attention, post-MLP), (hidden,)
+/// each, where the architecture has them.
 #[pyfunction]
-#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32", qkv_bias=None, qk_norms=None))]
+#[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, weights, attn_norm, ffn_norm, shape, threads, path=None, activations="f32", qkv_bias=None, qk_norms=None, post_norms=None))]
 #[allow(clippy::too_many_arguments)]
 pub(super) fn llama_layer(
     py: Python<'_>,
@@ -403,6 +469,7 @@ pub(super) fn llama_layer(
     activations: &str,
     qkv_bias: Option<PyReadonlyArray1<'_, f32>>,
     qk_norms: Option<(PyReadonlyArray1<'_, f32>, PyReadonlyArray1<'_, f32>)>,
+    post_norms: Option<(PyReadonlyArray1<'_, f32>, PyReadonlyArray1<'_, f32>)>,
 ) -> PyResult<()> {
     let path = path_of(path)?;
     let act = act_of(activations)?;
@@ -410,7 +477,7 @@ pub(super) fn llama_layer(
         CacheArray::all(&keys, "llama_layer: keys")?,
         CacheArray::all(&values, "llama_layer: values")?,
     );
-    let s = shape_of(x.shape()[1], shape);
+    let s = shape_of(x.shape()[1], shape)?;
     crate::llama::StepShapes {
         x: x.shape(),
         lengths: &lengths,
@@ -433,10 +500,11 @@ pub(super) fn llama_layer(
             Some(b) => Some(c_slice(b, "llama_layer: qkv_bias")?),
             None => None,
         },
-        qk_norms: match &qk_norms {
-            Some((q, k)) => Some((c_slice(q, "llama_layer: q_norm")?, c_slice(k, "llama_layer: k_norm")?)),
-            None => None,
-        },
+        qk_norms: pair_slices(&qk_norms, ["llama_layer: q_norm", "llama_layer: k_norm"])?,
+        post_norms: pair_slices(
+            &post_norms,
+            ["llama_layer: post_attention_norm", "llama_layer: post_ffw_norm"],
+        )?,
     };
     let w = crate::llama::Weights::of(
         &packed,

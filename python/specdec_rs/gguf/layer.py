@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 from torch.nn import functional as F
@@ -72,6 +73,32 @@ class _RotaryArrays:
 
 
 _ROTARY = _RotaryArrays()
+_ROTARY_LOCAL = _RotaryArrays()  # Gemma 3's sliding layers' tables
+
+
+class LocalRotary:
+    """The rotary of Gemma 3's sliding layers (`rotary`: a transformers
+    rotary module of their own base): (cos, sin) (1, n, d) at a forward's
+    `position_ids`, computed once for all its layers (`LlamaModel.forward`
+    passes every layer the same position_ids tensor). Holds the last pair
+    in one tuple replaced whole."""
+
+    def __init__(self, rotary: Any):
+        self.rotary = rotary
+        self._last: tuple[Any, ...] = (None, None)
+
+    def tables(
+        self, x: torch.Tensor, position_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        last = self._last
+        if last[0] is not position_ids:
+            last = self._last = (position_ids, self.rotary(x, position_ids))
+        return last[1]  # type: ignore[no-any-return]
+
+
+def local_rotary_of(layers: Any) -> LocalRotary | None:
+    """The `LocalRotary` the layers' sliding layers share (Gemma 3), else None."""
+    return next((layer.local_rotary for layer in layers if layer.rotary), None)
 
 
 class FusedLlamaLayer(nn.Module):
@@ -79,7 +106,12 @@ class FusedLlamaLayer(nn.Module):
     under transformers' names: q_proj, k_proj, v_proj (or qkv_proj, fused),
     o_proj, gate_proj, up_proj (or gate_up_proj), down_proj. `extras`: an
     architecture's differences (`architectures`): "qkv_bias" (qd + 2·kvd),
-    "q_norm" and "k_norm" (d). `config.specdec_sliding_window` (0: none).
+    "q_norm" and "k_norm" (d), "post_attn_norm" and "post_ffw_norm"
+    (hidden: Gemma's norms of the attention's and the MLP's outputs).
+    `config.specdec_sliding_window` (0: none) on the layers
+    `config.specdec_sliding_layers` names; `local_rotary` (a `LocalRotary`,
+    set by the loader) for a sliding layer of Gemma 3. The scores' scale,
+    their soft-cap and the GELU gate come from the config too (`model.llama_config`).
     `weights` maps transformers' parameter names (``self_attn.q_proj.weight``,
     ...) to (the QuantLinear holding them, first row, rows): the view
     `identity.TargetPrint` and `models.weight_rows` read."""
@@ -99,8 +131,16 @@ class FusedLlamaLayer(nn.Module):
         self.heads, self.kv_heads = config.num_attention_heads, config.num_key_value_heads
         self.head_dim = d = config.head_dim
         self.eps = float(config.rms_norm_eps)
-        self.scale = self.head_dim**-0.5
-        self.window = int(getattr(config, "specdec_sliding_window", 0) or 0)
+        default_scale = float(np.float32(1) / np.sqrt(np.float32(d)))
+        self.scale = float(getattr(config, "specdec_attention_scale", default_scale))
+        self.softcap = float(getattr(config, "specdec_attn_softcap", 0.0))
+        self.gelu = getattr(config, "hidden_act", "silu") == "gelu_pytorch_tanh"
+        sliding = getattr(config, "specdec_sliding_layers", None)
+        slides = sliding is None or sliding[layer_idx]
+        self.window = int(getattr(config, "specdec_sliding_window", 0) or 0) if slides else 0
+        # 1: this layer takes Gemma 3's local rotary (`local_rotary`, set by the loader)
+        self.rotary = int(bool(self.window and getattr(config, "specdec_local_rope_theta", 0)))
+        self.local_rotary: LocalRotary | None = None
         self.cache_dtype = torch.float32  # the keys and values it caches (`model.set_cache_type`)
         inter = parts["down_proj"].in_features
         # q, k, v (and gate, up) as one product when they share a format
@@ -129,6 +169,7 @@ class FusedLlamaLayer(nn.Module):
         }
         extras = extras or {}
         self.qkv_bias = self.q_norm = self.k_norm = None
+        self.post_attn_norm = self.post_ffw_norm = None
         for name, value in extras.items():
             setattr(self, name, nn.Parameter(value.float().contiguous(), requires_grad=False))
         if self.qkv_bias is not None:
@@ -136,9 +177,29 @@ class FusedLlamaLayer(nn.Module):
         if self.q_norm is not None:
             self.norms["self_attn.q_norm.weight"] = self.q_norm
             self.norms["self_attn.k_norm.weight"] = self.k_norm
+        if self.post_attn_norm is not None:  # Gemma's names: ffn_norm is the pre-MLP norm
+            self.norms = {
+                "input_layernorm.weight": self.attn_norm,
+                "post_attention_layernorm.weight": self.post_attn_norm,
+                "pre_feedforward_layernorm.weight": self.ffn_norm,
+                "post_feedforward_layernorm.weight": self.post_ffw_norm,
+                **{k: v for k, v in self.norms.items() if k.startswith("self_attn.")},
+            }
         self._weights = self._native_weights()
-        # (heads, kv heads, head size, intermediate size, eps, window) for `_core.llama_layer`
-        self._dims = (self.heads, self.kv_heads, self.head_dim, inter, self.eps, self.window)
+        # (heads, kv heads, head size, intermediate size, eps, window, scale,
+        # soft-cap, GELU, rotary table) for `_core.llama_layer` (`llama::Shape`)
+        self._dims = (
+            self.heads,
+            self.kv_heads,
+            self.head_dim,
+            inter,
+            self.eps,
+            self.window,
+            self.scale,
+            self.softcap,
+            self.gelu,
+            self.rotary,
+        )
         # the norms' float32 arrays (views of the parameters) for every native call
         self._norms = (self.attn_norm.detach().numpy(), self.ffn_norm.detach().numpy())
         bias = None if self.qkv_bias is None else self.qkv_bias.detach().numpy()
@@ -147,7 +208,13 @@ class FusedLlamaLayer(nn.Module):
             if self.q_norm is None
             else (self.q_norm.detach().numpy(), self.k_norm.detach().numpy())
         )
-        self._extras = (bias, qk)  # (qkv_bias or None, (q_norm, k_norm) or None)
+        post = (
+            None
+            if self.post_attn_norm is None
+            else (self.post_attn_norm.detach().numpy(), self.post_ffw_norm.detach().numpy())
+        )
+        # (qkv_bias or None, (q_norm, k_norm) or None, (post-attention, post-MLP norm) or None)
+        self._extras = (bias, qk, post)
 
     def print_weights(self) -> dict[str, tuple[int, int, Any, Any]]:
         """The layer's weights under transformers' names, as
@@ -186,6 +253,9 @@ class FusedLlamaLayer(nn.Module):
         (`QuantLinear.dense`; with float32 activations only): every path
         prefills a prompt alike, so the steps after it still agree bit for bit."""
         assert position_embeddings is not None, "the model passes position_embeddings"
+        if self.rotary:
+            assert self.local_rotary is not None and position_ids is not None
+            position_embeddings = self.local_rotary.tables(hidden_states, position_ids)
         b, n, h = hidden_states.shape
         layers = getattr(cache, "layers", ())
         layer = layers[self.layer_idx] if self.layer_idx < len(layers) else None
@@ -245,14 +315,54 @@ class FusedLlamaLayer(nn.Module):
                 causal = True  # SDPA's own causal kernel
             else:
                 mask = torch.ones(n, total, dtype=torch.bool).tril(total - n)
-        att = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
-        )
-        hidden = hidden_states + linear(self.o_proj, att.transpose(1, 2).reshape(b, n, -1))
+        if self.softcap:  # Gemma 2: capped scores, which SDPA does not take
+            att = self._capped_attention(q, k, v, mask)
+        else:
+            att = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, is_causal=causal, scale=self.scale, enable_gqa=True
+            )
+        return self._after_attention(hidden_states, att, linear)
+
+    def _after_attention(
+        self, hidden_states: torch.Tensor, att: torch.Tensor, linear: Any
+    ) -> torch.Tensor:
+        """The layer from the attention's output att (B, H, n, d) on: o,
+        the residual, the MLP (each output post-normed where the layer has
+        those norms)."""
+        b, n, h = hidden_states.shape
+        o = linear(self.o_proj, att.transpose(1, 2).reshape(b, n, -1))
+        if self.post_attn_norm is not None:
+            o = F.rms_norm(o, (h,), self.post_attn_norm, self.eps)
+        hidden = hidden_states + o
         y = F.rms_norm(hidden, (h,), self.ffn_norm, self.eps)
         gate, up = torch.cat([linear(p, y) for p in self.gate_up], -1).chunk(2, dim=-1)
-        out: torch.Tensor = hidden + linear(self.down_proj, F.silu(gate) * up)
+        act = F.gelu(gate, approximate="tanh") if self.gelu else F.silu(gate)
+        down = linear(self.down_proj, act * up)
+        if self.post_ffw_norm is not None:
+            down = F.rms_norm(down, (h,), self.post_ffw_norm, self.eps)
+        out: torch.Tensor = hidden + down
         return out
+
+    def _capped_attention(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        mask: torch.Tensor | None,
+    ) -> torch.Tensor:
+        """softmax(c·tanh(q·kᵀ·scale/c) under the mask)·v, q (B, H, n, d)
+        at the end of k, v (B, KV, total, d): causal, and what `mask` (the
+        SDPA path's: padding, a tree's, a window's) allows."""
+        n, total = q.shape[-2], k.shape[-2]
+        group = self.heads // self.kv_heads
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+        scores = q @ k.transpose(-1, -2) * self.scale
+        scores = torch.tanh(scores / self.softcap) * self.softcap
+        allowed = torch.arange(total)[None] <= torch.arange(total - n, total)[:, None]
+        if mask is not None:
+            allowed = allowed & _allowed(mask)
+        scores = scores.masked_fill(~allowed, float("-inf"))
+        return torch.softmax(scores, dim=-1) @ v
 
     def _windowed(self, mask: torch.Tensor | None, n: int, total: int) -> torch.Tensor:
         """The (…, n, total) mask of n queries at the end of `total` keys
@@ -294,7 +404,8 @@ class FusedLlamaLayer(nn.Module):
             # a causal mask under a window is the Rust window's own (a tree's: refused there)
             if not (self.window and total > self.window and not _is_tree(allowed, n)):
                 mask = allowed.to(torch.uint8).contiguous().numpy()
-        self.forward_rows(x.numpy(), *_ROTARY.arrays(position_embeddings), [layer], [n], mask)
+        tables = (_ROTARY_LOCAL if self.rotary else _ROTARY).arrays(position_embeddings)
+        self.forward_rows(x.numpy(), *tables, [layer], [n], mask)
         return x.unsqueeze(0).to(hidden_states.dtype)
 
     @property
@@ -345,6 +456,7 @@ class FusedLlamaLayer(nn.Module):
             activations=self.o_proj.activations,
             qkv_bias=self._extras[0],
             qk_norms=self._extras[1],
+            post_norms=self._extras[2],
         )
         for layer, n in zip(layers, lengths, strict=True):
             layer.advance(n)

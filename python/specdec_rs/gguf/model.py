@@ -2,14 +2,17 @@
 
 `load_gguf(path)` reads the file (`reader`), checks its metadata and every
 tensor against the layout its architecture (`architectures`: llama, qwen2,
-qwen3, phi3) describes, and builds a `LlamaForCausalLM` on the meta device
-whose decoder layers are `FusedLlamaLayer`s (the architecture's
-differences: biases, q/k norms, fused tensors, a sliding window) and whose
+qwen3, phi3, gemma, gemma2, gemma3) describes, and builds a
+`LlamaForCausalLM` on the meta device whose decoder layers are
+`FusedLlamaLayer`s (the architecture's differences: biases, q/k norms,
+fused tensors, Gemma's post-norms, GELU gate, scores' scale and
+soft-capping, sliding windows and local rotary) and whose
 linear layers are `QuantLinear`s over the file's own bytes (no copy, but for
 a Llama file's query and key rows, which llama.cpp's converter stored
 permuted for its rotary layout: they are put back in transformers' order,
 as transformers' GGUF loader does) and whose input embedding is a
-`QuantEmbedding`. Llama 3's `rope_freqs` divide the rotary's frequencies. The norms are
+`QuantEmbedding` (scaled by √hidden for Gemma; Gemma 2's LM head soft-caps
+its logits). Llama 3's `rope_freqs` divide the rotary's frequencies. The norms are
 float32. Formats without a native kernel (Q2_K, Q3_K, the IQ formats and
 the others gguf-py can read) are dequantized to float32 with a one-line
 notice naming the type. Everything else the project does (the loop, the
@@ -35,7 +38,7 @@ from specdec_rs.gguf.architectures import (
     layer_tensors,
     supported,
 )
-from specdec_rs.gguf.layer import FusedLlamaLayer
+from specdec_rs.gguf.layer import FusedLlamaLayer, LocalRotary
 from specdec_rs.gguf.modules import NATIVE_TYPES, QuantEmbedding, QuantLinear
 from specdec_rs.gguf.reader import INTEGER_TYPES, GGUFFile, Tensor, read
 
@@ -63,8 +66,10 @@ def architecture_of(f: GGUFFile) -> Architecture:
 
 def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any]:
     """The `LlamaConfig` keywords of a file of a supported architecture,
-    checked (its differences are the layer's: `architectures`), with
-    `specdec_sliding_window` (0: none)."""
+    checked (its differences are the layer's: `architectures`), with the
+    `specdec_*` keys of those differences: the sliding window (0: none) and
+    its layers, the sliding layers' rotary base (0: the model's), the
+    scores' scale, the soft-caps (0: none), the embedding's scale."""
     arch = arch or architecture_of(f)
     prefix = arch.name
 
@@ -92,10 +97,18 @@ def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any
             "the rotary over the whole head",
             FIX,
         )
+    base = float(get("rope.freq_base", 10000.0, kind=float))
+    rope: dict[str, Any] = {"rope_theta": base, "rope_type": "default"}
     scaling = f.text(f"{prefix}.rope.scaling.type", "none", fix=FIX)
-    if scaling != "none":
+    if scaling == "linear":
+        factor = float(get("rope.scaling.factor", kind=float))
+        if not 0 < factor < 1e6:
+            raise f.fail(f"metadata {prefix}.rope.scaling.factor is {factor}", "expected > 0")
+        rope = {"rope_theta": base, "rope_type": "linear", "factor": factor}
+    elif scaling != "none":
         raise f.fail(
-            f"rope scaling {scaling!r} is not supported (plain RoPE, and Llama 3's rope_freqs)"
+            f"rope scaling {scaling!r} is not supported (plain RoPE, linear, and Llama 3's "
+            "rope_freqs)"
         )
     for name in f.tensors:
         if name.startswith("rope_factors_"):
@@ -108,6 +121,20 @@ def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any
     )
     embed = f.tensors.get("token_embd.weight")
     vocab = get("vocab_size", embed.rows if embed is not None else None)
+    layers = get("block_count")
+
+    def cap(key: str) -> float:
+        """A soft-cap c of the file (0: none)."""
+        if not arch.gemma or f"{prefix}.{key}" not in f.metadata:
+            return 0.0
+        value = float(get(key, kind=float))
+        if not 0 < value < 1e6:
+            raise f.fail(f"metadata {prefix}.{key} is {value}", "expected a positive soft-cap")
+        return value
+
+    width = hidden // heads if layers == arch.wide_scale_layers else head_dim
+    # float32, as llama.cpp computes it (the same bits as 1/√d in the Rust layer)
+    scale = float(np.float32(1) / np.sqrt(np.float32(width)))
 
     def token(key: str) -> int | None:
         """A special token's id; None when absent, of another type or past the vocabulary."""
@@ -121,16 +148,13 @@ def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any
         "vocab_size": int(vocab),
         "hidden_size": hidden,
         "intermediate_size": get("feed_forward_length"),
-        "num_hidden_layers": get("block_count"),
+        "num_hidden_layers": layers,
         "num_attention_heads": heads,
         "num_key_value_heads": kv_heads,
         "head_dim": head_dim,
         "max_position_embeddings": get("context_length", 2048),
         "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon", kind=float)),
-        "rope_parameters": {
-            "rope_theta": float(get("rope.freq_base", 10000.0, kind=float)),
-            "rope_type": "default",
-        },
+        "rope_parameters": rope,
         "tie_word_embeddings": "output.weight" not in f.tensors,
         "bos_token_id": token("bos_token_id"),
         "eos_token_id": token("eos_token_id"),
@@ -138,8 +162,16 @@ def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any
         "unk_token_id": token("unknown_token_id"),
         "attention_bias": False,
         "mlp_bias": False,
-        "hidden_act": "silu",
+        "hidden_act": "gelu_pytorch_tanh" if arch.gemma else "silu",
         "specdec_sliding_window": window,  # not `sliding_window`: transformers' caches read that
+        # which layers slide (the window's, where it is not 0)
+        "specdec_sliding_layers": [arch.sliding(i) for i in range(layers)],
+        "specdec_local_rope_theta": arch.local_rope_theta if window else 0.0,
+        "specdec_attention_scale": scale,
+        "specdec_attn_softcap": cap("attn_logit_softcapping"),
+        "specdec_final_softcap": cap("final_logit_softcapping"),
+        # the embedding's scale (Gemma: √hidden in float32; 1: none)
+        "specdec_embed_scale": float(np.float32(np.sqrt(hidden))) if arch.gemma else 1.0,
     }
 
 
@@ -261,11 +293,12 @@ def build(f: GGUFFile) -> PreTrainedModel:
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     embed = _linear(f, _expect(f, "token_embd.weight", (h, config.vocab_size)))
-    model.model.embed_tokens = QuantEmbedding(embed)
+    model.model.embed_tokens = QuantEmbedding(embed, scale=config.specdec_embed_scale)
     out = f.tensors.get("output.weight")
     model.lm_head = (
         embed if out is None else _linear(f, _expect(f, "output.weight", (h, config.vocab_size)))
     )
+    model.lm_head.softcap = config.specdec_final_softcap
     shapes = _layer_shapes(config, arch)
     layers = []
     for i in range(config.num_hidden_layers):
@@ -282,6 +315,12 @@ def build(f: GGUFFile) -> PreTrainedModel:
     )
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)
     apply_rope_freqs(f, model.model.rotary_emb, hd)
+    if config.specdec_local_rope_theta:  # Gemma 3's sliding layers: a rotary of their own
+        local = LocalRotary(local_rotary(config))
+        model.model.rotary_local = local.rotary
+        for layer in layers:
+            if layer.window:
+                layer.local_rotary = local
     left = [n for n, t in [*model.named_parameters(), *model.named_buffers()] if t.is_meta]
     if left:
         raise f.fail(f"no tensor for {left[:3]}", FIX)
@@ -291,6 +330,18 @@ def build(f: GGUFFile) -> PreTrainedModel:
         pad_token_id=config.pad_token_id,
     )
     return model.eval()
+
+
+def local_rotary(config: Any) -> Any:
+    """The rotary module of Gemma 3's sliding layers: plain RoPE of base
+    `config.specdec_local_rope_theta` (llama.cpp's 10,000, no scaling)."""
+    import copy
+
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    local = copy.deepcopy(config)
+    local.rope_parameters = {"rope_theta": config.specdec_local_rope_theta, "rope_type": "default"}
+    return LlamaRotaryEmbedding(config=local)
 
 
 def apply_rope_freqs(f: GGUFFile, rotary: Any, head_dim: int) -> None:
@@ -310,7 +361,8 @@ def _layer_parts(
 ) -> tuple[dict[str, QuantLinear], dict[str, Any]]:
     """One layer's products under transformers' names (q_proj, ..., or
     qkv_proj and gate_up_proj where the file fuses them) and its extras
-    (qkv_bias (qd + 2·kvd), q_norm and k_norm (d)) for `FusedLlamaLayer`."""
+    (qkv_bias (qd + 2·kvd), q_norm and k_norm (d), post_attn_norm and
+    post_ffw_norm (hidden)) for `FusedLlamaLayer`."""
     import torch
 
     heads, kv, hd = config.num_attention_heads, config.num_key_value_heads, config.head_dim
@@ -337,6 +389,9 @@ def _layer_parts(
     if arch.qk_norms:
         extras["q_norm"] = _float(f, tensor("attn_q_norm.weight"))
         extras["k_norm"] = _float(f, tensor("attn_k_norm.weight"))
+    if arch.post_norms:
+        extras["post_attn_norm"] = _float(f, tensor("post_attention_norm.weight"))
+        extras["post_ffw_norm"] = _float(f, tensor("post_ffw_norm.weight"))
     return parts, extras
 
 
@@ -506,7 +561,7 @@ def load_gguf(
     path: Any, *, tokenizer: bool = True, activations: str = "f32", cache_type: str = "f32"
 ) -> tuple[PreTrainedModel, Any]:
     """(model, tokenizer or None) of a GGUF file of a supported architecture
-    (`architectures`: llama, qwen2, qwen3, phi3), its
+    (`architectures`: llama, qwen2, qwen3, phi3, gemma, gemma2, gemma3), its
     weights at the file's precision (see the module docs), its products
     with `activations` "f32" (the reference) or "q8" (`set_activations`), its
     keys and values cached as `cache_type` "f32" or "f16" (`set_cache_type`). ValueError for a

@@ -64,7 +64,8 @@ class QuantLinear(nn.Module):
     panels of 8 rows, the file's bytes rearranged, none converted);
     `ggml_type` is its format. `threads`: how many threads the product
     runs on (chosen by measurement at load); `activations`: "f32" or "q8"
-    (see the module docs)."""
+    (see the module docs); `softcap` c: outputs soft-capped, c·tanh(y/c)
+    (Gemma 2's LM head; 0: none)."""
 
     def __init__(self, packed: np.ndarray, ggml_type: int, in_features: int, out_features: int):
         super().__init__()
@@ -82,6 +83,7 @@ class QuantLinear(nn.Module):
         self.out_features = out_features
         self.threads = 1
         self.activations = "f32"
+        self.softcap = 0.0
 
     @classmethod
     def from_rows(cls, rows: np.ndarray, ggml_type: int, in_features: int) -> QuantLinear:
@@ -129,6 +131,8 @@ class QuantLinear(nn.Module):
             out: torch.Tensor = _Product.apply(rows, self)
         else:
             out = self.product(rows)
+        if self.softcap:
+            out = torch.tanh(out / self.softcap) * self.softcap
         return out.view(*x.shape[:-1], self.out_features)
 
     def dense(self, rows: torch.Tensor) -> torch.Tensor:
@@ -185,7 +189,7 @@ class QuantLinear(nn.Module):
             self.packed, self.ggml_type, self.in_features, self.out_features, idx
         )
         part = QuantLinear.from_rows(raw, self.ggml_type, self.in_features)
-        part.threads, part.activations = self.threads, self.activations
+        part.threads, part.activations, part.softcap = self.threads, self.activations, self.softcap
         return part
 
 
@@ -203,18 +207,22 @@ def _scratch(size: int) -> np.ndarray:
 
 class QuantEmbedding(nn.Module):
     """ids (...) -> (..., dim) float32: rows of a table (num, dim) kept in
-    the file's format, dequantized on lookup."""
+    the file's format, dequantized on lookup, times `scale` (float32;
+    Gemma's √dim, else 1)."""
 
-    def __init__(self, table: QuantLinear):
+    def __init__(self, table: QuantLinear, scale: float = 1.0):
         super().__init__()
         self.table = table
         self.num_embeddings, self.embedding_dim = table.out_features, table.in_features
+        self.scale = float(np.float32(scale))
 
     def extra_repr(self) -> str:
         return f"{self.num_embeddings}, {self.embedding_dim}, {self.table.type_name}"
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         out = self.table.dequantize_rows(ids)
+        if self.scale != 1.0:
+            out = out * torch.tensor(self.scale, dtype=torch.float32)
         return out.view(*ids.shape, self.embedding_dim).to(ids.device)
 
     def dequantize_rows(self, rows: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,10 @@ models, and for a user who wants a model of their own at a file's
 precision. Architectures (`architectures`): `LlamaForCausalLM` (query and
 key rows permuted for llama.cpp's rotary layout; Llama 3's rope scaling as
 a `rope_freqs` tensor), `Qwen2ForCausalLM` (q, k, v biases),
-`Qwen3ForCausalLM` (q, k norms), `Phi3ForCausalLM` (fused qkv and gate_up).
+`Qwen3ForCausalLM` (q, k norms), `Phi3ForCausalLM` (fused qkv and gate_up),
+`GemmaForCausalLM`, `Gemma2ForCausalLM` and `Gemma3ForCausalLM` (text:
+norm weights written as 1 + w, as the converter does; post-norms; Gemma 2's
+soft-caps; Gemma 3's q, k norms, linear rope scaling and sliding layers' base).
 Linear weights are quantized by gguf-py (the types in `TYPES`; llama.cpp's
 own quantizer writes the K-quants from such a file). A tokenizer is copied
 from another GGUF file when one is named (`tokenizer=`), else none is written.
@@ -19,7 +22,17 @@ from typing import Any
 import numpy as np
 
 TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1")
-WRITABLE = ("llama", "qwen2", "qwen3", "phi3")  # transformers' model_type = GGUF architecture
+# transformers' model_type -> the GGUF architecture
+WRITABLE = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "phi3": "phi3",
+    "gemma": "gemma",
+    "gemma2": "gemma2",
+    "gemma3_text": "gemma3",
+}
+GEMMA = ("gemma", "gemma2", "gemma3")
 
 
 def _permute(w: np.ndarray, heads: int) -> np.ndarray:
@@ -82,6 +95,12 @@ def _names(config: Any, arch: str) -> dict[str, str]:
         "self_attn.o_proj.weight": "attn_output.weight",
         "mlp.down_proj.weight": "ffn_down.weight",
     }
+    if arch in ("gemma2", "gemma3"):  # post-norms: ffn_norm is the pre-MLP norm
+        per_layer |= {
+            "post_attention_layernorm.weight": "post_attention_norm.weight",
+            "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+            "post_feedforward_layernorm.weight": "post_ffw_norm.weight",
+        }
     if arch == "phi3":
         per_layer |= {
             "self_attn.qkv_proj.weight": "attn_qkv.weight",
@@ -97,7 +116,7 @@ def _names(config: Any, arch: str) -> dict[str, str]:
         }
     if arch == "qwen2":
         per_layer |= {f"self_attn.{x}_proj.bias": f"attn_{x}.bias" for x in "qkv"}
-    if arch == "qwen3":
+    if arch in ("qwen3", "gemma3"):
         per_layer |= {
             "self_attn.q_norm.weight": "attn_q_norm.weight",
             "self_attn.k_norm.weight": "attn_k_norm.weight",
@@ -117,7 +136,7 @@ def write_gguf(
     types: dict[str, str] | None = None,
     tokenizer: str | Path | None = None,
 ) -> Any:
-    """Write the transformers model `model` (a Llama, Qwen2, Qwen3 or Phi-3)
+    """Write the transformers model `model` (a Llama, Qwen2, Qwen3, Phi-3 or Gemma 1-3)
     to `path` with its linear weights in `linear_type`, its embedding (and
     an untied LM head) in `embed_type`, norms and biases in F32 (`types`
     maps a GGUF tensor name to another type), and the `tokenizer.*` keys
@@ -126,15 +145,18 @@ def write_gguf(
     the file describes."""
     import copy
 
+    import gguf
     import torch
     from gguf import GGMLQuantizationType, GGUFWriter, dequantize, quantize
 
     config = model.config
-    arch = config.model_type
-    if arch not in WRITABLE:
+    if config.model_type not in WRITABLE:
         raise ValueError(
-            f"write_gguf: model_type {arch!r}; the writer writes {', '.join(WRITABLE)}"
+            f"write_gguf: model_type {config.model_type!r}; the writer writes {', '.join(WRITABLE)}"
         )
+    arch = WRITABLE[config.model_type]
+    if arch in GEMMA:
+        _check_gemma(config, arch)
     heads, kv = config.num_attention_heads, config.num_key_value_heads
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     twin = copy.deepcopy(model).float()
@@ -145,17 +167,27 @@ def write_gguf(
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv)
-    if head_dim != config.hidden_size // heads or arch == "qwen3":
+    if head_dim != config.hidden_size // heads or arch in ("qwen3", *GEMMA):
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
     writer.add_rope_dimension_count(head_dim)
     rope = getattr(config, "rope_parameters", None) or {}
+    rope = rope.get("full_attention", rope)  # Gemma 3's global layers'
     writer.add_rope_freq_base(float(rope.get("rope_theta", 10000.0)))
+    if rope.get("rope_type") == "linear":
+        writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+        writer.add_rope_scaling_factor(float(rope["factor"]))
     writer.add_layer_norm_rms_eps(float(config.rms_norm_eps))
     writer.add_vocab_size(config.vocab_size)
     window = getattr(config, "sliding_window", None)
-    if window and arch == "phi3":  # Qwen's is off unless use_sliding_window (not written)
+    if window and arch in ("phi3", "gemma2", "gemma3"):  # Qwen's is off unless use_sliding_window
         writer.add_sliding_window(int(window))
+    for key, add in (
+        ("attn_logit_softcapping", writer.add_attn_logit_softcapping),
+        ("final_logit_softcapping", writer.add_final_logit_softcapping),
+    ):
+        if arch in GEMMA and getattr(config, key, None):
+            add(float(getattr(config, key)))
     if arch == "phi3":
         original = getattr(config, "original_max_position_embeddings", None)
         writer.add_rope_scaling_orig_ctx_len(int(original or config.max_position_embeddings))
@@ -171,6 +203,9 @@ def write_gguf(
     for hf_name, gguf_name in _names(config, arch).items():
         param = params[hf_name]
         w = param.detach().cpu().numpy().astype(np.float32)
+        shift = arch in GEMMA and gguf_name.endswith("norm.weight")
+        if shift:  # Gemma's RMSNorm multiplies by 1 + w: the converter writes 1 + w
+            w = w + np.float32(1)
         if w.ndim == 1:
             kind = "F32"
         elif gguf_name in ("token_embd.weight", "output.weight"):
@@ -192,6 +227,8 @@ def write_gguf(
             from specdec_rs.gguf.model import _unpermute
 
             values = values[_unpermute(w.shape[0], group)]
+        if shift:
+            values = values - np.float32(1)
         with torch.no_grad():
             param.copy_(torch.from_numpy(np.ascontiguousarray(values)))
     writer.write_header_to_file()
@@ -202,6 +239,55 @@ def write_gguf(
 
 
 write_llama = write_gguf  # the name of its first architecture, kept for callers
+
+
+def gemma_scale_width(config: Any, arch: str) -> int:
+    """The width w of a Gemma file's scores' scale 1/√w, as llama.cpp
+    decides it (the file does not hold it): hidden/heads for the 27B
+    models (`architectures.Architecture.wide_scale_layers`), else head_dim."""
+    from specdec_rs.gguf.architectures import ARCHITECTURES
+
+    heads = config.num_attention_heads
+    if config.num_hidden_layers == ARCHITECTURES[arch].wide_scale_layers:
+        return int(config.hidden_size // heads)
+    return int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+
+
+def _check_gemma(config: Any, arch: str) -> None:
+    """A Gemma config whose function a GGUF file can hold, as llama.cpp
+    reads it; else a ValueError naming what it cannot."""
+    from specdec_rs.gguf.architectures import ARCHITECTURES
+
+    problems = []
+    act = getattr(config, "hidden_activation", None) or getattr(config, "hidden_act", None)
+    if act != "gelu_pytorch_tanh":
+        problems.append(f"hidden activation {act!r} (the file's is gelu_pytorch_tanh)")
+    scalar = getattr(config, "query_pre_attn_scalar", None)
+    if arch != "gemma" and scalar != gemma_scale_width(config, arch):
+        problems.append(
+            f"query_pre_attn_scalar {scalar} (llama.cpp takes {gemma_scale_width(config, arch)} "
+            f"at {config.num_hidden_layers} layers)"
+        )
+    layer_types = getattr(config, "layer_types", None)
+    if arch != "gemma" and layer_types is not None:
+        spec = ARCHITECTURES[arch]
+        want = [
+            "sliding_attention" if spec.sliding(i) else "full_attention"
+            for i in range(config.num_hidden_layers)
+        ]
+        if list(layer_types) != want:
+            problems.append(f"layer_types {layer_types} (the file's pattern is {want})")
+    rope = getattr(config, "rope_parameters", None) or {}
+    local = rope.get("sliding_attention")
+    if arch == "gemma3" and local is not None:
+        theta = ARCHITECTURES[arch].local_rope_theta
+        if local.get("rope_type", "default") != "default" or local.get("rope_theta") != theta:
+            problems.append(f"sliding layers' rope {local} (the file's is plain, base {theta:g})")
+    if problems:
+        raise ValueError(
+            f"write_gguf: this {config.model_type} cannot be written as a GGUF file llama.cpp "
+            "reads alike: " + "; ".join(problems)
+        )
 
 
 def _copy_tokenizer(writer: Any, source: Path) -> None:

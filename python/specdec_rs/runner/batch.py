@@ -143,6 +143,8 @@ class StackRows:
         norm per row as a lone forward applies it to its own (1, n, H)."""
         import torch
 
+        from specdec_rs.gguf.layer import local_rotary_of
+
         model = self.target
         base = model.model
         lengths = [len(b) for b in blocks]
@@ -152,10 +154,14 @@ class StackRows:
             [torch.arange(p, p + n) for p, n in zip(pasts, lengths, strict=True)]
         )[None]
         x = base.embed_tokens(ids)[0].float().contiguous().clone()
-        cos, sin = base.rotary_emb(x[None], positions)
-        cos_rows, sin_rows = (t[0].float().contiguous().numpy() for t in (cos, sin))
+        local = local_rotary_of(base.layers)
+        tables = []  # the model's rotary, and Gemma 3's sliding layers' where it has them
+        for rotary in [base.rotary_emb] + ([local.rotary] if local is not None else []):
+            pair = rotary(x[None], positions)
+            tables.append(tuple(t[0].float().contiguous().numpy() for t in pair))
         rows = x.numpy()
         for i, layer in enumerate(base.layers):
+            cos_rows, sin_rows = tables[layer.rotary]
             layer.forward_rows(rows, cos_rows, sin_rows, [c.layers[i] for c in caches], lengths)
         states, at = [], 0
         for n in lengths:

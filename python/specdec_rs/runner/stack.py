@@ -47,6 +47,8 @@ class Stack:
     """The decoder stack of `model` (a GGUF model: every layer a `FusedLlamaLayer`)."""
 
     def __init__(self, model: Any):
+        from specdec_rs.gguf.layer import local_rotary_of
+
         base = model.model
         layers = []
         for layer in base.layers:
@@ -60,10 +62,13 @@ class Stack:
             float(base.norm.variance_epsilon),
             (head.packed, head.ggml_type),
             head.out_features,
+            float(getattr(head, "softcap", 0.0)),
         )
         self.model, self.base, self.head = model, base, head
         self.kv = (base.layers[0].kv_heads, base.layers[0].head_dim)
         self.depth = len(base.layers)  # a layer view's cache may hold more layers: the first ones
+        # Gemma 3's sliding layers' rotary (`gguf.layer.LocalRotary`), else None
+        self.local = local_rotary_of(base.layers)
 
     def forward(
         self,
@@ -126,6 +131,12 @@ class Stack:
         ids = torch.cat([b.reshape(-1) for b in blocks])
         x = self.base.embed_tokens(ids[None])[0].float().contiguous()
         cos, sin = self.base.rotary_emb(x[None], positions[None])
+        local = None
+        if self.local is not None:
+            local = tuple(
+                t[0].float().contiguous().numpy()
+                for t in self.local.rotary(x[None], positions[None])
+            )
         keys, values = [], []
         first = self.base.layers[0]
         like, dtype = (1, self.kv[0], first.cache_width), first.cache_dtype
@@ -149,6 +160,7 @@ class Stack:
             wanted,
             threads,
             activations=self.head.activations,
+            local=local,
         )
         for cache, n in zip(caches, lengths, strict=True):
             for layer in cache.layers[: self.depth]:
