@@ -11,10 +11,11 @@ project's writer, read by llama-cpp-python and by specdec_rs.
    requantized to Q4_K_M by llama.cpp's quantizer is read natively (its
    tensor types) and compared again (q8 activations, llama.cpp's
    arithmetic).
-2. A synthetic same-family pair in Qwen2.5-0.5B's shape (hidden 896, 24
+2. Synthetic same-family pairs (`--pairs`): one in Qwen2.5-0.5B's shape (hidden 896, 24
    layers, 14 heads over 2 KV heads, MLP 4864, tied embedding; SmolLM2's
    49,152-token vocabulary, so not Qwen's 151,936) and a 2-layer draft of
-   the same widths, written in F16 and quantized to Q4_K_M by llama.cpp
+   the same widths, and one in Gemma-3-1B's shape (`gemma3_pair`), written
+   in F16 and quantized to Q4_K_M by llama.cpp
    (rows of 896 are not whole super-blocks: its quantizer falls back to
    Q5_0 / Q8_0 for those, as in the real file). Target-only step and v(5)
    against llama.cpp (`bench_formats.file_rows`), peak RSS, and the
@@ -22,6 +23,7 @@ project's writer, read by llama-cpp-python and by specdec_rs.
    random α: the figures of interest are the costs (c, v(n)), not the speed-up.
 
     python benchmarks/bench_architectures.py --out benchmarks/results/bench-architectures
+    python benchmarks/bench_architectures.py --architectures --pairs gemma3  # one pair alone
 """
 
 from __future__ import annotations
@@ -162,6 +164,53 @@ def qwen2_pair(work: Path) -> tuple[Path, Path]:
     return target_path, draft_path
 
 
+def gemma3_pair(work: Path) -> tuple[Path, Path]:
+    """A synthetic Gemma-3-1B-shaped target (hidden 1152, 26 layers, 4
+    heads over 1 KV head of 256, MLP 6912, a window of 512 on all layers but
+    every sixth, tied embedding) with SmolLM2's vocabulary (Gemma's is
+    262,144), and its draft (the target's embedding, first 2 layers and final
+    norm), both Q4_K_M by llama.cpp's quantizer."""
+    import copy
+
+    import torch
+    from bench_formats import write_q4_k_m
+    from specdec_rs import models
+
+    target_path, draft_path = work / "gemma3-1b-Q4_K_M.gguf", work / "gemma3-draft-Q4_K_M.gguf"
+    if target_path.exists() and draft_path.exists():
+        return target_path, draft_path
+    target = models.tiny_model(
+        "gemma3",
+        vocab_size=49152,
+        hidden_size=1152,
+        num_layers=26,
+        seed=26,
+        intermediate_size=6912,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        query_pre_attn_scalar=256,
+        sliding_window=512,
+        max_position_embeddings=32768,
+        rope_parameters={
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        },
+    )
+    with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
+        target.model.embed_tokens.weight.mul_(8.0)
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:2]
+    draft.config.num_hidden_layers = 2
+    draft.config.layer_types = draft.config.layer_types[:2]
+    for model, path in ((target, target_path), (draft, draft_path)):
+        write_q4_k_m(model, path)
+    return target_path, draft_path
+
+
+PAIRS = {"qwen2": qwen2_pair, "gemma3": gemma3_pair}
+
+
 def speculation_rows(target_path: Path, draft_path: Path, rounds: int) -> list[dict[str, Any]]:
     """Target-only and the draft model (k = 4), greedy, interleaved: tokens/s, α, c."""
     import specdec_rs as sd
@@ -229,8 +278,8 @@ def main() -> None:
     ap.add_argument("--work", type=Path, default=Path("/tmp/specdec-bench-architectures"))
     ap.add_argument("--new", type=int, default=24, help="greedy tokens compared with llama.cpp")
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--skip-pair", action="store_true")
-    ap.add_argument("--architectures", nargs="+", choices=ARCHITECTURES, default=ARCHITECTURES)
+    ap.add_argument("--pairs", nargs="*", choices=list(PAIRS), default=list(PAIRS))
+    ap.add_argument("--architectures", nargs="*", choices=ARCHITECTURES, default=ARCHITECTURES)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
     args.work.mkdir(parents=True, exist_ok=True)
@@ -240,12 +289,17 @@ def main() -> None:
     report: dict[str, Any] = {"host": host()}
     print(report["host"], flush=True)
     report["architectures"] = architecture_rows(args.work, args.new, list(args.architectures))
-    md = [f"Host: {report['host']}", "", table(report["architectures"]), ""]
-    if not args.skip_pair:
-        target, draft = qwen2_pair(args.work)
-        report["qwen2 files"] = file_rows([str(target), str(draft)], args.work, 9)
-        report["qwen2 speculation"] = speculation_rows(target, draft, args.rounds)
-        md += [table(report["qwen2 files"]), "", table(report["qwen2 speculation"]), ""]
+    md = [
+        f"Host: {report['host']}",
+        "",
+        table(report["architectures"]) if args.architectures else "",
+        "",
+    ]
+    for family in args.pairs:
+        target, draft = PAIRS[family](args.work)
+        report[f"{family} files"] = file_rows([str(target), str(draft)], args.work, 9)
+        report[f"{family} speculation"] = speculation_rows(target, draft, args.rounds)
+        md += [table(report[f"{family} files"]), "", table(report[f"{family} speculation"]), ""]
     text = "\n".join(md)
     print(text)
     if args.out:

@@ -177,8 +177,9 @@ fn bad(what: String) -> SpecError {
 
 impl<'a> Weights<'a> {
     /// A layer's weights from its packed products as a file stores them:
-    /// four, (qkv, o, gate_up, down) with q, k, v and gate, up stacked, or
-    /// seven, (q, k, v, o, gate, up, down) each apart (split by `s`).
+    /// q, k, v stacked (one weight) or apart (three), o, gate and up stacked
+    /// (one) or apart (two), down: four to seven weights, (qkv, o, gate_up,
+    /// down) up to (q, k, v, o, gate, up, down) (split by `s`).
     pub fn of(
         packed: &[Weight<'a>],
         s: &Shape,
@@ -187,17 +188,17 @@ impl<'a> Weights<'a> {
         extras: Extras<'a>,
     ) -> crate::Result<Weights<'a>> {
         let (qd, kvd) = (s.heads * s.head_dim, s.kv_heads * s.head_dim);
+        let apart_qkv =
+            |q: &Weight<'a>, k: &Weight<'a>, v: &Weight<'a>| Proj::Parts(vec![(*q, qd), (*k, kvd), (*v, kvd)]);
+        let apart_gate_up = |g: &Weight<'a>, u: &Weight<'a>| Proj::Parts(vec![(*g, s.inter), (*u, s.inter)]);
         let (qkv, o, gate_up, down) = match packed {
             [qkv, o, gate_up, down] => (Proj::One(*qkv), *o, Proj::One(*gate_up), *down),
-            [q, k, v, o, gate, up, down] => (
-                Proj::Parts(vec![(*q, qd), (*k, kvd), (*v, kvd)]),
-                *o,
-                Proj::Parts(vec![(*gate, s.inter), (*up, s.inter)]),
-                *down,
-            ),
+            [qkv, o, gate, up, down] => (Proj::One(*qkv), *o, apart_gate_up(gate, up), *down),
+            [q, k, v, o, gate_up, down] => (apart_qkv(q, k, v), *o, Proj::One(*gate_up), *down),
+            [q, k, v, o, gate, up, down] => (apart_qkv(q, k, v), *o, apart_gate_up(gate, up), *down),
             _ => {
                 return Err(SpecError::Shape(format!(
-                    "a layer has {} weights; expected (qkv, o, gate_up, down) or (q, k, v, o, gate, up, down)",
+                    "a layer has {} weights; expected 4 to 7: (qkv or q, k, v; o; gate_up or gate, up; down)",
                     packed.len()
                 )))
             }
@@ -810,12 +811,14 @@ mod tests {
             q: QType::F32,
         };
         let norm = [0.0f32; 16];
-        for count in [4, 7] {
+        for count in 4..=7 {
             assert!(Weights::of(&vec![w; count], &s, &norm, &norm, Extras::NONE).is_ok());
         }
-        match Weights::of(&[w; 5], &s, &norm, &norm, Extras::NONE) {
-            Err(SpecError::Shape(m)) => assert!(m.contains("has 5 weights"), "{m}"),
-            _ => panic!("5 weights must be a shape error"),
+        for count in [3, 8] {
+            match Weights::of(&vec![w; count], &s, &norm, &norm, Extras::NONE) {
+                Err(SpecError::Shape(m)) => assert!(m.contains(&format!("has {count} weights")), "{m}"),
+                _ => panic!("{count} weights must be a shape error"),
+            }
         }
     }
 }

@@ -185,18 +185,26 @@ def test_logits_match_the_dequantized_float32_twin(
 
 def test_a_file_that_mixes_formats_within_a_projection(tiny: Any, tmp_path: Path) -> None:
     """q, k, v (and gate, up) of different formats, as a Q4_K_M file keeps
-    attn_v: each its own product; the same function as the twin."""
+    attn_v: each its own product; the same function as the twin, in torch's
+    operations and in the Rust layer."""
     path = tmp_path / "mixed.gguf"
     types = {"blk.0.attn_v.weight": "Q8_0", "blk.1.ffn_up.weight": "Q4_0"}
     twin = write_llama(tiny, path, linear_type="Q4_1", types=types)
     model, _ = load_gguf(path, tokenizer=False)
     assert len(model.model.layers[0].qkv) == 3 and len(model.model.layers[1].gate_up) == 2
+    # the Rust layer takes them as they are, no rows copied: layer 0's q, k, v
+    # apart and gate_up stacked; layer 1's all apart (its k rows fill no stripe of 64)
+    assert [len(layer._weights) for layer in model.model.layers] == [6, 7]
     ids = torch.randint(0, V, (1, 8), generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         want = twin(ids).logits
-        torch.testing.assert_close(
-            model(ids).logits, want, rtol=0, atol=1e-4 * float(want.abs().max())
-        )
+        for use_cache in (True, False):  # torch's operations; the Rust layer
+            torch.testing.assert_close(
+                model(ids, use_cache=use_cache).logits,
+                want,
+                rtol=0,
+                atol=1e-4 * float(want.abs().max()),
+            )
 
 
 def test_a_position_has_the_same_logits_alone_or_in_a_verification_batch(target: Any) -> None:

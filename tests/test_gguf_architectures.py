@@ -10,6 +10,7 @@ are refused. p = target, q = draft, k = γ."""
 from __future__ import annotations
 
 import copy
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,46 @@ def test_other_architectures_rope_scalings_and_missing_extras_are_refused(tmp_pa
     long = _renamed(path, tmp_path / "long.gguf", b"output_norm.weight", b"rope_factors_short")
     with pytest.raises(ValueError, match="LongRoPE"):
         load_gguf(long, tokenizer=False)
+
+
+def _set_f32(key: bytes, value: float) -> Any:
+    """An edit setting the float32 metadata value of `key`."""
+
+    def edit(b: bytearray) -> None:
+        at = b.find(key) + len(key)
+        assert struct.unpack_from("<I", b, at)[0] == 6  # a float32 value follows
+        struct.pack_into("<f", b, at + 4, value)
+
+    return edit
+
+
+def test_bad_gemma_metadata_is_refused_naming_the_file_and_the_key(tmp_path: Path) -> None:
+    """A soft-cap or a linear rope factor that is not positive, a Gemma
+    config a file cannot say: each one ValueError naming what is wrong."""
+    model = models.tiny_model("gemma2", vocab_size=V, hidden_size=64, seed=5)
+    path = tmp_path / "gemma2.gguf"
+    write_gguf(model, path, linear_type="Q8_0")
+    for key, value in (
+        (b"gemma2.attn_logit_softcapping", -1.0),
+        (b"gemma2.final_logit_softcapping", 0.0),
+    ):
+        bad = _corrupt(path, tmp_path / "cap.gguf", _set_f32(key, value))
+        with pytest.raises(ValueError, match=rf"cap.gguf.*{key.decode()} = {value}"):
+            load_gguf(bad, tokenizer=False)
+    gemma3 = models.tiny_model("gemma3", vocab_size=V, hidden_size=64, seed=5)
+    path = tmp_path / "gemma3.gguf"
+    write_gguf(gemma3, path, linear_type="Q8_0")
+    bad = _corrupt(path, tmp_path / "factor.gguf", _set_f32(b"gemma3.rope.scaling.factor", -8.0))
+    with pytest.raises(ValueError, match=r"factor.gguf.*gemma3.rope.scaling.factor = -8.0"):
+        load_gguf(bad, tokenizer=False)
+    # configs whose function a file cannot hold: the writer refuses them
+    odd = models.tiny_model("gemma2", vocab_size=V, hidden_size=64, query_pre_attn_scalar=100)
+    with pytest.raises(ValueError, match=r"query_pre_attn_scalar 100 \(llama.cpp takes 16"):
+        write_gguf(odd, tmp_path / "odd.gguf", linear_type="Q8_0")
+    odd = models.tiny_model("gemma3", vocab_size=V, hidden_size=64, num_layers=2,
+                            layer_types=["full_attention", "sliding_attention"])  # fmt: skip
+    with pytest.raises(ValueError, match="layer_types"):
+        write_gguf(odd, tmp_path / "odd.gguf", linear_type="Q8_0")
 
 
 def test_the_float32_reference_is_transformers_own_class_on_the_files_values(

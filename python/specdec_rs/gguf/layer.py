@@ -462,19 +462,11 @@ class FusedLlamaLayer(nn.Module):
             layer.advance(n)
 
     def _native_weights(self) -> list[tuple[Any, int]]:
-        """(qkv, o, gate_up, down), or (q, k, v, o, gate, up, down) when
-        the file mixes formats within a projection (rows of a stacked one
-        copied out, once)."""
-        order: list[Any]
-        if len(self.qkv) == 1 and len(self.gate_up) == 1:
-            order = [self.qkv[0], self.o_proj, self.gate_up[0], self.down_proj]
-        else:
-            order = []
-            for module, start, rows in self.weights.values():
-                whole = start == 0 and rows == module.out_features
-                order.append(
-                    module if whole else module.select_rows(torch.arange(start, start + rows))
-                )
+        """The layer's products for `llama::Weights::of`: q, k, v as one
+        stacked (or fused) weight or three, o, gate and up as one or two,
+        down (4 to 7 weights; the file mixes formats within a projection
+        where they are apart). No rows are copied."""
+        order = [*self.qkv, self.o_proj, *self.gate_up, self.down_proj]
         return [(w.packed, w.ggml_type) for w in order]
 
 
