@@ -168,11 +168,20 @@ def test_a_sliding_window_is_applied_as_transformers_does(windowed: Any) -> None
         model, sd.PromptLookup(), ids, max_new_tokens=16, k=4, temperature=0, eos_token_id=[]
     )
     assert out.tokens == plain.tokens and out.drafted > 0
-    # a tree past the window is refused (its rows' positions are not their places)
-    with pytest.raises(ValueError, match="sliding window"):
-        sd.generate(
-            model, sd.PromptLookup(), ids, max_new_tokens=8, tree=6, temperature=0, eos_token_id=[]
-        )
+    # a tree past the window is refused (its rows' positions are not their places), on the
+    # GGUF model and on transformers' own Phi-3 (which would take the tree's mask unwindowed:
+    # a tree there gave other text than target-only before it was refused)
+    for target in (model, twin):
+        with pytest.raises(ValueError, match="sliding window"):
+            sd.generate(
+                target,
+                sd.PromptLookup(),
+                ids,
+                max_new_tokens=8,
+                tree=6,
+                temperature=0,
+                eos_token_id=[],
+            )
 
 
 @pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
@@ -215,6 +224,9 @@ def test_gemma_windows_rotaries_and_soft_caps_are_transformers(arch: str, tmp_pa
             model, drafter, ids, max_new_tokens=16, k=3, temperature=0, eos_token_id=[]
         )
         assert out.tokens == plain.tokens and out.drafted > 0, name
+    # transformers' own Gemma would take a tree's mask without the window: refused past it
+    with pytest.raises(ValueError, match="sliding window of 8"):
+        sd.generate(twin, sd.PromptLookup(), ids, max_new_tokens=8, tree=6, temperature=0)
     rows = [ids, prompt(15, 10)]
     batch = sd.generate_batch(
         model, sd.PromptLookup, rows, max_new_tokens=12, k=3, temperature=0, eos_token_id=[]

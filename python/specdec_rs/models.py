@@ -496,6 +496,23 @@ def layer_view(model: PreTrainedModel, num_layers: int) -> PreTrainedModel:
     return view.eval()
 
 
+def sliding_window_of(model: Any) -> int:
+    """The sliding window (positions) some layer of `model` applies, 0 if
+    none: a GGUF model's `specdec_sliding_window`; transformers'
+    `sliding_window` where its layers have no `layer_types` (Mistral, Phi-3:
+    every layer slides) or some layer is "sliding_attention" (Gemma 2 and 3,
+    Qwen2 with `use_sliding_window`)."""
+    config = getattr(model, "config", None)
+    gguf = getattr(config, "specdec_sliding_window", None)
+    if gguf is not None:
+        return int(gguf)
+    window = getattr(config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return 0
+    types = getattr(config, "layer_types", None)
+    return window if types is None or "sliding_attention" in types else 0
+
+
 def device_of(model: Any) -> torch.device:
     """The device of a model's weights."""
     return next(model.parameters()).device  # type: ignore[no-any-return]

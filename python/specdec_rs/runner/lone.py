@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from functools import cache
 from typing import TYPE_CHECKING, Any
 
-from specdec_rs.models import device_of, dtype_of
+from specdec_rs.models import device_of, dtype_of, sliding_window_of
 from specdec_rs.runner.stack import stack_of
 from specdec_rs.trees import tree_depths, tree_mask
 
@@ -87,6 +87,14 @@ def forward_tree(
             mask=allowed.to(torch.uint8).contiguous().numpy(),
         )
         return logits, (states if hidden else None)
+    window = sliding_window_of(model)
+    if window and past + len(parents) + 1 > window:
+        raise ValueError(
+            f"a tree's attention mask over {past + len(parents) + 1} positions under a sliding "
+            f"window of {window}: a tree or window drafter runs only while the context fits the "
+            "window (transformers would apply the tree's mask without the window); use a chain "
+            "drafter (prompt lookup, a draft model) past it"
+        )
     ids = torch.cat([last.to(device), tokens.to(device)])[None]
     return logits_and_hidden(
         model,
