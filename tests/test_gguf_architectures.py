@@ -274,6 +274,31 @@ def test_other_architectures_rope_scalings_and_missing_extras_are_refused(tmp_pa
         load_gguf(long, tokenizer=False)
 
 
+def test_a_generation_stops_where_llama_cpp_stops(tmp_path: Path) -> None:
+    """The stop set of a GGUF model is llama.cpp's end-of-generation set:
+    the file's eos, eot and eom ids and every token of an end's text (a
+    Gemma file's eos is `<eos>` but its turns end at `<end_of_turn>`)."""
+    from specdec_rs.gguf.model import end_of_generation
+    from specdec_rs.gguf.reader import read
+
+    path = tmp_path / "vocab.gguf"
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_token_list(["<eos>", "<end_of_turn>", "x", "<|end|>", "<|im_end|>", "y"])
+    writer.add_eos_token_id(0)
+    writer.add_eot_token_id(2)
+    writer.add_uint32("tokenizer.ggml.eom_token_id", 99)  # past the vocabulary: left out
+    for step in (writer.write_header_to_file, writer.write_kv_data_to_file):
+        step()
+    writer.write_tensors_to_file()
+    writer.close()
+    f = read(path)
+    assert end_of_generation(f, 6) == [0, 1, 2, 3, 4]
+    assert end_of_generation(f, 2) == [0, 1]  # a vocabulary cut to the LM head's rows
+    # SmolLM2's file: its eos <|im_end|> and <|endoftext|>, for generation's default stop
+    model, _ = load_gguf(models.smollm2_gguf(), tokenizer=False)
+    assert model.generation_config.eos_token_id == [0, 2]
+
+
 def _set_f32(key: bytes, value: float) -> Any:
     """An edit setting the float32 metadata value of `key`."""
 

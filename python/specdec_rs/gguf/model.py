@@ -321,10 +321,46 @@ def build(f: GGUFFile) -> PreTrainedModel:
         raise f.fail(f"no tensor for {left[:3]}", FIX)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        eos_token_id=end_of_generation(f, config.vocab_size) or config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
     return model.eval()
+
+
+# the token texts llama.cpp's vocabulary ends a generation at (`llama-vocab.cpp`)
+EOG_TEXTS = frozenset(
+    {
+        "<|eot_id|>",
+        "<|im_end|>",
+        "<|end|>",
+        "<|return|>",
+        "<|call|>",
+        "<end_of_turn>",
+        "<|endoftext|>",
+        "<|eom_id|>",
+        "<EOT>",
+        "_<EOT>",
+        "<|end_of_text|>",
+        "<end_of_utterance>",
+    }
+)
+
+
+def end_of_generation(f: GGUFFile, vocab: int) -> list[int]:
+    """The ids a generation stops at, as llama.cpp reads the file: its eos,
+    eot and eom tokens (`tokenizer.ggml.*_token_id`) and every token whose
+    text llama.cpp takes as an end (`EOG_TEXTS`: a Gemma file's
+    `<end_of_turn>`, whose eos is `<eos>`; a Phi-3 file's `<|end|>`); sorted,
+    within the vocabulary; empty for a file without a tokenizer."""
+    ids = set()
+    for key in ("eos_token_id", "eot_token_id", "eom_token_id"):
+        name = f"tokenizer.ggml.{key}"
+        if f.types.get(name) in INTEGER_TYPES and 0 <= int(f.metadata[name]) < vocab:
+            ids.add(int(f.metadata[name]))
+    if "tokenizer.ggml.tokens" in f.metadata:
+        tokens = f.strings("tokenizer.ggml.tokens")
+        ids.update(i for i, text in enumerate(tokens[:vocab]) if text in EOG_TEXTS)
+    return sorted(ids)
 
 
 def local_rotary(config: Any) -> Any:
