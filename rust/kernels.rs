@@ -74,7 +74,8 @@ const fn format(f: u8) -> QType {
         4 => QType::F16,
         5 => QType::BF16,
         6 => QType::Q5_0,
-        _ => QType::Q5_1,
+        7 => QType::Q5_1,
+        _ => QType::IQ4_NL,
     }
 }
 
@@ -112,6 +113,10 @@ macro_rules! by_format {
             }
             QType::Q5_1 => {
                 const $f: u8 = 7;
+                $body
+            }
+            QType::IQ4_NL => {
+                const $f: u8 = 8;
                 $body
             }
             q => unreachable!("{q:?} has its own tiles (kquant.rs)"),
@@ -393,10 +398,25 @@ pub(crate) mod x86 {
                         let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(offset));
                         v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
                     }
+                    QType::IQ4_NL => v::_mm512_mul_ps(d, v::_mm512_permutexvar_ps(nib, iq4_nl_levels_512())),
                     _ => v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m),
                 }
             }
         }
+    }
+
+    /// IQ4_NL's 16 levels as float32 lanes (`quant::IQ4_NL_VALUES`).
+    #[inline(always)]
+    unsafe fn iq4_nl_levels_512() -> v::__m512 {
+        v::_mm512_loadu_ps(crate::quant::IQ4_NL_FLOATS.as_ptr())
+    }
+
+    /// IQ4_NL's 16 levels as int8, in each 128-bit lane (a `vpshufb` table).
+    #[inline(always)]
+    unsafe fn iq4_nl_bytes_512() -> v::__m512i {
+        v::_mm512_broadcast_i32x4(v::_mm_loadu_si128(
+            crate::quant::IQ4_NL_VALUES.as_ptr() as *const v::__m128i
+        ))
     }
 
     /// The qh words of a panel block's 16 rows (Q5; else zeros).
@@ -605,7 +625,9 @@ pub(crate) mod x86 {
         let mut acc = start_tile_512::<W, XR>(t, sums);
         let low = v::_mm512_set1_epi8(0x0f);
         let flip = v::_mm512_set1_epi8(-128);
-        let sign_trick = q == QType::Q8_0 && !VNNI;
+        let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
+        let sign_trick = signed && !VNNI;
+        let levels = iq4_nl_bytes_512();
         for b in t.b0..t.b1 {
             if t.lead {
                 prefetch_panels(p, lay, t, b);
@@ -623,13 +645,18 @@ pub(crate) mod x86 {
                     let g = if q == QType::Q8_0 { i } else { i % 4 };
                     let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
                     *op = match q {
-                        QType::Q8_0 if sign_trick => raw,
-                        QType::Q8_0 => v::_mm512_xor_si512(raw, flip),
+                        QType::Q8_0 => raw,
                         _ if i < 4 => v::_mm512_and_si512(raw, low),
                         _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
                     };
                     if q.high_bits() {
                         *op = v::_mm512_or_si512(*op, fifth_bits_512(qh, i));
+                    }
+                    if q == QType::IQ4_NL {
+                        *op = v::_mm512_shuffle_epi8(levels, *op); // nibble -> its level
+                    }
+                    if signed && !sign_trick {
+                        *op = v::_mm512_xor_si512(*op, flip); // code + 128: unsigned
                     }
                 }
                 let magnitude = if sign_trick {
@@ -658,7 +685,9 @@ pub(crate) mod x86 {
                     let mut s = v::_mm512_add_epi32(s0, s1);
                     let sum = *xq.sum.get_unchecked(row * nb + b);
                     match q {
-                        QType::Q8_0 if !sign_trick => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum)),
+                        QType::Q8_0 | QType::IQ4_NL if !sign_trick => {
+                            s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum))
+                        }
                         QType::Q4_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(8 * sum)),
                         QType::Q5_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(16 * sum)),
                         _ => {}
@@ -727,6 +756,14 @@ pub(crate) mod x86 {
                         let offset = if q == QType::Q4_0 { 8 } else { 16 };
                         let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(offset));
                         v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
+                    }
+                    QType::IQ4_NL => {
+                        // levels 0..8 and 8..16 by the low 3 bits, the fourth picking
+                        let table = crate::quant::IQ4_NL_FLOATS.as_ptr();
+                        let low = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table), nib);
+                        let high = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table.add(8)), nib);
+                        let upper = v::_mm256_castsi256_ps(v::_mm256_cmpgt_epi32(nib, v::_mm256_set1_epi32(7)));
+                        v::_mm256_mul_ps(d, v::_mm256_blendv_ps(low, high, upper))
                     }
                     _ => v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m),
                 }
@@ -933,7 +970,10 @@ pub(crate) mod x86 {
         let mut acc = start_256::<XR>(t, w, half, sums);
         let low = v::_mm256_set1_epi8(0x0f);
         let flip = v::_mm256_set1_epi8(-128);
-        let sign_trick = q == QType::Q8_0 && !VNNI;
+        let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
+        let sign_trick = signed && !VNNI;
+        let table = v::_mm_loadu_si128(crate::quant::IQ4_NL_VALUES.as_ptr() as *const v::__m128i);
+        let levels = v::_mm256_set_m128i(table, table);
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
             if half == 0 {
@@ -945,20 +985,27 @@ pub(crate) mod x86 {
             for i in 0..8 {
                 let g = if q == QType::Q8_0 { i } else { i % 4 };
                 let raw = v::_mm256_loadu_si256(base.add(lay.qs + g * GROUP + 32 * half) as *const v::__m256i);
-                let mut op = match q {
-                    QType::Q8_0 if sign_trick => v::_mm256_abs_epi8(raw),
-                    QType::Q8_0 => v::_mm256_xor_si256(raw, flip),
+                let mut code = match q {
+                    QType::Q8_0 => raw,
                     _ if i < 4 => v::_mm256_and_si256(raw, low),
                     _ => v::_mm256_and_si256(v::_mm256_srli_epi16::<4>(raw), low),
                 };
                 if q.high_bits() {
-                    op = v::_mm256_or_si256(op, fifth_bits_256(qh, i));
+                    code = v::_mm256_or_si256(code, fifth_bits_256(qh, i));
                 }
+                if q == QType::IQ4_NL {
+                    code = v::_mm256_shuffle_epi8(levels, code); // nibble -> its level
+                }
+                let op = match (signed, sign_trick) {
+                    (true, true) => v::_mm256_abs_epi8(code),
+                    (true, false) => v::_mm256_xor_si256(code, flip), // code + 128: unsigned
+                    _ => code,
+                };
                 for r in 0..XR {
                     let xs = xq.q.as_ptr().add((t.r0 + r) * k + b * QK) as *const i32;
                     let mut xv = v::_mm256_set1_epi32(*xs.add(i));
                     if sign_trick {
-                        xv = v::_mm256_sign_epi8(xv, raw);
+                        xv = v::_mm256_sign_epi8(xv, code);
                     }
                     s[r] = dot4_256::<VNNI>(s[r], op, xv);
                 }
@@ -967,7 +1014,9 @@ pub(crate) mod x86 {
                 let row = t.r0 + r;
                 let sum = *xq.sum.get_unchecked(row * nb + b);
                 let si = match q {
-                    QType::Q8_0 if !sign_trick => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(128 * sum)),
+                    QType::Q8_0 | QType::IQ4_NL if !sign_trick => {
+                        v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(128 * sum))
+                    }
                     QType::Q4_0 => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(8 * sum)),
                     QType::Q5_0 => v::_mm256_sub_epi32(s[r], v::_mm256_set1_epi32(16 * sum)),
                     _ => s[r],

@@ -11,6 +11,8 @@
 //! - Q5_0: blocks of 32: d, then qh (4 bytes: bit j is element j's fifth
 //!   bit), then 16 bytes as in Q4_0; w = d · (q − 16).
 //! - Q5_1: blocks of 32: d, m, qh, 16 bytes; w = d · q + m.
+//! - IQ4_NL: blocks of 32 as Q4_0; w = d · `IQ4_NL_VALUES`[q] (16 int8
+//!   levels, non-linear).
 //! - Q4_K, Q5_K, Q6_K: super-blocks of 256 with 6- or 8-bit sub-block
 //!   scales (`kquant.rs`, which also gives their q8 arithmetic: ggml's q8_K).
 //!
@@ -38,7 +40,7 @@
 //!   the block's dot product is an exact integer `s_b`, and
 //!   `acc ← fma(d_w·d_x, s_b, acc)` per block in order (Q4_1 then also
 //!   `acc ← fma(m_w, s_x, acc)`): llama.cpp's `vec_dot_q4_0_q8_0`,
-//!   `q4_1_q8_1` and `q8_0_q8_0` arithmetic, in one fixed order.
+//!   `q4_1_q8_1`, `q8_0_q8_0` and `iq4_nl_q8_0` arithmetic, in one fixed order.
 //!
 //! So a row's result is the same bits alone or among any number of rows,
 //! on any thread count and every path: greedy speculative output equals
@@ -80,10 +82,18 @@ pub enum QType {
     Q4_1,
     Q5_0,
     Q5_1,
+    IQ4_NL,
     Q4_K,
     Q5_K,
     Q6_K,
 }
+
+/// IQ4_NL's 16 levels (ggml's `kvalues_iq4nl`): the code of nibble q.
+pub(crate) const IQ4_NL_VALUES: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+/// The same levels as float32 (exact), for the vector paths' table lookups.
+pub(crate) const IQ4_NL_FLOATS: [f32; 16] = [
+    -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
+];
 
 impl QType {
     /// The format of ggml type id `id` (as gguf-py's `GGMLQuantizationType`).
@@ -99,6 +109,7 @@ impl QType {
             12 => QType::Q4_K,
             13 => QType::Q5_K,
             14 => QType::Q6_K,
+            20 => QType::IQ4_NL,
             30 => QType::BF16,
             _ => return None,
         })
@@ -114,6 +125,7 @@ impl QType {
             QType::Q4_1 => "Q4_1",
             QType::Q5_0 => "Q5_0",
             QType::Q5_1 => "Q5_1",
+            QType::IQ4_NL => "IQ4_NL",
             QType::Q4_K => "Q4_K",
             QType::Q5_K => "Q5_K",
             QType::Q6_K => "Q6_K",
@@ -126,7 +138,7 @@ impl QType {
             QType::F32 => (1, 4),
             QType::F16 | QType::BF16 => (1, 2),
             QType::Q8_0 => (QK, 34),
-            QType::Q4_0 => (QK, 18),
+            QType::Q4_0 | QType::IQ4_NL => (QK, 18),
             QType::Q4_1 => (QK, 20),
             QType::Q5_0 => (QK, 22),
             QType::Q5_1 => (QK, 24),
@@ -150,7 +162,7 @@ impl QType {
     pub(crate) fn scales(self) -> usize {
         match self {
             QType::Q4_1 | QType::Q5_1 => 2,
-            QType::Q8_0 | QType::Q4_0 | QType::Q5_0 => 1,
+            QType::Q8_0 | QType::Q4_0 | QType::Q5_0 | QType::IQ4_NL => 1,
             _ => 0,
         }
     }
@@ -372,6 +384,14 @@ pub(crate) fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
                 out[j + QK / 2] = d * ((b >> 4) as i32 - 8) as f32;
             }
         }
+        QType::IQ4_NL => {
+            let d = half(bytes, 0);
+            for j in 0..QK / 2 {
+                let b = bytes[2 + j];
+                out[j] = d * IQ4_NL_VALUES[(b & 0x0f) as usize] as f32;
+                out[j + QK / 2] = d * IQ4_NL_VALUES[(b >> 4) as usize] as f32;
+            }
+        }
         QType::Q4_1 => {
             let (d, m) = (half(bytes, 0), half(bytes, 2));
             for j in 0..QK / 2 {
@@ -400,8 +420,8 @@ pub(crate) fn dequant_block(q: QType, bytes: &[u8], out: &mut [f32]) {
 }
 
 /// The integer code of element `e` (0..32) of a block format's row in the
-/// panel block at `base`: Q8_0 q, Q4_0 q − 8, Q4_1 q, Q5_0 q − 16, Q5_1 q
-/// (what `Act::Q8` multiplies).
+/// panel block at `base`: Q8_0 q, Q4_0 q − 8, Q4_1 q, Q5_0 q − 16, Q5_1 q,
+/// IQ4_NL its level of q (what `Act::Q8` multiplies).
 #[inline(always)]
 pub(crate) fn code(p: &[u8], lay: Layout, base: usize, row: usize, e: usize) -> i32 {
     if lay.q == QType::Q8_0 {
@@ -418,6 +438,7 @@ pub(crate) fn code(p: &[u8], lay: Layout, base: usize, row: usize, e: usize) -> 
         QType::Q4_0 => nib - 8,
         QType::Q5_0 => nib - 16,
         QType::Q4_1 | QType::Q5_1 => nib,
+        QType::IQ4_NL => IQ4_NL_VALUES[nib as usize] as i32,
         _ => unreachable!("integer codes are of block formats"),
     }
 }
@@ -440,7 +461,7 @@ pub(crate) fn value(p: &[u8], lay: Layout, r: usize, j: usize) -> f32 {
     let (d, e) = (half(p, base + 2 * row), j % QK);
     match q {
         QType::Q8_0 => code(p, lay, base, row, e) as f32 * d,
-        QType::Q4_0 | QType::Q5_0 => d * code(p, lay, base, row, e) as f32,
+        QType::Q4_0 | QType::Q5_0 | QType::IQ4_NL => d * code(p, lay, base, row, e) as f32,
         _ => d * code(p, lay, base, row, e) as f32 + half(p, base + 32 + 2 * row),
     }
 }
@@ -914,7 +935,7 @@ pub(crate) mod tests {
         out
     }
 
-    pub(crate) const ALL: [QType; 11] = [
+    pub(crate) const ALL: [QType; 12] = [
         QType::F32,
         QType::F16,
         QType::BF16,
@@ -923,6 +944,7 @@ pub(crate) mod tests {
         QType::Q4_1,
         QType::Q5_0,
         QType::Q5_1,
+        QType::IQ4_NL,
         QType::Q4_K,
         QType::Q5_K,
         QType::Q6_K,
@@ -1004,6 +1026,7 @@ pub(crate) mod tests {
                                 match q {
                                     QType::Q4_0 => nib - 8,
                                     QType::Q5_0 => nib - 16,
+                                    QType::IQ4_NL => IQ4_NL_VALUES[nib as usize] as i32,
                                     _ => nib,
                                 }
                             }
@@ -1118,7 +1141,14 @@ pub(crate) mod tests {
 
     #[test]
     fn q8_activations_follow_the_documented_order_on_every_path() {
-        for q in [QType::Q8_0, QType::Q4_0, QType::Q4_1, QType::Q5_0, QType::Q5_1] {
+        for q in [
+            QType::Q8_0,
+            QType::Q4_0,
+            QType::Q4_1,
+            QType::Q5_0,
+            QType::Q5_1,
+            QType::IQ4_NL,
+        ] {
             for &k in &[32, 96, 576] {
                 for &(n, m) in &SHAPES {
                     let (mut x, w) = (data(n * k, 3), weight(q, m, k, 4));
@@ -1152,6 +1182,7 @@ pub(crate) mod tests {
                 QType::F16,
                 QType::Q5_0,
                 QType::Q5_1,
+                QType::IQ4_NL,
                 QType::Q4_K,
                 QType::Q5_K,
                 QType::Q6_K,

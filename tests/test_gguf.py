@@ -27,7 +27,17 @@ torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
 
 EXAMPLES = int(os.environ.get("SPECDEC_FUZZ_EXAMPLES", "40"))
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "BF16": 30, "Q5_0": 6, "Q5_1": 7}
+TYPES = {
+    "F32": 0,
+    "F16": 1,
+    "Q4_0": 2,
+    "Q4_1": 3,
+    "Q8_0": 8,
+    "BF16": 30,
+    "Q5_0": 6,
+    "Q5_1": 7,
+    "IQ4_NL": 20,
+}
 V = 64
 
 
@@ -41,10 +51,22 @@ def quantized(kind: str, rows: int, k: int, seed: int) -> tuple[np.ndarray, np.n
     w[1 % rows] = -np.abs(w[1 % rows]) - 0.5
     w[2 % rows] = 0.25
     qtype = gguf.GGMLQuantizationType[kind]
-    data = gguf.quantize(w, qtype)
+    data = _iq4_nl_bytes(w, rng) if kind == "IQ4_NL" else gguf.quantize(w, qtype)
     values = gguf.dequantize(data, qtype).reshape(rows, k).astype(np.float32)
     raw = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
     return raw, values
+
+
+def _iq4_nl_bytes(w: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """IQ4_NL blocks for w's shape (gguf-py cannot quantize it): random
+    nibbles, each block's float16 scale its largest |w| / 127 (0 for a zero
+    block), the second row's negative."""
+    rows, k = w.shape
+    blocks = rng.integers(0, 256, (rows, k // 32, 18), dtype=np.uint8)
+    d = (np.abs(w).reshape(rows, k // 32, 32).max(-1) / 127).astype(np.float16)
+    d[1 % rows] = -d[1 % rows]
+    blocks[..., :2] = d.view(np.uint8).reshape(rows, k // 32, 2)
+    return blocks.reshape(rows, -1)
 
 
 @pytest.mark.parametrize("kind", list(TYPES))
@@ -413,9 +435,12 @@ def _k_quant_bytes(w: np.ndarray, qtype: Any) -> np.ndarray:
 
 
 def _with_k_quants(quantize: Any) -> Any:
-    """gguf-py's `quantize`, with random valid blocks for the K-quants it cannot write."""
+    """gguf-py's `quantize`, with random valid blocks for the K-quants and
+    IQ4_NL, which it cannot write."""
 
     def quantize_k(w: np.ndarray, qtype: Any) -> np.ndarray:
+        if qtype.name == "IQ4_NL":
+            return _iq4_nl_bytes(w, np.random.default_rng(5))
         return _k_quant_bytes(w, qtype) if qtype.name.endswith("_K") else quantize(w, qtype)
 
     return quantize_k
@@ -424,7 +449,7 @@ def _with_k_quants(quantize: Any) -> Any:
 @pytest.fixture(scope="module")
 def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
     """A Q4_K_M-like file (rows of 256): Q4_K, Q5_K and Q6_K projections
-    beside Q5_0, Q5_1 and Q8_0 ones, and its float32 twin."""
+    beside Q5_0, Q5_1, IQ4_NL and Q8_0 ones, and its float32 twin."""
     big = models.tiny_llama(vocab_size=V, hidden_size=256, num_layers=2, seed=2)
     path = tmp_path_factory.mktemp("kquant") / "k.gguf"
     kinds = {
@@ -434,6 +459,7 @@ def k_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Any]:
         "blk.0.attn_q.weight": "Q5_0",
         "blk.0.attn_k.weight": "Q5_1",
         "blk.1.attn_v.weight": "Q4_K",
+        "blk.1.ffn_gate.weight": "IQ4_NL",
         "blk.1.ffn_down.weight": "Q6_K",
     }
     with pytest.MonkeyPatch.context() as patch:
@@ -452,6 +478,7 @@ def test_k_quants_and_q5_are_read_natively_at_the_files_values(
         (0, "mlp.gate_proj"),
         (0, "mlp.up_proj"),
         (0, "self_attn.q_proj"),
+        (1, "mlp.gate_proj"),
         (1, "mlp.down_proj"),
     ):
         rows, _, dequantize, _ = model.model.layers[layer].print_weights()[f"{name}.weight"]
@@ -465,7 +492,7 @@ def test_k_quants_and_q5_are_read_natively_at_the_files_values(
     # the same file with the new formats dequantized to float32 first: the
     # same function (float32 activations sum the same values in the same order)
     with pytest.MonkeyPatch.context() as patch:
-        for t in (6, 7, 12, 13, 14):
+        for t in (6, 7, 12, 13, 14, 20):
             patch.delitem(NATIVE_TYPES, t)
         dequantized, _ = load_gguf(path, tokenizer=False)
     with torch.inference_mode():

@@ -146,7 +146,7 @@ fn qtype_of(id: u32) -> PyResult<crate::quant::QType> {
     crate::quant::QType::from_ggml(id).ok_or_else(|| {
         PyValueError::new_err(format!(
             "ggml type {id} has no native kernel; expected F32 (0), F16 (1), Q4_0 (2), Q4_1 (3), \
-             Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14) or BF16 (30)"
+             Q5_0 (6), Q5_1 (7), Q8_0 (8), Q4_K (12), Q5_K (13), Q6_K (14), IQ4_NL (20) or BF16 (30)"
         ))
     })
 }

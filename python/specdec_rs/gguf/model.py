@@ -13,9 +13,9 @@ permuted for its rotary layout: they are put back in transformers' order,
 as transformers' GGUF loader does) and whose input embedding is a
 `QuantEmbedding` (scaled by √hidden for Gemma; Gemma 2's LM head soft-caps
 its logits). Llama 3's `rope_freqs` divide the rotary's frequencies. The norms are
-float32. Formats without a native kernel (Q2_K, Q3_K, the IQ formats and
-the others gguf-py can read) are dequantized to float32 with a one-line
-notice naming the type. Everything else the project does (the loop, the
+float32. Formats without a native kernel (Q2_K, Q3_K, the IQ formats but
+IQ4_NL, and the others gguf-py can read) are dequantized to float32 with a
+one-line notice naming the type. Everything else the project does (the loop, the
 drafters, layer views, tree masks, the heads, `measure`) sees the same
 transformers model as with float32 weights.
 """

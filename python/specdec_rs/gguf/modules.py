@@ -1,7 +1,8 @@
 """torch modules over weights kept at a GGUF file's precision.
 
 `QuantLinear` is `nn.Linear` without a bias whose weight W (out, in) stays
-in the file's format (`rust/quant.rs`: F32, F16, BF16, Q8_0, Q4_0, Q4_1):
+in the file's format (`rust/quant.rs`: F32, F16, BF16, Q8_0, Q4_0, Q4_1,
+Q5_0, Q5_1, IQ4_NL, Q4_K, Q5_K, Q6_K):
 y = x · dequant(W)ᵀ, every output summed in one fixed order whatever the
 number of rows, so a position's values are the same bits alone or inside a
 verification batch. `activations` picks the function: "f32" (float32
@@ -36,6 +37,7 @@ NATIVE_TYPES = {
     12: "Q4_K",
     13: "Q5_K",
     14: "Q6_K",
+    20: "IQ4_NL",
     30: "BF16",
 }
 ACTIVATIONS = ("f32", "q8")
