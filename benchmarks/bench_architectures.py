@@ -131,17 +131,10 @@ def qwen2_pair(work: Path) -> tuple[Path, Path]:
     """The synthetic Qwen2.5-0.5B-shaped target and its draft (the target's
     embedding, first 2 layers and final norm: a same-family pair that agrees
     on part of the text), both Q4_K_M by llama.cpp's quantizer."""
-    import copy
-
-    import torch
-    from bench_formats import write_q4_k_m
-    from specdec_rs import models
-
-    target_path, draft_path = work / "qwen2-0.5b-Q4_K_M.gguf", work / "qwen2-draft-Q4_K_M.gguf"
-    if target_path.exists() and draft_path.exists():
-        return target_path, draft_path
-    target = models.tiny_model(
+    return prefix_pair(
+        work,
         "qwen2",
+        "qwen2-0.5b",
         vocab_size=49152,
         hidden_size=896,
         num_layers=24,
@@ -154,14 +147,6 @@ def qwen2_pair(work: Path) -> tuple[Path, Path]:
         tie_word_embeddings=True,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
     )
-    with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
-        target.model.embed_tokens.weight.mul_(8.0)
-    draft = copy.deepcopy(target)
-    draft.model.layers = draft.model.layers[:2]
-    draft.config.num_hidden_layers = 2
-    for model, path in ((target, target_path), (draft, draft_path)):
-        write_q4_k_m(model, path)
-    return target_path, draft_path
 
 
 def gemma3_pair(work: Path) -> tuple[Path, Path]:
@@ -170,17 +155,10 @@ def gemma3_pair(work: Path) -> tuple[Path, Path]:
     every sixth, tied embedding) with SmolLM2's vocabulary (Gemma's is
     262,144), and its draft (the target's embedding, first 2 layers and final
     norm), both Q4_K_M by llama.cpp's quantizer."""
-    import copy
-
-    import torch
-    from bench_formats import write_q4_k_m
-    from specdec_rs import models
-
-    target_path, draft_path = work / "gemma3-1b-Q4_K_M.gguf", work / "gemma3-draft-Q4_K_M.gguf"
-    if target_path.exists() and draft_path.exists():
-        return target_path, draft_path
-    target = models.tiny_model(
+    return prefix_pair(
+        work,
         "gemma3",
+        "gemma3-1b",
         vocab_size=49152,
         hidden_size=1152,
         num_layers=26,
@@ -197,12 +175,30 @@ def gemma3_pair(work: Path) -> tuple[Path, Path]:
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         },
     )
+
+
+def prefix_pair(work: Path, family: str, name: str, **shape: Any) -> tuple[Path, Path]:
+    """A random `models.tiny_model(family, **shape)` target, its tied
+    embedding scaled to logits of a trained size, and its draft (the
+    target's embedding, first 2 layers and final norm), both written in F16
+    and quantized to Q4_K_M by llama.cpp (kept in `work` and reused)."""
+    import copy
+
+    import torch
+    from bench_formats import write_q4_k_m
+    from specdec_rs import models
+
+    target_path, draft_path = work / f"{name}-Q4_K_M.gguf", work / f"{family}-draft-Q4_K_M.gguf"
+    if target_path.exists() and draft_path.exists():
+        return target_path, draft_path
+    target = models.tiny_model(family, **shape)
     with torch.no_grad():  # the tied embedding's init is tiny: logits of a trained scale
         target.model.embed_tokens.weight.mul_(8.0)
     draft = copy.deepcopy(target)
     draft.model.layers = draft.model.layers[:2]
     draft.config.num_hidden_layers = 2
-    draft.config.layer_types = draft.config.layer_types[:2]
+    if getattr(draft.config, "layer_types", None):
+        draft.config.layer_types = draft.config.layer_types[:2]
     for model, path in ((target, target_path), (draft, draft_path)):
         write_q4_k_m(model, path)
     return target_path, draft_path

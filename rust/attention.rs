@@ -1515,7 +1515,7 @@ mod tests {
                 values(s.kv_heads * capacity * d, 5),
                 values(s.kv_heads * capacity * d, 6),
             );
-            let run = |rows: std::ops::Range<usize>, path: Path, threads: usize| {
+            let run_as = |s: Shape, rows: std::ops::Range<usize>, path: Path, threads: usize| {
                 let (mut k, mut v) = (keys.clone(), vals.clone());
                 let seg = [Segment {
                     n: rows.len(),
@@ -1540,25 +1540,9 @@ mod tests {
                 );
                 out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
             };
+            let run = |rows: std::ops::Range<usize>, path: Path, threads: usize| run_as(s, rows, path, threads);
             let all = run(0..n, Path::Portable, 1);
-            let uncapped = {
-                let (mut k, mut v) = (keys.clone(), vals.clone());
-                let seg = [Segment {
-                    n,
-                    cache: Cache {
-                        kv: crate::kv::Kv::F32 {
-                            keys: &mut k,
-                            values: &mut v,
-                        },
-                        capacity,
-                        past,
-                    },
-                    mask: None,
-                }];
-                let mut out = vec![0.0f32; n * s.heads * d];
-                attention(&qkv, &mut out, &seg, Shape { softcap: 0.0, ..s }, 1, Path::Portable);
-                out
-            };
+            let uncapped = run_as(Shape { softcap: 0.0, ..s }, 0..n, Path::Portable, 1);
             let mut moved = 0.0f64;
             for i in 0..n {
                 let seen: Vec<usize> = (0..=past + i).collect();
@@ -1568,7 +1552,7 @@ mod tests {
                         let at = (i * s.heads + head) * d + c;
                         let got = f32::from_bits(all[at]) as f64;
                         assert!((got - want[c]).abs() < 1e-4, "past {past} row {i} head {head} lane {c}");
-                        moved = moved.max((got - uncapped[at] as f64).abs());
+                        moved = moved.max((got - f32::from_bits(uncapped[at]) as f64).abs());
                     }
                 }
             }

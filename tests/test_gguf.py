@@ -396,7 +396,7 @@ def test_bad_files_are_refused_naming_the_file_and_the_tensor(
     with pytest.raises(ValueError, match=r"tensor blk.0.ffn_up.weight has ggml type 99"):
         load_gguf(unknown, tokenizer=False)
     # shapes that disagree with the metadata: an MLP wider than its tensors
-    wide = _corrupt(good, tmp_path / "wide.gguf", _set_u32(b"llama.feed_forward_length", 256))
+    wide = _corrupt(good, tmp_path / "wide.gguf", _set_metadata(b"llama.feed_forward_length", 256))
     with pytest.raises(ValueError, match=r"tensor blk.0.ffn_gate.weight has shape \[64, 128\]"):
         load_gguf(wide, tokenizer=False)
 
@@ -410,11 +410,14 @@ def _retype(name: bytes, ggml_type: int) -> Any:
     return edit
 
 
-def _set_u32(key: bytes, value: int) -> Any:
+def _set_metadata(key: bytes, value: float, kind: str = "u32") -> Any:
+    """An edit setting the uint32 ("u32") or float32 ("f32") metadata value of `key`."""
+    type_id, fmt = {"u32": (4, "<I"), "f32": (6, "<f")}[kind]
+
     def edit(b: bytearray) -> None:
         at = b.find(key) + len(key)
-        assert struct.unpack_from("<I", b, at)[0] == 4  # a uint32 value follows
-        struct.pack_into("<I", b, at + 4, value)
+        assert struct.unpack_from("<I", b, at)[0] == type_id  # a value of that type follows
+        struct.pack_into(fmt, b, at + 4, value)
 
     return edit
 

@@ -10,7 +10,6 @@ are refused. p = target, q = draft, k = γ."""
 from __future__ import annotations
 
 import copy
-import struct
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +18,7 @@ import specdec_rs as sd
 from specdec_rs import models
 from specdec_rs.gguf import load_gguf
 from specdec_rs.gguf.writer import write_gguf
-from test_gguf import _corrupt, _with_k_quants
+from test_gguf import _corrupt, _set_metadata, _with_k_quants
 
 torch = pytest.importorskip("torch")
 gguf = pytest.importorskip("gguf")
@@ -299,17 +298,6 @@ def test_a_generation_stops_where_llama_cpp_stops(tmp_path: Path) -> None:
     assert model.generation_config.eos_token_id == [0, 2]
 
 
-def _set_f32(key: bytes, value: float) -> Any:
-    """An edit setting the float32 metadata value of `key`."""
-
-    def edit(b: bytearray) -> None:
-        at = b.find(key) + len(key)
-        assert struct.unpack_from("<I", b, at)[0] == 6  # a float32 value follows
-        struct.pack_into("<f", b, at + 4, value)
-
-    return edit
-
-
 def test_bad_gemma_metadata_is_refused_naming_the_file_and_the_key(tmp_path: Path) -> None:
     """A soft-cap or a linear rope factor that is not positive, a Gemma
     config a file cannot say: each one ValueError naming what is wrong."""
@@ -320,13 +308,15 @@ def test_bad_gemma_metadata_is_refused_naming_the_file_and_the_key(tmp_path: Pat
         (b"gemma2.attn_logit_softcapping", -1.0),
         (b"gemma2.final_logit_softcapping", 0.0),
     ):
-        bad = _corrupt(path, tmp_path / "cap.gguf", _set_f32(key, value))
+        bad = _corrupt(path, tmp_path / "cap.gguf", _set_metadata(key, value, "f32"))
         with pytest.raises(ValueError, match=rf"cap.gguf.*{key.decode()} = {value}"):
             load_gguf(bad, tokenizer=False)
     gemma3 = models.tiny_model("gemma3", vocab_size=V, hidden_size=64, seed=5)
     path = tmp_path / "gemma3.gguf"
     write_gguf(gemma3, path, linear_type="Q8_0")
-    bad = _corrupt(path, tmp_path / "factor.gguf", _set_f32(b"gemma3.rope.scaling.factor", -8.0))
+    bad = _corrupt(
+        path, tmp_path / "factor.gguf", _set_metadata(b"gemma3.rope.scaling.factor", -8.0, "f32")
+    )
     with pytest.raises(ValueError, match=r"factor.gguf.*gemma3.rope.scaling.factor = -8.0"):
         load_gguf(bad, tokenizer=False)
     # configs whose function a file cannot hold: the writer refuses them

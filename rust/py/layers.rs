@@ -178,7 +178,8 @@ pub(super) fn shape_of(
     hidden: usize,
     (heads, kv_heads, head_dim, inter, eps, window, scale, softcap, gelu, rotary): Dims,
 ) -> PyResult<crate::llama::Shape> {
-    if !(scale.is_finite() && scale > 0.0) || !(softcap.is_finite() && softcap >= 0.0) {
+    let (scale_ok, softcap_ok) = (scale.is_finite() && scale > 0.0, softcap.is_finite() && softcap >= 0.0);
+    if !(scale_ok && softcap_ok) {
         return Err(PyValueError::new_err(format!(
             "a layer's score scale {scale} and soft-cap {softcap}: expected a positive scale and a \
              soft-cap of 0 (none) or more"

@@ -65,6 +65,11 @@ class Architecture:
     local_rope_theta: float = 0.0  # the sliding layers' own rotary base (0: the model's)
     wide_scale_layers: int = 0  # at this layer count the scores' scale is 1/√(hidden/heads)
 
+    def score_width(self, layers: int, hidden: int, heads: int, head_dim: int) -> int:
+        """w of the scores' scale 1/√w: head_dim, or hidden/heads for a model
+        of `wide_scale_layers` layers (Gemma's 27B models, as llama.cpp decides it)."""
+        return hidden // heads if layers == self.wide_scale_layers else head_dim
+
     def sliding(self, layer: int) -> bool:
         """Whether layer `layer` takes the file's sliding window."""
         n = self.sliding_every

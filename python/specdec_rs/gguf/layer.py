@@ -2,7 +2,10 @@
 
 Same function as transformers' `LlamaDecoderLayer` (RMSNorm -> attention
 with RoPE over the cache -> residual -> RMSNorm -> gated SiLU MLP ->
-residual) with the same call signature, so `LlamaModel.forward` drives it,
+residual), with an architecture's differences (`architectures`: q, k, v
+biases, q/k head norms, Gemma's post-norms, GELU gate, scale and
+soft-capped scores, sliding windows, Gemma 3's local rotary), and with the
+same call signature, so `LlamaModel.forward` drives it,
 but in fewer operations: the query, key and value weights are one
 `QuantLinear` (their rows stacked), gate and up another, `F.rms_norm` is
 one fused operation, attention reads the cache's views with grouped heads

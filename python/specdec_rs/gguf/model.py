@@ -127,7 +127,7 @@ def llama_config(f: GGUFFile, arch: Architecture | None = None) -> dict[str, Any
             return 0.0
         return float(get(key, kind=float))
 
-    width = hidden // heads if layers == arch.wide_scale_layers else head_dim
+    width = arch.score_width(layers, hidden, heads, head_dim)
     # float32, as llama.cpp computes it (the same bits as 1/√d in the Rust layer)
     scale = float(np.float32(1) / np.sqrt(np.float32(width)))
 

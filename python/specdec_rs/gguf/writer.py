@@ -243,14 +243,14 @@ write_llama = write_gguf  # the name of its first architecture, kept for callers
 
 def gemma_scale_width(config: Any, arch: str) -> int:
     """The width w of a Gemma file's scores' scale 1/√w, as llama.cpp
-    decides it (the file does not hold it): hidden/heads for the 27B
-    models (`architectures.Architecture.wide_scale_layers`), else head_dim."""
+    decides it (the file does not hold it: `Architecture.score_width`)."""
     from specdec_rs.gguf.architectures import ARCHITECTURES
 
     heads = config.num_attention_heads
-    if config.num_hidden_layers == ARCHITECTURES[arch].wide_scale_layers:
-        return int(config.hidden_size // heads)
-    return int(getattr(config, "head_dim", None) or config.hidden_size // heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return ARCHITECTURES[arch].score_width(
+        config.num_hidden_layers, config.hidden_size, heads, head_dim
+    )
 
 
 def _check_gemma(config: Any, arch: str) -> None:
