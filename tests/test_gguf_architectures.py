@@ -345,6 +345,78 @@ def test_the_float32_reference_is_transformers_own_class_on_the_files_values(
     torch.testing.assert_close(got, want, rtol=0, atol=1e-5 * float(want.abs().max()))
 
 
+def gemma_vocabulary(path: Path) -> int:
+    """A GGUF file holding only a Gemma-style SentencePiece tokenizer (its
+    special tokens at Gemma's ids, byte fallback, a few merged pieces, a
+    Gemma chat template) for a writer's `tokenizer=`; its vocabulary size."""
+    special = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<start_of_turn>", "<end_of_turn>"]
+    chars = ["\u2581"] + [chr(c) for c in range(33, 127)]
+    pieces = ["\u2581t", "he", "\u2581the", "\u2581a", "in", "er", "\u2581d", "ef", "\u2581def"]
+    tokens = special + [f"<0x{i:02X}>" for i in range(256)] + chars + pieces
+    writer = gguf.GGUFWriter(str(path), "gemma3")
+    writer.add_tokenizer_model("llama")
+    writer.add_token_list(tokens)
+    writer.add_token_scores([0.0] * len(tokens))
+    writer.add_token_types([3, 3, 3, 2, 3, 3, 3] + [6] * 256 + [1] * (len(chars) + len(pieces)))
+    for add, token in ((writer.add_bos_token_id, 2), (writer.add_eos_token_id, 1)):
+        add(token)
+    writer.add_unk_token_id(3)
+    writer.add_pad_token_id(0)
+    writer.add_add_bos_token(True)
+    writer.add_chat_template(
+        "{{ bos_token }}{% for message in messages %}<start_of_turn>"
+        "{{ 'model' if message['role'] == 'assistant' else message['role'] }}\n"
+        "{{ message['content'] | trim }}<end_of_turn>\n{% endfor %}"
+        "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}"
+    )
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return len(tokens)
+
+
+def test_the_command_line_runs_a_gemma3_file_with_its_sentencepiece_tokenizer(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`specdec generate --model FILE.gguf` on a Gemma 3 file: transformers'
+    Gemma tokenizer from the file, its chat template, llama.cpp's stop set
+    (<eos> and <end_of_turn>); speculative (a lookup) == target-only ==
+    `--weights float32` (transformers' Gemma 3)."""
+    import json
+
+    from specdec_rs.cli import main
+    from specdec_rs.gguf.model import tokenizer_for
+
+    vocab = gemma_vocabulary(tmp_path / "vocab.gguf")
+    model = models.tiny_model("gemma3", vocab_size=vocab, hidden_size=64, num_layers=2, seed=5)
+    path = tmp_path / "gemma3.gguf"
+    write_gguf(model, path, linear_type="Q8_0", tokenizer=tmp_path / "vocab.gguf")
+    loaded, tok = load_gguf(path)
+    assert type(tok).__name__ == "GemmaTokenizer" and len(tok) == vocab
+    assert loaded.generation_config.eos_token_id == [1, 6]  # <eos>, <end_of_turn>
+    # Gemma's: no space put before the text, BOS added, merged pieces
+    pieces = tok.convert_ids_to_tokens(tok("def the").input_ids)
+    assert pieces == ["<bos>", "d", "ef", "\u2581the"]
+    assert (
+        tokenizer_for(path, tmp_path / "cache").apply_chat_template(
+            [{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True
+        )
+        == "<bos><start_of_turn>user\nhi<end_of_turn>\n<start_of_turn>model\n"
+    )
+    args = ["generate", "def the def the", "--model", str(path), "--json"]
+    args += ["--max-new-tokens", "10", "--temperature", "0"]
+    texts = []
+    for extra in (
+        ["--drafter", "none"],
+        ["--drafter", "prompt-lookup", "--k", "3"],
+        ["--weights", "float32", "--drafter", "none"],
+    ):
+        assert main([*args, *extra]) == 0, extra
+        texts.append(json.loads(capsys.readouterr().out)["text"])
+    assert texts[1:] == texts[:1] * 2, texts
+
+
 def test_the_command_line_runs_a_qwen2_file_in_every_weights_mode(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
