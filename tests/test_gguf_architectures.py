@@ -387,6 +387,7 @@ def test_the_command_line_runs_a_gemma3_file_with_its_sentencepiece_tokenizer(
 
     from specdec_rs.cli import main
     from specdec_rs.gguf.model import tokenizer_for
+    from specdec_rs.gguf.twin import float32_twin
 
     vocab = gemma_vocabulary(tmp_path / "vocab.gguf")
     model = models.tiny_model("gemma3", vocab_size=vocab, hidden_size=64, num_layers=2, seed=5)
@@ -395,6 +396,7 @@ def test_the_command_line_runs_a_gemma3_file_with_its_sentencepiece_tokenizer(
     loaded, tok = load_gguf(path)
     assert type(tok).__name__ == "GemmaTokenizer" and len(tok) == vocab
     assert loaded.generation_config.eos_token_id == [1, 6]  # <eos>, <end_of_turn>
+    assert float32_twin(path).generation_config.eos_token_id == [1, 6]  # --weights float32
     # Gemma's: no space put before the text, BOS added, merged pieces
     pieces = tok.convert_ids_to_tokens(tok("def the").input_ids)
     assert pieces == ["<bos>", "d", "ef", "\u2581the"]

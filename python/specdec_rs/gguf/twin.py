@@ -36,6 +36,7 @@ def float32_twin(path: str | Path) -> PreTrainedModel:
         apply_rope_freqs,
         architecture_of,
         check_tensors,
+        end_of_generation,
         llama_config,
     )
     from specdec_rs.gguf.reader import read
@@ -87,7 +88,7 @@ def float32_twin(path: str | Path) -> PreTrainedModel:
     apply_rope_freqs(f, model.model.rotary_emb, config.head_dim)
     model.generation_config = GenerationConfig(
         bos_token_id=config.bos_token_id,
-        eos_token_id=config.eos_token_id,
+        eos_token_id=end_of_generation(f, config.vocab_size) or config.eos_token_id,
         pad_token_id=config.pad_token_id,
     )
     return model.eval()
