@@ -1516,29 +1516,13 @@ mod tests {
                 values(s.kv_heads * capacity * d, 6),
             );
             let run_as = |s: Shape, rows: std::ops::Range<usize>, path: Path, threads: usize| {
-                let (mut k, mut v) = (keys.clone(), vals.clone());
-                let seg = [Segment {
-                    n: rows.len(),
-                    cache: Cache {
-                        kv: crate::kv::Kv::F32 {
-                            keys: &mut k,
-                            values: &mut v,
-                        },
-                        capacity,
-                        past: past + rows.start,
-                    },
-                    mask: None,
-                }];
-                let mut out = vec![0.0f32; rows.len() * s.heads * d];
-                attention(
-                    &qkv[rows.start * width..rows.end * width],
-                    &mut out,
-                    &seg,
-                    s,
-                    threads,
-                    path,
-                );
-                out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+                let cache = F32Cache {
+                    keys: &keys,
+                    values: &vals,
+                    capacity,
+                    past,
+                };
+                cache.attention_bits(&qkv, s, rows, None, path, threads)
             };
             let run = |rows: std::ops::Range<usize>, path: Path, threads: usize| run_as(s, rows, path, threads);
             let all = run(0..n, Path::Portable, 1);
@@ -1858,6 +1842,53 @@ mod tests {
             .collect()
     }
 
+    /// A float32 cache (kv_heads, capacity, d) with `past` positions before the rows of a test.
+    struct F32Cache<'a> {
+        keys: &'a [f32],
+        values: &'a [f32],
+        capacity: usize,
+        past: usize,
+    }
+
+    impl F32Cache<'_> {
+        /// The bits of `attention` over the `rows` of `qkv` (rows of (heads + 2·kv_heads)·d),
+        /// row r at position past + r, on copies of the cache.
+        fn attention_bits(
+            &self,
+            qkv: &[f32],
+            s: Shape,
+            rows: std::ops::Range<usize>,
+            mask: Option<&[u8]>,
+            path: Path,
+            threads: usize,
+        ) -> Vec<u32> {
+            let width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+            let (mut k, mut v) = (self.keys.to_vec(), self.values.to_vec());
+            let seg = [Segment {
+                n: rows.len(),
+                cache: Cache {
+                    kv: crate::kv::Kv::F32 {
+                        keys: &mut k,
+                        values: &mut v,
+                    },
+                    capacity: self.capacity,
+                    past: self.past + rows.start,
+                },
+                mask,
+            }];
+            let mut out = vec![0.0f32; rows.len() * s.heads * s.head_dim];
+            attention(
+                &qkv[rows.start * width..rows.end * width],
+                &mut out,
+                &seg,
+                s,
+                threads,
+                path,
+            );
+            out.iter().map(|x| x.to_bits()).collect()
+        }
+    }
+
     fn same_bits(head_dim: usize, past: usize, capacity: usize) {
         let s = Shape::llama(0, 6, 2, head_dim, 0, 0.0);
         let (d, n) = (s.head_dim, 5);
@@ -1868,31 +1899,13 @@ mod tests {
             values(s.kv_heads * capacity * d, 3),
         );
         let run_in = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>, window: usize| {
-            let s = Shape { window, ..s };
-            let (mut k, mut v) = (keys.clone(), vals.clone());
-            let m = rows.len();
-            let seg = [Segment {
-                n: m,
-                cache: Cache {
-                    kv: crate::kv::Kv::F32 {
-                        keys: &mut k,
-                        values: &mut v,
-                    },
-                    capacity,
-                    past: past + rows.start,
-                },
-                mask,
-            }];
-            let mut out = vec![0.0f32; m * s.heads * d];
-            attention(
-                &qkv[rows.start * width..rows.end * width],
-                &mut out,
-                &seg,
-                s,
-                threads,
-                path,
-            );
-            out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
+            let cache = F32Cache {
+                keys: &keys,
+                values: &vals,
+                capacity,
+                past,
+            };
+            cache.attention_bits(&qkv, Shape { window, ..s }, rows, mask, path, threads)
         };
         let run = |rows: std::ops::Range<usize>, path: Path, threads: usize, mask: Option<&[u8]>| {
             run_in(rows, path, threads, mask, 0)

@@ -347,24 +347,13 @@ pub fn layer(
             )));
         }
     }
-    if let Some((a, f)) = w.extras.post_norms {
-        if a.len() != h || f.len() != h {
-            return Err(bad(format!(
-                "post-attention and post-MLP norms of {} and {} weights; expected the hidden size {h}",
-                a.len(),
-                f.len()
-            )));
-        }
-    }
-    if let Some((qn, kn)) = w.extras.qk_norms {
-        if qn.len() != d || kn.len() != d {
-            return Err(bad(format!(
-                "q and k norms of {} and {} weights; expected the head size {d}",
-                qn.len(),
-                kn.len()
-            )));
-        }
-    }
+    pair_sized(
+        w.extras.post_norms,
+        h,
+        "post-attention and post-MLP norms",
+        "the hidden size",
+    )?;
+    pair_sized(w.extras.qk_norms, d, "q and k norms", "the head size")?;
     for (i, g) in segments.iter().enumerate() {
         let total = g.cache.past + g.n;
         if matches!(g.cache.kv, crate::kv::Kv::Q8 { .. }) && !d.is_multiple_of(crate::kv::Q8_BLOCK) {
@@ -437,7 +426,7 @@ pub fn layer(
     let mut o = vec![0.0f32; n * h];
     qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path, act)?;
     let post = w.extras.post_norms;
-    add_normed(x, &mut o, post.map(|p| p.0), s.eps, path, h);
+    add_normed(x, &o, post.map(|p| p.0), &mut xn, s.eps, path, h);
     laps.lap(4);
     // MLP
     crate::rowwise::rms_norm(path, x, w.ffn_norm, s.eps, &mut xn, h);
@@ -464,19 +453,35 @@ pub fn layer(
         path,
         act,
     )?;
-    add_normed(x, &mut o, post.map(|p| p.1), s.eps, path, h);
+    add_normed(x, &o, post.map(|p| p.1), &mut xn, s.eps, path, h);
     laps.lap(7);
     Ok(())
 }
 
-/// x += o, or x += RMSNorm(o)·w where the layer post-norms (`norm`); o is scratch.
-fn add_normed(x: &mut [f32], o: &mut [f32], norm: Option<&[f32]>, eps: f32, path: Path, h: usize) {
-    if let Some(w) = norm {
-        let src = o.to_vec();
-        crate::rowwise::rms_norm(path, &src, w, eps, o, h);
-    }
-    for (a, b) in x.iter_mut().zip(o.iter()) {
+/// x += o, or x += RMSNorm(o)·w where the layer post-norms (`norm`), the
+/// normed rows in `scratch` (N, hidden: a buffer free at that point).
+fn add_normed(x: &mut [f32], o: &[f32], norm: Option<&[f32]>, scratch: &mut [f32], eps: f32, path: Path, h: usize) {
+    let added = match norm {
+        Some(w) => {
+            crate::rowwise::rms_norm(path, o, w, eps, scratch, h);
+            &*scratch
+        }
+        None => o,
+    };
+    for (a, b) in x.iter_mut().zip(added) {
         *a += b;
+    }
+}
+
+/// A pair of a layer's weights (`what`), each of `len` values (`size` names it), if present.
+fn pair_sized(pair: Option<(&[f32], &[f32])>, len: usize, what: &str, size: &str) -> crate::Result<()> {
+    match pair {
+        Some((a, b)) if a.len() != len || b.len() != len => Err(bad(format!(
+            "{what} of {} and {} weights; expected {size} {len}",
+            a.len(),
+            b.len()
+        ))),
+        _ => Ok(()),
     }
 }
 

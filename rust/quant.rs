@@ -1175,18 +1175,7 @@ pub(crate) mod tests {
     #[test]
     fn a_row_gives_the_same_bits_alone_or_in_a_batch() {
         for act in [Act::F32, Act::Q8] {
-            for q in [
-                QType::Q4_1,
-                QType::Q4_0,
-                QType::Q8_0,
-                QType::F16,
-                QType::Q5_0,
-                QType::Q5_1,
-                QType::IQ4_NL,
-                QType::Q4_K,
-                QType::Q5_K,
-                QType::Q6_K,
-            ] {
+            for q in ALL.into_iter().filter(|q| !matches!(q, QType::F32 | QType::BF16)) {
                 let (n, k, m) = (20, if q.kquant() { 256 } else { 64 }, 37);
                 let (x, w) = (data(n * k, 3), weight(q, m, k, 4));
                 let packed = pack(&w, q, m, k).unwrap();

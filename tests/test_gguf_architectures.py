@@ -57,6 +57,14 @@ def arch_file(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return arch, path, twin
 
 
+def gguf_draft(arch: str, target: Any, path: Path, *, seed: int) -> Any:
+    """A 1-layer random model of `arch` written to `path` (Q8_0), as the
+    GGUF draft model of `target` (`--drafter model:PATH.gguf`)."""
+    tiny = models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=1, seed=seed)
+    write_gguf(tiny, path, linear_type="Q8_0")
+    return sd.drafters.DraftModel.from_spec(str(path), target, None, False)
+
+
 def prompt(seed: int, n: int = 7) -> Any:
     return torch.randint(0, V, (n,), generator=torch.Generator().manual_seed(seed))
 
@@ -99,13 +107,7 @@ def test_speculation_is_the_targets_on_every_architecture(
 ) -> None:
     arch, path, _ = arch_file
     model, _ = load_gguf(path, tokenizer=False, activations=activations)
-    draft_path = tmp_path / "draft.gguf"
-    write_gguf(
-        models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=1, seed=8),
-        draft_path,
-        linear_type="Q8_0",
-    )
-    draft = sd.drafters.DraftModel.from_spec(str(draft_path), model, None, False)
+    draft = gguf_draft(arch, model, tmp_path / "draft.gguf", seed=8)
     ids = torch.cat([prompt(3), prompt(3)[:4]])  # a repeat for the lookup to find
     plain = sd.generate(model, None, ids, max_new_tokens=20, temperature=0, eos_token_id=[])
     for name, drafter, kw in (
@@ -211,13 +213,7 @@ def test_gemma_windows_rotaries_and_soft_caps_are_transformers(arch: str, tmp_pa
     plain = sd.generate(model, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
     twin_text = sd.generate(twin, None, ids, max_new_tokens=16, temperature=0, eos_token_id=[])
     assert plain.tokens == twin_text.tokens
-    draft_path = tmp_path / "draft.gguf"
-    write_gguf(
-        models.tiny_model(arch, vocab_size=V, hidden_size=64, num_layers=1, seed=14),
-        draft_path,
-        linear_type="Q8_0",
-    )
-    draft = sd.drafters.DraftModel.from_spec(str(draft_path), model, None, False)
+    draft = gguf_draft(arch, model, tmp_path / "draft.gguf", seed=14)
     for name, drafter in (("prompt lookup", sd.PromptLookup()), ("gguf draft model", draft)):
         out = sd.generate(
             model, drafter, ids, max_new_tokens=16, k=3, temperature=0, eos_token_id=[]

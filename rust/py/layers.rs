@@ -186,17 +186,12 @@ pub(super) fn shape_of(
         )));
     }
     Ok(crate::llama::Shape {
-        hidden,
-        heads,
-        kv_heads,
-        head_dim,
-        inter,
-        eps,
         window,
         scale,
         softcap,
         gelu,
         rotary,
+        ..crate::llama::Shape::llama(hidden, heads, kv_heads, head_dim, inter, eps)
     })
 }
 

@@ -75,6 +75,14 @@ class Architecture:
         n = self.sliding_every
         return n == 0 or layer % n != n - 1
 
+    def layer_types(self, layers: int, window: bool = True) -> list[str]:
+        """transformers' `layer_types` of a file of `layers` layers:
+        "sliding_attention" where a layer slides (none without a `window`)."""
+        return [
+            "sliding_attention" if window and self.sliding(i) else "full_attention"
+            for i in range(layers)
+        ]
+
 
 ARCHITECTURES = {
     a.name: a

@@ -99,13 +99,8 @@ def _gemma_config(arch: Any, kw: dict[str, Any], specdec: dict[str, Any]) -> dic
     the file (`architectures`): the sliding layers' pattern and window, the
     scores' scale width, the soft-caps, Gemma 3's two rotaries."""
     window = specdec["specdec_sliding_window"]
-    layers = kw["num_hidden_layers"]
-    types = [
-        "sliding_attention" if window and arch.sliding(i) else "full_attention"
-        for i in range(layers)
-    ]
     out: dict[str, Any] = {
-        "layer_types": types,
+        "layer_types": arch.layer_types(kw["num_hidden_layers"], bool(window)),
         "sliding_window": window or None,
         "query_pre_attn_scalar": round(specdec["specdec_attention_scale"] ** -2),
         "attn_logit_softcapping": specdec["specdec_attn_softcap"] or None,

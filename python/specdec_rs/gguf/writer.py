@@ -270,11 +270,7 @@ def _check_gemma(config: Any, arch: str) -> None:
         )
     layer_types = getattr(config, "layer_types", None)
     if arch != "gemma" and layer_types is not None:
-        spec = ARCHITECTURES[arch]
-        want = [
-            "sliding_attention" if spec.sliding(i) else "full_attention"
-            for i in range(config.num_hidden_layers)
-        ]
+        want = ARCHITECTURES[arch].layer_types(config.num_hidden_layers)
         if list(layer_types) != want:
             problems.append(f"layer_types {layer_types} (the file's pattern is {want})")
     rope = getattr(config, "rope_parameters", None) or {}
