@@ -10,6 +10,7 @@ The law of batched output is in test_batch_law.py."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -531,6 +532,31 @@ def test_the_engine_measures_its_forward(gguf: Any) -> None:
     assert (p.context, p.long_context) == (8, 64) and set(p.long) == set(p.table)
     with pytest.raises(ValueError, match="long_context = 8 must exceed context = 8"):
         profile_forward(engine, [1], context=8, long_context=8, cached=False)
+
+
+def test_the_profile_is_measured_once_and_read_from_the_cache_folder(
+    gguf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """cached=True writes cache_dir()/forward-profiles/<key>.json (the folder
+    made if missing) and the next call reads it without a forward; a damaged
+    file is measured again and replaced."""
+    monkeypatch.setenv("SPECDEC_CACHE", str(tmp_path / "cache"))
+    engine = BatchEngine(gguf, None, max_batch=2)
+    forwards = []
+    measure = engine.forward_blocks
+    monkeypatch.setattr(
+        engine, "forward_blocks", lambda *a, **kw: forwards.append(1) or measure(*a, **kw)
+    )
+    first = profile_forward(engine, [1, 3], context=8, long_context=16, repeats=1)
+    (written,) = (tmp_path / "cache" / "forward-profiles").iterdir()
+    measured = len(forwards)
+    assert measured > 0 and ForwardProfile.from_json(json.loads(written.read_text())) == first
+    assert profile_forward(engine, [1, 3], context=8, long_context=16, repeats=1) == first
+    assert len(forwards) == measured  # read, not measured
+    written.write_text("{not json")
+    again = profile_forward(engine, [1, 3], context=8, long_context=16, repeats=1)
+    assert len(forwards) == 2 * measured and again.batch_sizes == [1, 2]
+    assert ForwardProfile.from_json(json.loads(written.read_text())) == again
 
 
 # ---- bounds (issue: hardening) -----------------------------------------------------------

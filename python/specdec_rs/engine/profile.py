@@ -98,6 +98,7 @@ def profile_forward(
     )
     if path is not None:
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             _files.write_json(path, profile.to_json(), what="forward profile")
         except (OSError, ValueError):
             pass  # no cache: measured again next time
