@@ -241,13 +241,27 @@ def test_a_head_refuses_another_target(trained: dict[str, Path]) -> None:
             drafters.from_spec(f"{kind}:{trained[kind]}", other)
 
 
+@pytest.mark.parametrize("kind", ["eagle", "medusa"])
 def test_a_loaded_drafter_refuses_a_target_swapped_in_later(
-    target: Any, trained: dict[str, Path]
+    target: Any, trained: dict[str, Path], kind: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    """The print of the target's weights is taken once per target object (not
+    at every generation); another target is refused, before or after."""
+    from specdec_rs.heads import files
+
+    drafter = drafters.from_spec(f"{kind}:{trained[kind]}", target)
     other = tiny_llama(vocab_size=V, hidden_size=32, num_layers=2, seed=7)
-    with pytest.raises(ValueError, match="another target"):
-        sd.generate(other, drafter, prompt(0), max_new_tokens=4, k=2)
+    prints = []
+    mismatch = files.target_mismatch
+    monkeypatch.setattr(files, "target_mismatch", lambda *a: prints.append(1) or mismatch(*a))
+    for model in (other, target, target, other):
+        if model is other:
+            with pytest.raises(ValueError, match="another target"):
+                sd.generate(model, drafter, prompt(0), max_new_tokens=4, k=2)
+        else:
+            out = sd.generate(model, drafter, prompt(0), max_new_tokens=4, k=2, eos_token_id=[])
+            assert out.new_tokens == 4
+    assert len(prints) == 3  # other, target once, other again
 
 
 def test_bad_head_files_are_refused(target: Any, trained: dict[str, Path], tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.drafters.trained import (
-    check_head_target,
+    HeadTarget,
     gate_passes,
     gated_rows,
     teacher_forced_acceptance,
@@ -61,6 +61,7 @@ class Eagle:
             confidence, "confidence", minimum=0.0, below=1.0, hint=" (0 turns the gate off)"
         )
         self.name = name
+        self._target_check = HeadTarget(self.head, fingerprint, name)
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
         self._pending: torch.Tensor | None = (
             None  # true features of positions cached, cached + 1, ...
@@ -83,7 +84,7 @@ class Eagle:
         )
 
     def check_target(self, target: PreTrainedModel) -> None:
-        check_head_target(self.head, self.fingerprint, target, self.name)
+        self._target_check.check(target)
 
     def with_confidence(self, confidence: float) -> Eagle:
         """The same head (shared, not copied) behind a confidence gate τ:

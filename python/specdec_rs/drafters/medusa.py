@@ -20,7 +20,7 @@ from specdec_rs.drafters.base import TeacherForced, empty_draft, fixed_tree
 from specdec_rs.drafters.draft import Draft, TreeDraft
 from specdec_rs.drafters.registry import register
 from specdec_rs.drafters.trained import (
-    check_head_target,
+    HeadTarget,
     draft_rows,
     teacher_forced_acceptance,
 )
@@ -53,6 +53,7 @@ class Medusa:
         self.fingerprint = fingerprint
         self.greedy = _checks.boolean(greedy, "greedy")
         self.name = name
+        self._target_check = HeadTarget(self.heads, fingerprint, name)
         self._feature: torch.Tensor | None = None
 
     @classmethod
@@ -73,7 +74,7 @@ class Medusa:
         return self.heads.num_heads
 
     def check_target(self, target: PreTrainedModel) -> None:
-        check_head_target(self.heads, self.fingerprint, target, self.name)
+        self._target_check.check(target)
 
     def start(
         self, seq: torch.Tensor, target_cache: Cache, target_hidden: torch.Tensor | None

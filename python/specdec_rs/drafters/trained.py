@@ -6,6 +6,7 @@ p = target, q = draft, k = γ.
 
 from __future__ import annotations
 
+import weakref
 from typing import TYPE_CHECKING
 
 from specdec_rs import models
@@ -19,28 +20,37 @@ if TYPE_CHECKING:
     from specdec_rs.heads import EagleHead, MedusaHeads, TargetPrint
 
 
-def check_head_target(
-    head: EagleHead | MedusaHeads,
-    fingerprint: TargetPrint | str,
-    target: PreTrainedModel,
-    name: str,
-) -> None:
-    """ValueError unless `target` is the model the head was built on
-    (`fingerprint`: the print of that model, taken when the head loaded)."""
-    from specdec_rs.heads.files import target_mismatch
+class HeadTarget:
+    """The check that a head was built for the target it drafts for
+    (`check`), kept per drafter: the print of a target's weights (about 25 ms
+    on SmolLM2; it reads every weight, so the first forward after it also
+    starts from cold caches) is taken once per target object, not at every
+    generation. The device check runs every time."""
 
-    why = target_mismatch(fingerprint, target)
-    if why is not None:
-        raise ValueError(
-            f"drafter {name} was trained for another target ({why}); "
-            "load or train a head for this target"
-        )
-    if head.draft_vocab.device != models.device_of(target):
-        raise ValueError(
-            f"drafter {name} is on {head.draft_vocab.device} but the target on "
-            f"{models.device_of(target)}; "
-            "move both to one device"
-        )
+    def __init__(self, head: EagleHead | MedusaHeads, fingerprint: TargetPrint | str, name: str):
+        self.head, self.fingerprint, self.name = head, fingerprint, name
+        self._matched: weakref.ref[PreTrainedModel] | None = None  # the target that matched
+
+    def check(self, target: PreTrainedModel) -> None:
+        """ValueError unless `target` is the model the head was built on
+        (`fingerprint`: the print of that model, taken when the head loaded)
+        and on the head's device."""
+        from specdec_rs.heads.files import target_mismatch
+
+        if self._matched is None or self._matched() is not target:
+            why = target_mismatch(self.fingerprint, target)
+            if why is not None:
+                raise ValueError(
+                    f"drafter {self.name} was trained for another target ({why}); "
+                    "load or train a head for this target"
+                )
+            self._matched = weakref.ref(target)
+        if self.head.draft_vocab.device != models.device_of(target):
+            raise ValueError(
+                f"drafter {self.name} is on {self.head.draft_vocab.device} but the target on "
+                f"{models.device_of(target)}; "
+                "move both to one device"
+            )
 
 
 def draft_rows(
