@@ -13,10 +13,12 @@ methods so spinning threads settle), `--rounds` passes:
 - the fixed-γ rows: prompt lookup k = 8, lookahead at its shapes;
 
 tokens/s (prefill included, as `specdec generate` reports it: total tokens
-over total seconds), and the ratios: each generation's tokens/s over
-target-only's on the same prompt in the same round (the same mode; or
-llama.cpp's), their median over prompts and rounds (a paired comparison,
-robust to a host whose speed drifts); and whether the greedy text equals
+over total seconds), and the ratios: each generation's tokens/s over the
+geometric mean of the target-only runs just before and just after it (the
+same prompt and mode: target-only runs between every two methods, so a host
+whose speed drifts within a prompt's methods moves both sides of a pair; or
+over llama.cpp's run on that prompt in that round), their median over
+prompts and rounds; and whether the greedy text equals
 target-only's (it must) and llama.cpp's (where it first differs where
 not). Every generation gets a drafter built afresh (a suffix index would
 otherwise learn the prompts the next round repeats).
@@ -97,22 +99,24 @@ def main() -> None:
         tuple[str, str], list[float]
     ] = {}  # tokens/s over the reference's, same prompt and round
     texts: dict[tuple[str, str, int], str] = {}
-    last: dict[str, float] = {}  # this prompt's reference tokens/s: llama.cpp, f32/q8 target-only
+    last: dict[str, float] = {}  # this prompt's llama.cpp tokens/s
 
-    def ours(name: str, workload: str, i: int, mode: str, drafter: Any, **kw: Any) -> None:
+    def ours(name: str, workload: str, i: int, mode: str, drafter: Any, **kw: Any) -> float:
+        """One generation: its tokens/s (recorded, with its text)."""
         ids = workloads.encode(tokenizer, workloads.prompts(workload)[i])
         out = sd.generate(
             targets[mode], drafter, ids, max_new_tokens=args.max_new_tokens, temperature=0, **kw
         )
         times.setdefault((workload, name), []).append((out.new_tokens, out.time_total))
         speed = out.new_tokens / out.time_total
-        if drafter is None:
-            last[mode] = speed
-        paired.setdefault((workload, name), []).append(speed / last[mode])
         paired.setdefault((workload, name + " /llama.cpp"), []).append(speed / last["llama.cpp"])
-        texts[(workload, name, i)] = tokenizer.decode(out.tokens, skip_special_tokens=True)
+        text = tokenizer.decode(out.tokens, skip_special_tokens=True)
+        if texts.setdefault((workload, name, i), text) != text:
+            unstable.add((workload, name, i))  # greedy text that moved between rounds
         time.sleep(SETTLE)
+        return speed
 
+    unstable: set[tuple[str, str, int]] = set()
     started = time.perf_counter()
     for _ in range(args.rounds):
         for workload, i in prompts:
@@ -123,13 +127,21 @@ def main() -> None:
             texts[(workload, "llama.cpp", i)] = text
             time.sleep(SETTLE)
             for mode in modes:
-                ours(f"{mode} target-only", workload, i, mode, None)
-                for spec in specs:
+                reference = f"{mode} target-only"
+                methods: list[tuple[str, str, int | None]] = [
+                    (f"{mode} {spec} (default γ)", spec, None) for spec in specs
+                ]
+                methods += [(f"{mode} {spec} k={k}", spec, k) for spec, k in FIXED]
+                before = ours(reference, workload, i, mode, None)
+                paired.setdefault((workload, reference), []).append(1.0)
+                for name, spec, k in methods:
                     d = drafters.from_spec(spec, targets[mode], tokenizer)
-                    ours(f"{mode} {spec} (default γ)", workload, i, mode, d, k=measured_policy(d))
-                for spec, k in FIXED:
-                    d = drafters.from_spec(spec, targets[mode], tokenizer)
-                    ours(f"{mode} {spec} k={k}", workload, i, mode, d, k=k)
+                    policy = measured_policy(d) if k is None else k
+                    speed = ours(name, workload, i, mode, d, k=policy)
+                    after = ours(reference, workload, i, mode, None)
+                    # against target-only just before and just after it (geometric mean)
+                    paired.setdefault((workload, name), []).append(speed / (before * after) ** 0.5)
+                    before = after
     elapsed = time.perf_counter() - started
     rate = {key: sum(n for n, _ in v) / sum(s for _, s in v) for key, v in times.items()}
     report: dict[str, Any] = {"host": machine, "seconds": elapsed, "rows": {}}
@@ -213,6 +225,8 @@ def main() -> None:
         worst[mode] = min(ratios)
         print(f"worst default-γ ratio to target-only (median of pairs), {mode}: {worst[mode]:.2f}x")
     report["worst default"] = worst
+    report["greedy text that changed between rounds"] = sorted(map(list, unstable))
+    print(f"greedy text that changed between rounds: {sorted(unstable) or 'none'}")
     print(f"({elapsed:.0f} s)")
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
