@@ -16,7 +16,7 @@ from heads_fixtures import tiny_data, tiny_head
 from specdec_rs import drafters, heads
 from specdec_rs.measure import acceptance_matrix, drafter_step_time
 from specdec_rs.models import tiny_llama
-from specdec_rs.processors import SamplingConfig
+from specdec_rs.processors import Sampler, SamplingConfig
 from specdec_rs.training.data import load_dataset
 from specdec_rs.training.train import TrainConfig, choose_draft_vocab, train_drafter
 
@@ -232,6 +232,32 @@ def test_drafts_stay_in_the_draft_vocabulary(target: Any, trained: dict[str, Pat
             - allowed
         )
     assert outside
+
+
+def test_features_gathered_round_by_round_draft_as_one_block(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    """While the head does not draft, each round's true feature is kept (not
+    joined to the others every round); the next draft runs them as one block:
+    the same draft, tokens and q, as the features handed over at once."""
+    seq = prompt(0, 40)
+    with torch.inference_mode():
+        feats = target.model(seq[None, :-1]).last_hidden_state[0]  # positions 0..38
+    drafts = []
+    for one_by_one in (True, False):
+        drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+        drafter.start(seq[:11], None, feats[:10])
+        if one_by_one:
+            for j in range(10, 39):
+                drafter.update(seq[: j + 1], 0, feats[j : j + 1])
+        else:
+            drafter.update(seq[:11], 0, feats[10:])
+        sampler = Sampler(SamplingConfig(1.0), V, torch.Generator().manual_seed(0))
+        drafts.append(drafter.propose(seq, 3, sampler))
+    assert torch.equal(drafts[0].tokens, drafts[1].tokens) and len(drafts[0].tokens) == 3
+    assert torch.equal(drafts[0].q, drafts[1].q)
+    with pytest.raises(ValueError, match="skips positions"):
+        drafter.update(torch.cat([seq, seq])[:45], 0, feats[:1])  # position 44, not 39
 
 
 def test_a_head_refuses_another_target(trained: dict[str, Path]) -> None:

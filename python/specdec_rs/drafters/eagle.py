@@ -63,9 +63,11 @@ class Eagle:
         self.name = name
         self._target_check = HeadTarget(self.head, fingerprint, name)
         self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
-        self._pending: torch.Tensor | None = (
-            None  # true features of positions cached, cached + 1, ...
-        )
+        # true features of positions cached, cached + 1, ... (run at the next
+        # draft; joined there once, not at every round: a head switched off
+        # for a long output would copy them all at each round)
+        self._pending: list[torch.Tensor] = []
+        self._pending_rows = 0
         self._cached = 0
         self._last: torch.Tensor | None = None  # f̂ after the last true entry
 
@@ -111,24 +113,20 @@ class Eagle:
         if target_hidden is None:
             raise ValueError(f"drafter {self.name} needs the target's hidden states")
         self._kv, self._cached, self._last = None, 0, None
-        self._pending = target_hidden
+        self._pending, self._pending_rows = [target_hidden], len(target_hidden)
 
     def update(
         self, seq: torch.Tensor, num_accepted: int, target_hidden: torch.Tensor | None
     ) -> None:
-        import torch
-
         if target_hidden is None:
             raise ValueError(f"drafter {self.name} needs the target's hidden states")
         position = len(seq) - 1  # target_hidden[0] is the feature there
-        pending = self._pending
         if position < self._cached:
             self._crop(position)
-            self._pending = target_hidden
-        elif pending is not None and position == self._cached + len(pending):
-            self._pending = torch.cat([pending, target_hidden])
-        elif pending is None and position == self._cached:
-            self._pending = target_hidden
+            self._pending, self._pending_rows = [target_hidden], len(target_hidden)
+        elif position == self._cached + self._pending_rows:
+            self._pending.append(target_hidden)
+            self._pending_rows += len(target_hidden)
         else:
             raise ValueError(
                 f"drafter {self.name}: update() at position {position} skips positions; "
@@ -144,8 +142,8 @@ class Eagle:
         """Run the pending true features; f̂ (1, 1, H) after position len(seq) - 2."""
         import torch
 
-        pending = self._pending
-        if pending is not None and len(pending):
+        if self._pending_rows:
+            pending = self._pending[0] if len(self._pending) == 1 else torch.cat(self._pending)
             n = len(pending)
             start = self._cached
             tokens = seq[start + 1 : start + 1 + n].to(pending.device)
@@ -156,7 +154,8 @@ class Eagle:
                 if self._kv is None
                 else (torch.cat([self._kv[0], k], 2), torch.cat([self._kv[1], v], 2))
             )
-            self._cached, self._pending, self._last = start + n, None, out[:, -1:]
+            self._cached, self._last = start + n, out[:, -1:]
+            self._pending, self._pending_rows = [], 0
         if self._last is None or self._cached != len(seq) - 1:
             raise ValueError(
                 f"drafter {self.name}: propose() on a sequence the head has not been updated for"
