@@ -77,6 +77,39 @@ def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[
                 k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
 
 
+def test_steps_into_the_heads_cache_equal_steps_after_its_past(
+    target: Any, trained: dict[str, Path]
+) -> None:
+    """The drafter's cache written in place (`KeyValues`: the true entries,
+    a round's draft steps written after them and overwritten by the next
+    round's true entries, grown past its first capacity) gives `step`'s
+    outputs after the concatenated past."""
+    from specdec_rs.heads.layer import KeyValues
+
+    head = heads.load(trained["eagle"], target, "eagle")
+    assert isinstance(head, heads.EagleHead)
+    seq = prompt(0, 90)
+    with torch.inference_mode():
+        feats = target.model(seq[None, :-1]).last_hidden_state
+        cache = KeyValues()
+
+        def both(lo: int, hi: int, f: Any, past: Any) -> tuple[Any, Any]:
+            positions = torch.arange(lo, hi)[None]
+            got = head.step_into(f, seq[None, lo + 1 : hi + 1], positions, cache, lo)
+            want, (k, v) = head.step(f, seq[None, lo + 1 : hi + 1], positions, past)
+            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+            if past is None:
+                return want, (k, v)
+            return want, (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
+
+        out, true = both(0, 70, feats[:, :70], None)  # past the first capacity (64)
+        f, past = out[:, -1:], true
+        for i in range(3):  # a round's draft steps, after the true entries
+            f, past = both(70 + i, 71 + i, f, past)
+        both(70, 80, feats[:, 70:80], true)  # the next round's true entries overwrite them
+        assert cache.keys is not None and cache.keys.shape[2] >= 80
+
+
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_output_equals_target_greedy(

@@ -60,9 +60,12 @@ class Eagle:
         self.confidence = _checks.real(
             confidence, "confidence", minimum=0.0, below=1.0, hint=" (0 turns the gate off)"
         )
+        from specdec_rs.heads.layer import KeyValues
+
         self.name = name
         self._target_check = HeadTarget(self.head, fingerprint, name)
-        self._kv: tuple[torch.Tensor, torch.Tensor] | None = None
+        # the head's keys and values: the true positions', then a round's draft steps'
+        self._cache = KeyValues()
         # true features of positions cached, cached + 1, ... (run at the next
         # draft; joined there once, not at every round: a head switched off
         # for a long output would copy them all at each round)
@@ -112,7 +115,9 @@ class Eagle:
     ) -> None:
         if target_hidden is None:
             raise ValueError(f"drafter {self.name} needs the target's hidden states")
-        self._kv, self._cached, self._last = None, 0, None
+        from specdec_rs.heads.layer import KeyValues
+
+        self._cache, self._cached, self._last = KeyValues(), 0, None
         self._pending, self._pending_rows = [target_hidden], len(target_hidden)
 
     def update(
@@ -134,9 +139,7 @@ class Eagle:
             )
 
     def _crop(self, length: int) -> None:
-        if self._kv is not None:
-            self._kv = (self._kv[0][:, :, :length], self._kv[1][:, :, :length])
-        self._cached, self._last = length, None
+        self._cached, self._last = length, None  # entries past it are overwritten
 
     def _advance(self, seq: torch.Tensor) -> torch.Tensor:
         """Run the pending true features; f̂ (1, 1, H) after position len(seq) - 2."""
@@ -148,12 +151,7 @@ class Eagle:
             start = self._cached
             tokens = seq[start + 1 : start + 1 + n].to(pending.device)
             positions = torch.arange(start, start + n, device=pending.device)[None]
-            out, (k, v) = self.head.step(pending[None], tokens[None], positions, self._kv)
-            self._kv = (
-                (k, v)
-                if self._kv is None
-                else (torch.cat([self._kv[0], k], 2), torch.cat([self._kv[1], v], 2))
-            )
+            out = self.head.step_into(pending[None], tokens[None], positions, self._cache, start)
             self._cached, self._last = start + n, out[:, -1:]
             self._pending, self._pending_rows = [], 0
         if self._last is None or self._cached != len(seq) - 1:
@@ -162,21 +160,15 @@ class Eagle:
             )
         return self._last
 
-    def _draft_step(
-        self,
-        f: torch.Tensor,
-        token: torch.Tensor,
-        i: int,
-        kv: tuple[torch.Tensor, torch.Tensor] | None,
-    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def _draft_step(self, f: torch.Tensor, token: torch.Tensor, i: int) -> torch.Tensor:
         """One head step on the round's i-th draft `token` (1,) after f̂ `f`:
-        (the next f̂, the round's KV with this step's entries appended)."""
+        the next f̂ (its keys and values written at cached + i, after the
+        round's earlier steps')."""
         import torch
 
-        position = torch.tensor([[self._cached + i]], device=f.device)
-        f, (k_new, v_new) = self.head.step(f, token[None], position, kv)
-        assert kv is not None
-        return f, (torch.cat([kv[0], k_new], 2), torch.cat([kv[1], v_new], 2))
+        at = self._cached + i
+        position = torch.tensor([[at]], device=f.device)
+        return self.head.step_into(f, token[None], position, self._cache, at)
 
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         import torch
@@ -185,7 +177,6 @@ class Eagle:
             return empty_draft(sampler)
         with torch.inference_mode():
             f = self._advance(seq)
-            kv = self._kv
             tokens, rows = [], []
             for i in range(k):
                 drawn = gated_rows(
@@ -201,7 +192,7 @@ class Eagle:
                 tokens.append(drawn[0])
                 rows.append(drawn[1])
                 if i + 1 < k:
-                    f, kv = self._draft_step(f, drawn[0], i, kv)
+                    f = self._draft_step(f, drawn[0], i)
         if not tokens:
             return empty_draft(sampler)
         return Draft(torch.cat(tokens), torch.cat(rows))
@@ -230,7 +221,6 @@ class Eagle:
         above = 1.0
         with torch.inference_mode():
             f = self._advance(seq)
-            kv = self._kv
             for i in range(min(budget, self.tree_depth)):
                 probs = self.head.logits(f[0])[0].float().softmax(-1)
                 top = probs.topk(min(self.tree_width, len(probs)))
@@ -240,7 +230,7 @@ class Eagle:
                 above *= ranked[-1][1][0]
                 if len(cut) == budget and above <= cut[-1]:
                     break  # nothing deeper can make the cut
-                f, kv = self._draft_step(f, tokens[:1], i, kv)
+                f = self._draft_step(f, tokens[:1], i)
         return fixed_tree(*confident_tree(ranked, budget), sampler)
 
     sample_width = 2  # children per chain node in a sampled tree
@@ -263,7 +253,6 @@ class Eagle:
         parent = -1
         with torch.inference_mode():
             f = self._advance(seq)
-            kv = self._kv
             for i in range(depth):
                 small = sampler.probs(self.head.logits(f[0]), self.name)[0]
                 picked = self.head.draft_vocab[sampler.draw_distinct(small, width)]
@@ -275,7 +264,7 @@ class Eagle:
                 parents += [parent] * len(picked)
                 parent = first
                 if i + 1 < depth:
-                    f, kv = self._draft_step(f, picked[:1], i, kv)
+                    f = self._draft_step(f, picked[:1], i)
         q = torch.zeros(len(tokens) + 1, sampler.vocab_size, device=sampler.device)
         for r, row in rows.items():
             q[r] = row

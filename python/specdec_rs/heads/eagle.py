@@ -16,7 +16,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from specdec_rs.heads.layer import DecoderLayer, LayerShape, unrolled_mask
+from specdec_rs.heads.layer import DecoderLayer, KeyValues, LayerShape, unrolled_mask
 
 
 class EagleHead(nn.Module):
@@ -66,6 +66,18 @@ class EagleHead(nn.Module):
         """Decoding: L new entries after the cache `past` (causal among
         themselves). Returns predicted features (B, L, H) and the new keys/values."""
         return self.layer.forward(self.inputs(features, next_tokens), positions, past)
+
+    def step_into(
+        self,
+        features: torch.Tensor,
+        next_tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KeyValues,
+        at: int,
+    ) -> torch.Tensor:
+        """`step` (B = 1) after the first `at` entries of `cache`, the new
+        keys and values written in it (`DecoderLayer.forward_into`)."""
+        return self.layer.forward_into(self.inputs(features, next_tokens), positions, cache, at)
 
     def unroll(
         self, features: torch.Tensor, tokens: torch.Tensor, depth: int
