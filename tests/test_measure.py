@@ -470,3 +470,36 @@ def test_unmeasured_long_forwards_cost_at_least_what_each_position_did() -> None
     policy.observe_time(0.001, 0.013, 2)
     _, v = policy.costs()
     assert v[1] == pytest.approx(1.3) and v[4] == pytest.approx(2.2)
+
+
+def test_the_demo_warms_the_target_up_untimed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`specdec demo` runs one short target-only generation before its timed
+    runs (the process's first forward builds the native stack and touches the
+    weights: timed, it would slow target-only's row and flatter every
+    drafter); its result is in no row."""
+    import importlib
+
+    from specdec_rs import models
+
+    demo_mod = importlib.import_module("specdec_rs.measure.demo")  # the module, not `demo`
+    tokenizer = models.load_smollm2()[1]
+    target = tiny_llama(vocab_size=len(tokenizer), hidden_size=32, num_layers=2, seed=0)
+    job = demo_mod.demo_job(
+        target, tokenizer, drafter_specs=["prompt-lookup"], prompts=2, max_new_tokens=12
+    )
+    calls: list[tuple[Any, int, int]] = []  # (drafter, max_new_tokens, new tokens)
+    real = demo_mod.generate
+
+    def recorded(target: Any, drafter: Any, ids: Any, **kw: Any) -> Any:
+        out = real(target, drafter, ids, **kw)
+        calls.append((drafter, kw["max_new_tokens"], out.new_tokens))
+        return out
+
+    monkeypatch.setattr(demo_mod, "generate", recorded)
+    report = demo_mod.demo(job)
+    assert calls[0][:2] == (None, 8)  # the warm-up: target-only, 8 tokens
+    assert [n for _, n, _ in calls[1:]] == [12] * 4  # 2 prompts x (none, prompt lookup)
+    rows = {row.totals.drafter: row.totals for row in report.rows}
+    assert list(rows) == ["none", "prompt-lookup"]
+    assert rows["none"].tokens == calls[1][2] + calls[3][2]  # the warm-up's are in no row
+    assert rows["prompt-lookup"].tokens == calls[2][2] + calls[4][2]
