@@ -80,18 +80,18 @@ def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[
 def test_steps_into_the_heads_cache_equal_steps_after_its_past(
     target: Any, trained: dict[str, Path]
 ) -> None:
-    """The drafter's cache written in place (`KeyValues`: the true entries,
-    a round's draft steps written after them and overwritten by the next
-    round's true entries, grown past its first capacity) gives `step`'s
-    outputs after the concatenated past."""
-    from specdec_rs.heads.layer import KeyValues
+    """The drafter's cache written in place (a `PreallocatedLayer`: the true
+    entries, a round's draft steps written after them and overwritten by the
+    next round's true entries, grown past its first capacity) gives `step`'s
+    outputs after the concatenated past; a write past its entries is refused."""
+    from specdec_rs.kv_cache import PreallocatedLayer
 
     head = heads.load(trained["eagle"], target, "eagle")
     assert isinstance(head, heads.EagleHead)
     seq = prompt(0, 90)
     with torch.inference_mode():
         feats = target.model(seq[None, :-1]).last_hidden_state
-        cache = KeyValues()
+        cache = PreallocatedLayer(capacity=64)
 
         def both(lo: int, hi: int, f: Any, past: Any) -> tuple[Any, Any]:
             positions = torch.arange(lo, hi)[None]
@@ -107,7 +107,9 @@ def test_steps_into_the_heads_cache_equal_steps_after_its_past(
         for i in range(3):  # a round's draft steps, after the true entries
             f, past = both(70 + i, 71 + i, f, past)
         both(70, 80, feats[:, 70:80], true)  # the next round's true entries overwrite them
-        assert cache.keys is not None and cache.keys.shape[2] >= 80
+        assert cache.get_seq_length() == 80 and cache._k is not None and cache._k.shape[2] >= 80
+        with pytest.raises(ValueError, match="forward_into at 81: the cache holds 80"):
+            head.step_into(f, seq[None, 82:83], torch.tensor([[81]]), cache, 81)
 
 
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])

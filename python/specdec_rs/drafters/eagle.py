@@ -60,12 +60,13 @@ class Eagle:
         self.confidence = _checks.real(
             confidence, "confidence", minimum=0.0, below=1.0, hint=" (0 turns the gate off)"
         )
-        from specdec_rs.heads.layer import KeyValues
+        from specdec_rs.kv_cache import PreallocatedLayer
 
         self.name = name
         self._target_check = HeadTarget(self.head, fingerprint, name)
-        # the head's keys and values: the true positions', then a round's draft steps'
-        self._cache = KeyValues()
+        # the head's keys and values, written in place: the true positions',
+        # then a round's draft steps' (overwritten by the next round's)
+        self._cache = PreallocatedLayer()
         # true features of positions cached, cached + 1, ... (run at the next
         # draft; joined there once, not at every round: a head switched off
         # for a long output would copy them all at each round)
@@ -115,9 +116,7 @@ class Eagle:
     ) -> None:
         if target_hidden is None:
             raise ValueError(f"drafter {self.name} needs the target's hidden states")
-        from specdec_rs.heads.layer import KeyValues
-
-        self._cache, self._cached, self._last = KeyValues(), 0, None
+        self._cached, self._last = 0, None  # the cache is written over from position 0
         self._pending, self._pending_rows = [target_hidden], len(target_hidden)
 
     def update(

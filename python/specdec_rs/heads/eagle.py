@@ -11,12 +11,15 @@ feature is the head's own previous output.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 
-from specdec_rs.heads.layer import DecoderLayer, KeyValues, LayerShape, unrolled_mask
+from specdec_rs.heads.layer import DecoderLayer, LayerShape, unrolled_mask
+
+if TYPE_CHECKING:
+    from specdec_rs.kv_cache import PreallocatedLayer
 
 
 class EagleHead(nn.Module):
@@ -72,7 +75,7 @@ class EagleHead(nn.Module):
         features: torch.Tensor,
         next_tokens: torch.Tensor,
         positions: torch.Tensor,
-        cache: KeyValues,
+        cache: PreallocatedLayer,
         at: int,
     ) -> torch.Tensor:
         """`step` (B = 1) after the first `at` entries of `cache`, the new

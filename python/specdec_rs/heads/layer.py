@@ -10,11 +10,14 @@ diagonals of an unrolled draft ("training-time test", `unrolled_mask`).
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+if TYPE_CHECKING:
+    from specdec_rs.kv_cache import PreallocatedLayer
 
 
 @dataclass(frozen=True)
@@ -66,36 +69,6 @@ def rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
     return x * cos + rotated * sin
-
-
-class KeyValues:
-    """A head's keys and values (1, kv_heads, capacity, d), written in place:
-    a drafter keeps its true positions' entries first and writes a round's
-    draft steps after them (overwritten by the next round), so a step copies
-    only its own entries, never the cache (the capacity doubles when full)."""
-
-    def __init__(self) -> None:
-        self.keys: torch.Tensor | None = None
-        self.values: torch.Tensor | None = None
-
-    def write(self, at: int, keys: torch.Tensor, values: torch.Tensor) -> None:
-        """Entries at..at + L from keys, values (1, kv_heads, L, d)."""
-        end = at + keys.shape[2]
-        if self.keys is None or self.values is None or self.keys.shape[2] < end:
-            capacity = max(64, end) if self.keys is None else max(2 * self.keys.shape[2], end)
-            grown_k = keys.new_empty((*keys.shape[:2], capacity, keys.shape[3]))
-            grown_v = values.new_empty((*values.shape[:2], capacity, values.shape[3]))
-            if self.keys is not None and self.values is not None and at:
-                grown_k[:, :, :at] = self.keys[:, :, :at]
-                grown_v[:, :, :at] = self.values[:, :, :at]
-            self.keys, self.values = grown_k, grown_v
-        self.keys[:, :, at:end] = keys
-        self.values[:, :, at:end] = values
-
-    def first(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Views of the first n entries (1, kv_heads, n, d)."""
-        assert self.keys is not None and self.values is not None
-        return self.keys[:, :, :n], self.values[:, :, :n]
 
 
 class DecoderLayer(nn.Module):
@@ -164,13 +137,18 @@ class DecoderLayer(nn.Module):
         return self.finish(x, q, keys, values, mask), (k, v)
 
     def forward_into(
-        self, x: torch.Tensor, positions: torch.Tensor, cache: KeyValues, at: int
+        self, x: torch.Tensor, positions: torch.Tensor, cache: PreallocatedLayer, at: int
     ) -> torch.Tensor:
-        """`forward` (B = 1, causal) after the first `at` entries of `cache`,
-        its L new keys and values written there at at..at + L: the output only."""
+        """`forward` (causal) after the first `at` entries of `cache` (a
+        `kv_cache.PreallocatedLayer`: written in place, its capacity doubled
+        when full), its L new keys and values written at at..at + L (entries
+        past `at` are dropped first): the output only."""
+        filled = cache.get_seq_length()
+        if at > filled:
+            raise ValueError(f"forward_into at {at}: the cache holds {filled} entries")
         q, k, v = self.project(x, positions)
-        cache.write(at, k, v)
-        keys, values = cache.first(at + k.shape[2])
+        cache.crop(at - filled)
+        keys, values = cache.update(k, v)
         return self.finish(x, q, keys, values, None)
 
 
