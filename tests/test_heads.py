@@ -77,17 +77,24 @@ def test_decoding_equals_the_unrolled_training_graph(target: Any, trained: dict[
                 k, v = torch.cat([k, k2], 2), torch.cat([v, v2], 2)
 
 
+@pytest.mark.parametrize("native", [False, True], ids=["torch", "rust"])
 def test_steps_into_the_heads_cache_equal_steps_after_its_past(
-    target: Any, trained: dict[str, Path]
+    target: Any, trained: dict[str, Path], native: bool
 ) -> None:
     """The drafter's cache written in place (a `PreallocatedLayer`: the true
     entries, a round's draft steps written after them and overwritten by the
     next round's true entries, grown past its first capacity) gives `step`'s
-    outputs after the concatenated past; a write past its entries is refused."""
+    outputs after the concatenated past; a write past its entries is refused.
+    Both the torch step and the Rust one (`heads.native`: the same weights,
+    another summation order, so within float32 rounding)."""
+    from specdec_rs.heads.native import NativeEagleStep
     from specdec_rs.kv_cache import PreallocatedLayer
 
     head = heads.load(trained["eagle"], target, "eagle")
     assert isinstance(head, heads.EagleHead)
+    step_into = NativeEagleStep.of(head) if native else head.step_into
+    assert step_into is not None
+    tolerance = 2e-5 if native else 1e-6
     seq = prompt(0, 90)
     with torch.inference_mode():
         feats = target.model(seq[None, :-1]).last_hidden_state
@@ -95,9 +102,9 @@ def test_steps_into_the_heads_cache_equal_steps_after_its_past(
 
         def both(lo: int, hi: int, f: Any, past: Any) -> tuple[Any, Any]:
             positions = torch.arange(lo, hi)[None]
-            got = head.step_into(f, seq[None, lo + 1 : hi + 1], positions, cache, lo)
+            got = step_into(f, seq[None, lo + 1 : hi + 1], positions, cache, lo)
             want, (k, v) = head.step(f, seq[None, lo + 1 : hi + 1], positions, past)
-            torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(got, want, atol=tolerance, rtol=tolerance)
             if past is None:
                 return want, (k, v)
             return want, (torch.cat([past[0], k], 2), torch.cat([past[1], v], 2))
@@ -109,7 +116,31 @@ def test_steps_into_the_heads_cache_equal_steps_after_its_past(
         both(70, 80, feats[:, 70:80], true)  # the next round's true entries overwrite them
         assert cache.get_seq_length() == 80 and cache._k is not None and cache._k.shape[2] >= 80
         with pytest.raises(ValueError, match="forward_into at 81: the cache holds 80"):
-            head.step_into(f, seq[None, 82:83], torch.tensor([[81]]), cache, 81)
+            step_into(f, seq[None, 82:83], torch.tensor([[81]]), cache, 81)
+
+
+def test_the_native_step_keeps_the_heads_weights(target: Any, trained: dict[str, Path]) -> None:
+    """The drafter steps on the Rust kernels where the head is a float32 CPU
+    head: BF16 weights for a saved head (every value a bfloat16), F32 once a
+    value is not one, the very values either way; a float64 head keeps its torch step."""
+    from specdec_rs.heads.native import BF16, F32, NativeEagleStep
+
+    drafter = drafters.from_spec(f"eagle:{trained['eagle']}", target)
+    step = drafter._step
+    assert isinstance(step, NativeEagleStep) and step.ggml_type == BF16
+    head = drafter.head
+    first = torch.arange(4)
+    assert torch.equal(step.layer.qkv[0].dequantize_rows(first), head.layer.q_proj.weight[:4])
+    assert torch.equal(step.layer.down_proj.dequantize_rows(first), head.layer.down_proj.weight[:4])
+    assert torch.equal(step.fc.dequantize_rows(first), head.fc.weight[:4])
+    assert drafter.with_confidence(0.5)._step is step  # shared, not rebuilt
+    other = heads.load(trained["eagle"], target, "eagle")
+    with torch.no_grad():
+        other.fc.weight[0, 0] += 1e-6  # no longer a bfloat16
+    f32 = NativeEagleStep.of(other)
+    assert f32 is not None and f32.ggml_type == F32
+    assert torch.equal(f32.fc.dequantize_rows(torch.arange(1)), other.fc.weight[:1])
+    assert NativeEagleStep.of(other.double()) is None
 
 
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])

@@ -60,9 +60,12 @@ class Eagle:
         self.confidence = _checks.real(
             confidence, "confidence", minimum=0.0, below=1.0, hint=" (0 turns the gate off)"
         )
+        from specdec_rs.heads.native import NativeEagleStep
         from specdec_rs.kv_cache import PreallocatedLayer
 
         self.name = name
+        # the head's step on the Rust kernels where it can run there, else its torch step
+        self._step = NativeEagleStep.of(head) or head.step_into
         self._target_check = HeadTarget(self.head, fingerprint, name)
         # the head's keys and values, written in place: the true positions',
         # then a round's draft steps' (overwritten by the next round's)
@@ -96,9 +99,11 @@ class Eagle:
         """The same head (shared, not copied) behind a confidence gate τ:
         each round drafts while its draft's probability exceeds τ (see
         `gated_rows`; 0 turns the gate off)."""
-        return Eagle(
+        gated = Eagle(
             self.head, self.fingerprint, greedy=self.greedy, name=self.name, confidence=confidence
         )
+        gated._step = self._step
+        return gated
 
     def check_tree(self) -> None:
         """ValueError when this drafter cannot draft trees as configured: the
@@ -150,7 +155,7 @@ class Eagle:
             start = self._cached
             tokens = seq[start + 1 : start + 1 + n].to(pending.device)
             positions = torch.arange(start, start + n, device=pending.device)[None]
-            out = self.head.step_into(pending[None], tokens[None], positions, self._cache, start)
+            out = self._step(pending[None], tokens[None], positions, self._cache, start)
             self._cached, self._last = start + n, out[:, -1:]
             self._pending, self._pending_rows = [], 0
         if self._last is None or self._cached != len(seq) - 1:
@@ -167,7 +172,7 @@ class Eagle:
 
         at = self._cached + i
         position = torch.tensor([[at]], device=f.device)
-        return self.head.step_into(f, token[None], position, self._cache, at)
+        return self._step(f, token[None], position, self._cache, at)
 
     def propose(self, seq: torch.Tensor, k: int, sampler: Sampler) -> Draft:
         import torch

@@ -1,0 +1,135 @@
+"""The EAGLE head's decoding step on the project's Rust kernels: its fc as
+one `QuantLinear` and its decoder layer as one `_core.llama_layer` call
+(the target's own layer kernel: `gguf.layer.FusedLlamaLayer`), instead of
+about thirty torch operations on one thread. p = target, q = draft.
+
+The weights keep their values: BF16 where every value of the head is a
+bfloat16 (the saved heads are), else F32. So this step computes the
+torch head's function (`EagleHead.step_into`), in another summation
+order: the same features to float32 rounding, the same cache layout
+(rotated keys and values (1, kv_heads, positions, head_dim) in a
+`kv_cache.PreallocatedLayer`). Exactness never rests on it: q is whatever
+the step computes, and the verifier reads that q.
+
+On SmolLM2's shipped head (2 threads) a draft step's cost ratio c fell
+from about 0.21 to 0.09-0.13 (BENCHMARKS.md, "What a draft step costs").
+"""
+
+from __future__ import annotations
+
+import types
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+
+from specdec_rs.heads.layer import rope_tables
+
+if TYPE_CHECKING:
+    from specdec_rs.gguf.layer import FusedLlamaLayer
+    from specdec_rs.gguf.modules import QuantLinear
+    from specdec_rs.heads.eagle import EagleHead
+    from specdec_rs.kv_cache import PreallocatedLayer
+
+F32, BF16 = 0, 30  # ggml types
+LINEARS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+def weight_type(weights: list[torch.Tensor]) -> int:
+    """BF16 when every value of `weights` is a bfloat16 (then it is the
+    same weight in half the bytes), else F32."""
+    exact = all(bool(torch.equal(w, w.to(torch.bfloat16).float())) for w in weights)
+    return BF16 if exact else F32
+
+
+def quant_linear(weight: torch.Tensor, ggml_type: int, threads: int) -> QuantLinear:
+    """`weight` (out, in) float32 as a QuantLinear of type F32 or BF16 (its
+    values unchanged), run on `threads` threads."""
+    from specdec_rs.gguf.modules import QuantLinear
+
+    w = weight.detach().float().contiguous()
+    if ggml_type == BF16:
+        w = w.to(torch.bfloat16)
+    rows = w.view(torch.uint8).numpy().reshape(w.shape[0], -1)
+    module = QuantLinear.from_rows(np.ascontiguousarray(rows), ggml_type, int(w.shape[1]))
+    module.threads = threads
+    return module
+
+
+class NativeEagleStep:
+    """`EagleHead.step_into` (B = 1) as an fc product and one Rust layer
+    call. Built from the head's weights as they are now: a head trained
+    further needs a new step (`of`)."""
+
+    def __init__(self, head: EagleHead, threads: int):
+        from specdec_rs.gguf.layer import FusedLlamaLayer
+
+        layer, s = head.layer, head.shape
+        kind = weight_type([head.fc.weight, *(getattr(layer, n).weight for n in LINEARS)])
+        self.ggml_type = kind
+        self.embed = head.embed
+        self.fc = quant_linear(head.fc.weight, kind, threads)
+        config = types.SimpleNamespace(
+            num_attention_heads=s.heads,
+            num_key_value_heads=s.kv_heads,
+            head_dim=s.head_dim,
+            rms_norm_eps=s.eps,
+        )
+        parts = {n: quant_linear(getattr(layer, n).weight, kind, threads) for n in LINEARS}
+        norms = (layer.input_norm.weight, layer.post_norm.weight)
+        self.layer: FusedLlamaLayer = FusedLlamaLayer(
+            config, 0, parts, *(w.detach().float().clone() for w in norms)
+        )
+        self.head_dim, self.theta = s.head_dim, s.rope_theta
+        self._tables: tuple[np.ndarray, np.ndarray] = (np.empty((0, 0)), np.empty((0, 0)))
+
+    @classmethod
+    def of(cls, head: EagleHead) -> NativeEagleStep | None:
+        """The native step of `head`, or None where the head does not run on
+        the kernels (not on the CPU, or not float32: its torch step stays).
+        Threads: its vocabulary rows' (a GGUF target's kernel threads), else torch's."""
+        weight = head.fc.weight
+        if weight.device.type != "cpu" or weight.dtype != torch.float32:
+            return None
+        threads = getattr(head.vocab_rows, "threads", None) or torch.get_num_threads()
+        return cls(head, int(threads))
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of weights one step reads (the fc and the layer's products)."""
+        layer = self.layer
+        products = [self.fc, *layer.qkv, layer.o_proj, *layer.gate_up, layer.down_proj]
+        return sum(p.nbytes for p in products)
+
+    def __call__(
+        self,
+        features: torch.Tensor,
+        next_tokens: torch.Tensor,
+        positions: torch.Tensor,
+        cache: PreallocatedLayer,
+        at: int,
+    ) -> torch.Tensor:
+        """features (1, L, H), next_tokens (1, L) at `positions` (1, L), after
+        the first `at` entries of `cache` (entries past it dropped, the L new
+        ones written at at..at + L) -> f̂ (1, L, H)."""
+        filled = cache.get_seq_length()
+        if at > filled:
+            raise ValueError(f"forward_into at {at}: the cache holds {filled} entries")
+        e = self.embed(next_tokens[0]).float()
+        x: torch.Tensor = self.fc(torch.cat([features[0].float(), e], -1)).contiguous()
+        rows = positions[0].numpy()
+        cos, sin = self.rotary(int(rows.max()) + 1)
+        cache.crop(at - filled)
+        self.layer.forward_rows(x.numpy(), cos[rows], sin[rows], [cache], [len(x)])
+        return x[None]
+
+    def rotary(self, positions: int) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (P, head_dim) float32 of positions 0..P - 1 at least
+        (`rope_tables`' values; computed again, twice as long, when short)."""
+        if len(self._tables[0]) < positions:
+            count = max(positions, 2 * len(self._tables[0]), 256)
+            cos, sin = rope_tables(
+                torch.arange(count)[None], self.head_dim, self.theta, torch.float32
+            )
+            self._tables = (cos[0, 0].contiguous().numpy(), sin[0, 0].contiguous().numpy())
+        return self._tables
