@@ -4,9 +4,9 @@ c = a draft step / a target step, each the median of many cached steps
 undoes it), the drafters and the target step interleaved round by round so
 the host's drift hits all alike; the median of the rounds is reported.
 
-EAGLE runs twice: its step on the Rust kernels (`heads.native`, what the
-drafter uses) and its torch step (what it used before), the same drafter
-with the step swapped. Beside each, the weight bytes one step reads and
+EAGLE and Medusa run twice: on the Rust kernels (`heads.native`, what the
+drafters use) and in torch (what they used before), the same drafter with
+its step (EAGLE) or its logits (Medusa) swapped. Beside each, the weight bytes one step reads and
 their time at the host's measured read bandwidth (the roofline of a step
 bound by its bytes). Also an EAGLE round of k = 4 drafts.
 
@@ -44,7 +44,8 @@ def step_bytes(spec: str, drafter: Any, native: bool) -> int:
         return int(body + head.vocab_rows.nbytes)
     if spec == "medusa":
         heads = drafter.heads
-        return int(float_bytes(heads.blocks[0]) + heads.vocab_rows.nbytes)
+        block = drafter._logits.blocks[0].nbytes if native else float_bytes(heads.blocks[0])
+        return int(block + heads.vocab_rows.nbytes)
     view = drafter.view  # early exit: its layers, then the target's LM head
     layers = sum(
         sum(p.nbytes for p in layer.qkv)
@@ -87,23 +88,30 @@ def main() -> None:
     target, tokenizer = models.load_smollm2(activations=args.activations)
     context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     built = {spec: drafters.from_spec(spec, target, tokenizer) for spec in SPECS}
-    eagle = built["eagle"]
+    eagle, medusa = built["eagle"], built["medusa"]
     native, torch_step = eagle._step, eagle.head.step_into
+    swaps = {
+        "eagle": (eagle, "_step", native, torch_step),
+        "medusa": (medusa, "_logits", medusa._logits, medusa.heads.logits),
+    }
     rows = [("eagle (Rust step)", "eagle", True), ("eagle (torch step)", "eagle", False)]
-    rows += [(spec, spec, False) for spec in SPECS[1:]]
+    rows += [("medusa (Rust blocks)", "medusa", True), ("medusa (torch blocks)", "medusa", False)]
+    rows += [(spec, spec, False) for spec in SPECS[2:]]
     steps: list[float] = []
     times: dict[str, list[float]] = {name: [] for name, _, _ in rows}
     rounds: dict[str, list[float]] = {"Rust step": [], "torch step": []}
     for _ in range(args.rounds):
         steps.append(decode_step_time(target, context, repeats=args.repeats))
         for name, spec, use_native in rows:
-            if spec == "eagle":
-                eagle._step = native if use_native else torch_step
+            if spec in swaps:
+                drafter, field, rust, reference = swaps[spec]
+                setattr(drafter, field, rust if use_native else reference)
             times[name].append(drafter_step_time(built[spec], target, context, args.repeats))
         for label, step in (("Rust step", native), ("torch step", torch_step)):
             eagle._step = step
             rounds[label].append(eagle_round(eagle, target, context, 4, args.repeats // 2))
-    eagle._step = native
+    for drafter, field, rust, _ in swaps.values():
+        setattr(drafter, field, rust)
     step = statistics.median(steps)
     print()
     print(

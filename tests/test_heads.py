@@ -143,6 +143,34 @@ def test_the_native_step_keeps_the_heads_weights(target: Any, trained: dict[str,
     assert NativeEagleStep.of(other.double()) is None
 
 
+def test_medusa_logits_on_the_kernels(target: Any, trained: dict[str, Path]) -> None:
+    """The Medusa drafter's logits run on the kernels (`NativeMedusaLogits`:
+    each block one product at the heads' own BF16 values) and equal the torch
+    heads' within float32 rounding, for every count of heads and for a batch
+    of features; F32 once a value is not a bfloat16; a float64 head stays in torch."""
+    from specdec_rs.heads.native import BF16, F32, NativeMedusaLogits
+
+    drafter = drafters.from_spec(f"medusa:{trained['medusa']}", target)
+    native = drafter._logits
+    assert isinstance(native, NativeMedusaLogits) and native.ggml_type == BF16
+    heads_ = drafter.heads
+    f = torch.randn(5, heads_.hidden, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        for count in (1, 2, 3):
+            torch.testing.assert_close(
+                native(f[0], heads=count), heads_.logits(f[0], heads=count), atol=2e-5, rtol=2e-5
+            )
+        torch.testing.assert_close(native(f), heads_.logits(f), atol=2e-5, rtol=2e-5)
+        assert native(f).shape == (5, heads_.num_heads, len(heads_.draft_vocab))
+    other = heads.load(trained["medusa"], target, "medusa")
+    with torch.no_grad():
+        other.blocks[1].weight[0, 0] += 1e-6
+    f32 = NativeMedusaLogits.of(other)
+    assert f32 is not None and f32.ggml_type == F32
+    assert torch.equal(f32.blocks[1].dequantize_rows(torch.arange(1)), other.blocks[1].weight[:1])
+    assert NativeMedusaLogits.of(other.double()) is None
+
+
 @pytest.mark.parametrize("spec", ["eagle", "medusa", "hybrid"])
 @pytest.mark.parametrize("k", [1, 3, 5])
 def test_greedy_output_equals_target_greedy(

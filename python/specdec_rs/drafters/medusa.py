@@ -55,6 +55,10 @@ class Medusa:
         self.name = name
         self._target_check = HeadTarget(self.heads, fingerprint, name)
         self._feature: torch.Tensor | None = None
+        from specdec_rs.heads.native import NativeMedusaLogits
+
+        # the heads' logits on the Rust kernels where they can run there, else in torch
+        self._logits = NativeMedusaLogits.of(heads) or heads.logits
 
     @classmethod
     def from_spec(cls, arg: Any, target: Any, tokenizer: Any, greedy: bool) -> Medusa:
@@ -95,7 +99,7 @@ class Medusa:
         if k == 0 or self._feature is None:
             return empty_draft(sampler)
         with torch.inference_mode():
-            logits = self.heads.logits(self._feature, heads=k)  # (k, N)
+            logits = self._logits(self._feature, heads=k)  # (k, N)
             tokens, q = draft_rows(logits, self.heads.draft_vocab, sampler, self.greedy, self.name)
         return Draft(tokens, q)
 
@@ -111,7 +115,7 @@ class Medusa:
         if depth == 0 or self._feature is None:
             return fixed_tree([], [], sampler)
         with torch.inference_mode():
-            logits = self.heads.logits(self._feature, heads=depth)  # (depth, N)
+            logits = self._logits(self._feature, heads=depth)  # (depth, N)
             top = self.heads.draft_vocab[logits.topk(self.tree_width, dim=-1).indices]
         chain = [int(t) for t in top[:, 0]]
         alternatives = [[int(t) for t in row[1:]] for row in top]

@@ -1,7 +1,10 @@
-"""The EAGLE head's decoding step on the project's Rust kernels: its fc as
-one `QuantLinear` and its decoder layer as one `_core.llama_layer` call
-(the target's own layer kernel: `gguf.layer.FusedLlamaLayer`), instead of
-about thirty torch operations on one thread. p = target, q = draft.
+"""The trained heads' decoding on the project's Rust kernels. p = target, q = draft.
+
+`NativeEagleStep`: the EAGLE head's step, its fc one `QuantLinear` and its
+decoder layer one `_core.llama_layer` call (the target's own layer kernel:
+`gguf.layer.FusedLlamaLayer`), instead of about thirty torch operations on
+one thread. `NativeMedusaLogits`: the Medusa heads' residual blocks, one
+`QuantLinear` each, then the draft vocabulary's rows.
 
 The weights keep their values: BF16 where every value of the head is a
 bfloat16 (the saved heads are), else F32. So this step computes the
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
+from torch import nn
 
 from specdec_rs.heads.layer import rope_tables
 
@@ -29,6 +33,7 @@ if TYPE_CHECKING:
     from specdec_rs.gguf.layer import FusedLlamaLayer
     from specdec_rs.gguf.modules import QuantLinear
     from specdec_rs.heads.eagle import EagleHead
+    from specdec_rs.heads.medusa import MedusaHeads
     from specdec_rs.kv_cache import PreallocatedLayer
 
 F32, BF16 = 0, 30  # ggml types
@@ -40,6 +45,17 @@ def weight_type(weights: list[torch.Tensor]) -> int:
     same weight in half the bytes), else F32."""
     exact = all(bool(torch.equal(w, w.to(torch.bfloat16).float())) for w in weights)
     return BF16 if exact else F32
+
+
+def kernel_threads(head: EagleHead | MedusaHeads) -> int:
+    """The threads a head's products run on: its vocabulary rows' (a GGUF
+    target's kernel threads), else torch's."""
+    return int(getattr(head.vocab_rows, "threads", None) or torch.get_num_threads())
+
+
+def on_kernels(weight: torch.Tensor) -> bool:
+    """Whether a head with this weight can run on the kernels (a float32 CPU head)."""
+    return weight.device.type == "cpu" and weight.dtype == torch.float32
 
 
 def quant_linear(weight: torch.Tensor, ggml_type: int, threads: int) -> QuantLinear:
@@ -87,12 +103,8 @@ class NativeEagleStep:
     def of(cls, head: EagleHead) -> NativeEagleStep | None:
         """The native step of `head`, or None where the head does not run on
         the kernels (not on the CPU, or not float32: its torch step stays).
-        Threads: its vocabulary rows' (a GGUF target's kernel threads), else torch's."""
-        weight = head.fc.weight
-        if weight.device.type != "cpu" or weight.dtype != torch.float32:
-            return None
-        threads = getattr(head.vocab_rows, "threads", None) or torch.get_num_threads()
-        return cls(head, int(threads))
+        Threads: `kernel_threads`."""
+        return cls(head, kernel_threads(head)) if on_kernels(head.fc.weight) else None
 
     @property
     def nbytes(self) -> int:
@@ -133,3 +145,40 @@ class NativeEagleStep:
             )
             self._tables = (cos[0, 0].contiguous().numpy(), sin[0, 0].contiguous().numpy())
         return self._tables
+
+
+def linears_of(heads: MedusaHeads) -> list[nn.Linear]:
+    """The heads' residual blocks' linear layers A_i, b_i."""
+    return [block for block in heads.blocks if isinstance(block, nn.Linear)]
+
+
+class NativeMedusaLogits:
+    """`MedusaHeads.logits` (f (..., H) -> (..., m', N)) with each residual
+    block f + SiLU(A_i f + b_i) one QuantLinear product (A_i at its own
+    values: BF16 where they all are bfloat16s, else F32; b_i added after),
+    then the draft vocabulary's rows, as the torch heads do. Built from the
+    heads' weights as they are now."""
+
+    def __init__(self, heads: MedusaHeads, threads: int):
+        linears = linears_of(heads)
+        kind = weight_type([block.weight for block in linears])
+        self.ggml_type = kind
+        self.blocks = [quant_linear(block.weight, kind, threads) for block in linears]
+        self.biases = [block.bias.detach().float().clone() for block in linears]
+        self.vocab_rows = heads.vocab_rows
+        self.num_heads = len(self.blocks)
+
+    @classmethod
+    def of(cls, heads: MedusaHeads) -> NativeMedusaLogits | None:
+        """The native logits of `heads`, or None where they stay in torch (`on_kernels`)."""
+        first = linears_of(heads)[0].weight
+        return cls(heads, kernel_threads(heads)) if on_kernels(first) else None
+
+    def __call__(self, f: torch.Tensor, heads: int | None = None) -> torch.Tensor:
+        from torch.nn import functional as F
+
+        flat = f.reshape(-1, f.shape[-1]).float()
+        count = heads or self.num_heads
+        features = [flat + F.silu(self.blocks[i](flat) + self.biases[i]) for i in range(count)]
+        out: torch.Tensor = self.vocab_rows(torch.stack(features, -2))
+        return out.view(*f.shape[:-1], count, -1)
