@@ -825,6 +825,72 @@ def test_the_layer_refuses_cache_arrays_of_other_types(target: Any) -> None:
             call(np.zeros(shape, np.uint8), np.zeros(shape, np.uint8))
 
 
+def test_the_rotary_table_holds_the_modules_bits(target: Any) -> None:
+    """The stack looks a forward's rotary rows up in a table the model's own
+    rotary module computed over all positions at once (`runner.stack.
+    RotaryTable`): each row is the module's bits for that position in a call
+    of any length (grown past its first rows), also at other head sizes; a
+    rotary whose frequencies depend on the sequence gets no table."""
+    import types
+
+    from specdec_rs.runner.stack import RotaryTable, stack_of
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    with torch.inference_mode():
+        stack = stack_of(target, runner.new_cache(target))
+    assert stack is not None
+    modules = [target.model.rotary_emb]
+    for d in (8, 16, 128):
+        config = LlamaConfig(hidden_size=4 * d, num_attention_heads=4, head_dim=d)
+        modules.append(LlamaRotaryEmbedding(config))
+    g = torch.Generator().manual_seed(4)
+    for module in modules:
+        table = stack.rotary if module is target.model.rotary_emb else RotaryTable(module)
+        assert table is not None
+        for n in (1, 2, 5, 17, 33):
+            start = int(torch.randint(0, 3000, (1,), generator=g))
+            at = torch.arange(start, start + n)
+            d = module.inv_freq.numel() * 2
+            cos, sin = module(torch.zeros(1, 1, d), at[None])
+            got = table.rows(at.numpy())
+            assert np.array_equal(got[0], cos[0].numpy()) and np.array_equal(got[1], sin[0].numpy())
+    assert RotaryTable.of(types.SimpleNamespace(rope_type="dynamic")) is None
+    assert RotaryTable.of(types.SimpleNamespace(rope_type="longrope")) is None
+
+
+def test_a_cache_that_grows_keeps_every_rows_bits(files: dict[str, tuple[Path, Any]]) -> None:
+    """The stack keeps a cache's key and value arrays between forwards
+    (`Stack._arrays`) until a buffer is made or dropped anywhere: a cache of
+    8 positions grown to 64 one step at a time, while another cache grows
+    between its steps and its own buffers are once dropped and made again,
+    gives the logits of one made large enough at once."""
+    from specdec_rs.kv_cache import PreallocatedCache
+
+    model, _ = load_gguf(files["Q4_1"][0], tokenizer=False)
+    seq = torch.randint(0, V, (60,), generator=torch.Generator().manual_seed(8))
+    layers = int(model.config.num_hidden_layers)
+    with torch.inference_mode():
+        big = PreallocatedCache(layers, capacity=128)
+        want = runner.forward(model, seq, big, keep=len(seq))
+        small, other = PreallocatedCache(layers, capacity=8), PreallocatedCache(layers, capacity=8)
+        got = [runner.forward(model, seq[:3], small, keep=3)]
+        for i in range(3, len(seq)):
+            got.append(runner.forward(model, seq[i : i + 1], small, keep=1))
+            if i % 7 == 0:  # another cache's buffers grow between this one's steps
+                runner.forward(model, seq[:i], other, keep=1)
+                runner.crop(other, 0)
+            if i == 40:  # this one's buffers dropped and made again (as transformers assigns)
+                for layer in small.layers:
+                    k, v = layer.keys.clone(), layer.values.clone()
+                    layer.keys = layer.values = None
+                    layer.keys, layer.values = k, v
+    assert torch.equal(torch.cat(got), want)
+    for grown, made in zip(small.layers, big.layers, strict=True):  # written where it reads
+        assert torch.equal(grown.keys, made.keys) and torch.equal(grown.values, made.values)
+    assert small.layers[0]._k.shape[2] >= len(seq)  # grown (from 8, and from 41)
+
+
 def test_a_tree_row_has_the_bits_of_its_chain_row(files: dict[str, tuple[Path, Any]]) -> None:
     """The same logits for a node of a draft tree and for its path decoded as
     a chain: a sibling branch puts node 4's ancestors at other cache slots

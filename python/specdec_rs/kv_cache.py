@@ -18,6 +18,20 @@ import torch
 from transformers.cache_utils import Cache, DynamicLayer
 
 INITIAL_CAPACITY = 256  # positions; doubled as needed
+_epoch = 0  # counts every buffer made or dropped, by any layer (see `buffers_epoch`)
+
+
+def buffers_epoch() -> int:
+    """A number that changes whenever any `PreallocatedLayer` makes or drops
+    a buffer: views of the buffers taken at one epoch are still the
+    buffers at the same epoch (a runner keeps its arrays of a cache's
+    buffers between forwards on that promise)."""
+    return _epoch
+
+
+def _new_epoch() -> None:
+    global _epoch
+    _epoch += 1
 
 
 class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
@@ -51,6 +65,7 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
 
     def _assign(self, name: str, value: torch.Tensor | None) -> None:
         if value is None:
+            _new_epoch()
             setattr(self, name, None)
             self.length = 0
             return
@@ -65,6 +80,7 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
 
     @staticmethod
     def _allocate(like: torch.Tensor, capacity: int) -> torch.Tensor:
+        _new_epoch()
         shape = (*like.shape[:-2], capacity, like.shape[-1])
         return torch.empty(shape, dtype=like.dtype, device=like.device)
 

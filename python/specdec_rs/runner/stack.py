@@ -69,6 +69,8 @@ class Stack:
         self.depth = len(base.layers)  # a layer view's cache may hold more layers: the first ones
         # Gemma 3's sliding layers' rotary (`gguf.layer.LocalRotary`), else None
         self.local = local_rotary_of(base.layers)
+        self.rotary = RotaryTable.of(base.rotary_emb)
+        self.local_table = None if self.local is None else RotaryTable.of(self.local.rotary)
 
     def forward(
         self,
@@ -125,33 +127,32 @@ class Stack:
         lengths = [len(b) for b in blocks]
         pasts = [c.layers[0].get_seq_length() for c in caches]
         if positions is None:
-            positions = torch.cat(
-                [torch.arange(p, p + n) for p, n in zip(pasts, lengths, strict=True)]
-            )
-        ids = torch.cat([b.reshape(-1) for b in blocks])
+            at = np.concatenate([np.arange(p, p + n) for p, n in zip(pasts, lengths, strict=True)])
+        else:
+            at = positions.numpy()
+        ids = (
+            blocks[0].reshape(-1)
+            if len(blocks) == 1
+            else torch.cat([b.reshape(-1) for b in blocks])
+        )
         x = self.base.embed_tokens(ids[None])[0].float().contiguous()
-        cos, sin = self.base.rotary_emb(x[None], positions[None])
+        cos, sin = self._tables(self.rotary, self.base.rotary_emb, x, at)
         local = None
         if self.local is not None:
-            local = tuple(
-                t[0].float().contiguous().numpy()
-                for t in self.local.rotary(x[None], positions[None])
-            )
-        keys, values = [], []
-        first = self.base.layers[0]
-        like, dtype = (1, self.kv[0], first.cache_width), first.cache_dtype
+            local = self._tables(self.local_table, self.local.rotary, x, at)
+        keys: list[Any] = []
+        values: list[Any] = []
         for cache, n in zip(caches, lengths, strict=True):
-            for layer in cache.layers[: self.depth]:
-                k, v, _ = layer.slot_arrays(n, like, dtype)
-                keys.append(k)
-                values.append(v)
+            k, v = self._arrays(cache, n)
+            keys += k
+            values += v
         n_rows = len(ids)
         wanted = list(range(n_rows)) if rows is None else [int(r) for r in rows]
         threads = self.head.threads
         logits, states = self.stack.forward(
             x.numpy(),
-            cos[0].float().contiguous().numpy(),
-            sin[0].float().contiguous().numpy(),
+            cos,
+            sin,
             keys,
             values,
             pasts,
@@ -166,6 +167,80 @@ class Stack:
             for layer in cache.layers[: self.depth]:
                 layer.advance(n)
         return torch.from_numpy(logits), torch.from_numpy(states)
+
+    @staticmethod
+    def _tables(
+        table: RotaryTable | None, rotary: Any, x: torch.Tensor, at: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (N, d) float32 at positions `at`: from the table, or
+        (a rotary whose frequencies depend on the sequence) from the module."""
+        import torch
+
+        if table is not None:
+            return table.rows(at)
+        cos, sin = rotary(x[None], torch.from_numpy(at)[None])
+        return cos[0].float().contiguous().numpy(), sin[0].float().contiguous().numpy()
+
+    def _arrays(self, cache: Any, n: int) -> tuple[list[Any], list[Any]]:
+        """The key and value arrays of `cache`'s first `depth` layers with
+        room for n more positions (`PreallocatedLayer.slot_arrays`). Kept on
+        the cache between forwards while no buffer anywhere was made or
+        dropped (`kv_cache.buffers_epoch`) and the room suffices: a decode
+        step then touches no layer before the Rust call."""
+        from specdec_rs.kv_cache import buffers_epoch
+
+        first = self.base.layers[0]
+        like, dtype = (1, self.kv[0], first.cache_width), first.cache_dtype
+        kept = cache.__dict__.setdefault("_specdec_arrays", {})
+        memo = kept.get(self.depth)
+        past = cache.layers[0].get_seq_length()
+        if memo is not None:
+            shape, kind, epoch, room, keys, values = memo
+            if (shape, kind, epoch) == (like, dtype, buffers_epoch()) and past + n <= room:
+                return keys, values
+        keys, values = [], []
+        for layer in cache.layers[: self.depth]:
+            k, v, _ = layer.slot_arrays(n, like, dtype)
+            keys.append(k)
+            values.append(v)
+        room = min(k.shape[1] for k in keys)  # (kv heads, capacity, width)
+        kept[self.depth] = (like, dtype, buffers_epoch(), room, keys, values)
+        return keys, values
+
+
+class RotaryTable:
+    """A rotary module's (cos, sin) by position: rows 0..P - 1 computed by
+    the module itself over all of them at once, grown (doubled) when a
+    position is past them. A row holds the bits the module gives that
+    position in any call (its angle is one float32 product, and the cos and
+    sin run the same vector loop whatever the call's length: tested), so a
+    forward's values do not change; a step looks its rows up instead of
+    running the module (about 25 µs a forward)."""
+
+    def __init__(self, rotary: Any):
+        self.rotary = rotary
+        self.cos = self.sin = np.empty((0, 0), np.float32)
+
+    @classmethod
+    def of(cls, rotary: Any) -> RotaryTable | None:
+        """A table of `rotary`, or None where its frequencies depend on the
+        sequence (transformers' dynamic and LongRoPE types)."""
+        kind = str(getattr(rotary, "rope_type", "default"))
+        return None if "dynamic" in kind or "longrope" in kind else cls(rotary)
+
+    def rows(self, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """cos, sin (N, d) float32 at `positions` (N,) int."""
+        import torch
+
+        top = int(positions.max()) + 1 if len(positions) else 0
+        if top > len(self.cos):
+            count = max(top, 2 * len(self.cos), 512)
+            ids = torch.arange(count)[None]
+            probe = torch.zeros(1, 1, 1, dtype=torch.float32)
+            cos, sin = self.rotary(probe, ids)
+            self.cos = cos[0].float().contiguous().numpy()
+            self.sin = sin[0].float().contiguous().numpy()
+        return self.cos[positions], self.sin[positions]
 
 
 def stack_of(model: Any, cache: Any) -> Stack | None:
