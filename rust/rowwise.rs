@@ -16,25 +16,34 @@ use crate::quant::Path;
 /// exp(x): 0 below −87.3 (past the smallest normal), +∞ above 88 (a
 /// little before float32 overflows), else 2ⁿ · p(r) with n = round(x·log₂e),
 /// r = x − n·ln2 (in two parts) and Cephes' degree-6 polynomial.
+///
+/// Written without branches (the polynomial of x clamped to the range, then
+/// the saturated values selected), so a loop of it vectorizes: a row's
+/// SiLU·up runs 16 lanes at a time on AVX-512, with the bits of one lane at
+/// a time (the clamp changes no value inside the range).
 #[inline(always)]
 pub(crate) fn exp(x: f32) -> f32 {
-    if x < -87.3 {
-        return 0.0;
-    }
-    if x > 88.0 {
-        return f32::INFINITY;
-    }
     const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23: adding it rounds to an integer
-    let t = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
+    let inside = x.clamp(-87.3, 88.0); // NaN stays NaN
+    let t = inside.mul_add(std::f32::consts::LOG2_E, MAGIC);
     let n = t - MAGIC;
-    let r = (-n).mul_add(0.693_359_4, x);
+    let r = (-n).mul_add(0.693_359_4, inside);
     let r = (-n).mul_add(-2.121_944_4e-4, r);
     let mut p = 1.987_569_1e-4f32;
     for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
         p = p.mul_add(r, c);
     }
     let p = (p * r).mul_add(r, r) + 1.0;
-    p * f32::from_bits((((n as i32) + 127) << 23) as u32)
+    // 2ⁿ: t's low mantissa bits hold n (t = n + MAGIC exactly), so its bits
+    // minus MAGIC's are n, an integer operation a vector loop keeps
+    let n_bits = (t.to_bits() as i32).wrapping_sub(MAGIC.to_bits() as i32);
+    let y = p * f32::from_bits((n_bits.wrapping_add(127) << 23) as u32);
+    let y = if x > 88.0 { f32::INFINITY } else { y };
+    if x < -87.3 {
+        0.0
+    } else {
+        y
+    }
 }
 
 #[inline(always)]
@@ -68,9 +77,8 @@ fn rms_norm_body(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize) {
 fn silu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
     for (pair, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
         let (gate, up) = pair.split_at(inter);
-        for j in 0..inter {
-            let g = gate[j];
-            dst[j] = g / (1.0 + exp(-g)) * up[j];
+        for ((out, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
+            *out = g / (1.0 + exp(-g)) * u;
         }
     }
 }
@@ -82,10 +90,9 @@ const GELU_Z: (f32, f32) = (1.595_769_2, 0.071_354_814);
 fn gelu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
     for (pair, dst) in gu.chunks_exact(2 * inter).zip(out.chunks_exact_mut(inter)) {
         let (gate, up) = pair.split_at(inter);
-        for j in 0..inter {
-            let g = gate[j];
+        for ((out, &g), &u) in dst.iter_mut().zip(gate).zip(up) {
             let z = g * GELU_Z.1.mul_add(g * g, GELU_Z.0);
-            dst[j] = g / (1.0 + exp(-z)) * up[j];
+            *out = g / (1.0 + exp(-z)) * u;
         }
     }
 }
@@ -123,6 +130,48 @@ per_path!(gelu_mul, gelu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
 mod tests {
     use super::*;
     use crate::quant::path_available;
+
+    /// `exp` as it was written before it lost its branches.
+    fn branchy_exp(x: f32) -> f32 {
+        if x < -87.3 {
+            return 0.0;
+        }
+        if x > 88.0 {
+            return f32::INFINITY;
+        }
+        const MAGIC: f32 = 12_582_912.0;
+        let t = x.mul_add(std::f32::consts::LOG2_E, MAGIC);
+        let n = t - MAGIC;
+        let r = (-n).mul_add(0.693_359_4, x);
+        let r = (-n).mul_add(-2.121_944_4e-4, r);
+        let mut p = 1.987_569_1e-4f32;
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+            p = p.mul_add(r, c);
+        }
+        let p = (p * r).mul_add(r, r) + 1.0;
+        p * f32::from_bits((((n as i32) + 127) << 23) as u32)
+    }
+
+    /// The branchless `exp` keeps the bits of the branchy one everywhere
+    /// (every 97th float32 from −∞ to +∞, both saturation edges, NaN).
+    #[test]
+    fn exp_keeps_its_bits_without_branches() {
+        let mut bits = 0u32;
+        loop {
+            for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
+                let (got, want) = (exp(x), branchy_exp(x));
+                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{x}: {got} vs {want}");
+            }
+            match bits.checked_add(97) {
+                Some(b) if b < 0x7f80_0001 => bits = b,
+                _ => break,
+            }
+        }
+        for x in [-87.3f32, 88.0, -87.299995, 87.99999, f32::INFINITY, f32::NEG_INFINITY] {
+            assert_eq!(exp(x).to_bits(), branchy_exp(x).to_bits(), "{x}");
+        }
+        assert!(exp(f32::NAN).is_nan());
+    }
 
     #[test]
     fn exp_is_accurate_and_saturates() {
