@@ -1107,9 +1107,10 @@ pub(crate) mod tests {
         }
     }
 
-    const SHAPES: [(usize, usize); 10] = [
+    const SHAPES: [(usize, usize); 11] = [
         (1, 1),
         (1, 19),
+        (1, 70), // 5 panels: a tile of 4, then one of 1
         (2, 40),
         (3, 16),
         (5, 33),
