@@ -956,6 +956,10 @@ pub(crate) mod x86 {
                     lead(p, base, lay, t, w, b);
                 }
                 let (d, m) = scales_256(base, q, half);
+                if matches!(q, QType::Q8_0 | QType::Q4_0 | QType::Q4_1) {
+                    grouped_256::<F, XR>(xp.add(b * QK), k, base.add(32 * half), lay, d, m, &mut acc);
+                    continue;
+                }
                 let qh = qh_256(base, lay, half);
                 for e in 0..QK {
                     let byte = if q == QType::Q8_0 { e } else { e % 16 };
@@ -978,6 +982,63 @@ pub(crate) mod x86 {
         }
         for r in 0..XR {
             v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
+        }
+    }
+
+    /// `grouped_512` on one half (8 rows) of a panel's block: `x` at the
+    /// block's first element of x row 0 (rows k apart), `at` the block's
+    /// bytes moved to the half's 32 bytes of each group.
+    #[inline(always)]
+    unsafe fn grouped_256<const F: u8, const XR: usize>(
+        x: *const f32,
+        k: usize,
+        at: *const u8,
+        lay: Layout,
+        d: v::__m256,
+        m: v::__m256,
+        acc: &mut [v::__m256; XR],
+    ) {
+        let q = format(F);
+        let wide = q == QType::Q8_0;
+        let (groups, passes) = if wide { (8, 1) } else { (4, 2) };
+        let (nibble, byte_mask) = (v::_mm256_set1_epi32(0x0f0f_0f0f), v::_mm256_set1_epi32(0xff));
+        for pass in 0..passes {
+            for group in 0..groups {
+                let g = v::_mm256_loadu_si256(at.add(lay.qs + group * GROUP) as *const v::__m256i);
+                let h = match (wide, pass) {
+                    (true, _) => g,
+                    (false, 0) => v::_mm256_and_si256(g, nibble),
+                    _ => v::_mm256_and_si256(v::_mm256_srli_epi32::<4>(g), nibble),
+                };
+                for byte in 0..4 {
+                    let e = 16 * pass + 4 * group + byte;
+                    let wv = if wide {
+                        let c = match byte {
+                            0 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<24>(h)),
+                            1 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<16>(h)),
+                            2 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<8>(h)),
+                            _ => v::_mm256_srai_epi32::<24>(h),
+                        };
+                        v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(c), d)
+                    } else {
+                        let c = match byte {
+                            0 => v::_mm256_and_si256(h, byte_mask),
+                            1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(h), byte_mask),
+                            2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(h), byte_mask),
+                            _ => v::_mm256_srli_epi32::<24>(h),
+                        };
+                        if q == QType::Q4_0 {
+                            let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(8));
+                            v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
+                        } else {
+                            v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c)), m)
+                        }
+                    };
+                    for r in 0..XR {
+                        acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*x.add(r * k + e)), acc[r]);
+                    }
+                }
+            }
         }
     }
 
