@@ -1,0 +1,86 @@
+"""Two builds' whole forwards in one process: SmolLM2's GGUF stack
+(`runner.stack.Stack`: every layer, the final norm and the LM head in one
+Rust call) built once on the current extension and once on another build's
+(`--before`), each with its own cache after the same chat prompt; a forward
+of n new positions, the builds alternated (order swapped every repeat),
+cropped back after each; medians, the median of the pairs' ratios, and
+whether the logits were the same bits.
+
+    python benchmarks/bench_forward_ab.py --before /tmp/base/python/specdec_rs/_core.abi3.so \\
+        --activations f32 --ns 1,5 --repeats 40
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+
+import specdec_rs.runner.stack as stack_module
+import torch
+from specdec_rs import models, runner
+from specdec_rs.prompts import workloads
+
+
+def load_build(path: str) -> object:
+    """Another build's extension module, beside the current one."""
+    spec = importlib.util.spec_from_file_location("specdec_rs._core", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--before", required=True, help="the other build's _core extension file")
+    ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
+    ap.add_argument("--ns", default="1,5")
+    ap.add_argument("--repeats", type=int, default=40)
+    args = ap.parse_args()
+    ns = [int(n) for n in args.ns.split(",")]
+    before = load_build(args.before)
+    target, tokenizer = models.load_smollm2(activations=args.activations)
+    context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
+    stacks = {"after": stack_module.Stack(target)}
+    current = stack_module._core
+    stack_module._core = before  # type: ignore[assignment]
+    try:
+        stacks["before"] = stack_module.Stack(target)
+    finally:
+        stack_module._core = current
+    times: dict[tuple[str, int], list[float]] = {(b, n): [] for b in stacks for n in ns}
+    logits: dict[tuple[str, int], torch.Tensor] = {}
+    with torch.inference_mode():
+        caches = {}
+        for name, stack in stacks.items():
+            caches[name] = runner.new_cache(target)
+            stack.forward([context], [caches[name]])
+        blocks = {
+            n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in ns
+        }
+        for rep in range(args.repeats):
+            for n in ns:
+                order = ["before", "after"] if rep % 2 else ["after", "before"]
+                for name in order:
+                    start = time.perf_counter()
+                    out, _ = stacks[name].forward([blocks[n]], [caches[name]])
+                    times[(name, n)].append(time.perf_counter() - start)
+                    runner.crop(caches[name], len(context))
+                    logits[(name, n)] = out
+    print(f"activations {args.activations}; context {len(context)} tokens; {args.repeats} repeats")
+    print("| n | before ms | after ms | before / after (median of pairs) | same logits |")
+    print("|---:|---:|---:|---:|---|")
+    for n in ns:
+        pairs = [a / b for a, b in zip(times[("before", n)], times[("after", n)], strict=True)]
+        same = torch.equal(logits[("before", n)], logits[("after", n)])
+        print(
+            f"| {n} | {statistics.median(times[('before', n)]) * 1e3:.2f} "
+            f"| {statistics.median(times[('after', n)]) * 1e3:.2f} "
+            f"| {statistics.median(pairs):.3f} | {same} |"
+        )
+
+
+if __name__ == "__main__":
+    main()
