@@ -519,18 +519,76 @@ pub(crate) mod x86 {
             }
             for sub in 0..QK_K / 16 {
                 let (scale, min) = scales(q, base, half, 16 * sub);
-                for i in 0..16 {
-                    let e = 16 * sub + i;
-                    let wv = element(q, base, lay, half, e, scale, min);
-                    for r in 0..XR {
-                        let xv = v::_mm256_set1_ps(*xp.add(r * k + b * QK_K + e));
-                        acc[r] = v::_mm256_fmadd_ps(wv, xv, acc[r]);
+                for quad in 0..4 {
+                    // elements 16·sub + 4·quad + 0..4 (`quad_codes_512` on this half's 8 rows)
+                    let (low, high) = quad_codes_256(q, base.add(32 * half), lay, sub, quad);
+                    for byte in 0..4 {
+                        let e = 16 * sub + 4 * quad + byte;
+                        let wv = quad_value_256(q, low, high, byte, scale, min);
+                        for r in 0..XR {
+                            let xv = v::_mm256_set1_ps(*xp.add(r * k + b * QK_K + e));
+                            acc[r] = v::_mm256_fmadd_ps(wv, xv, acc[r]);
+                        }
                     }
                 }
             }
         }
         for r in 0..XR {
             v::_mm256_storeu_ps(sums[w][r].as_mut_ptr().add(8 * half), acc[r]);
+        }
+    }
+
+    /// `quad_codes_512` on the 8 rows of a half (`at`: the block's bytes
+    /// moved to the half's 32 bytes of each group).
+    #[inline(always)]
+    unsafe fn quad_codes_256(
+        q: QType,
+        at: *const u8,
+        lay: Layout,
+        sub: usize,
+        quad: usize,
+    ) -> (v::__m256i, v::__m256i) {
+        let g = v::_mm256_loadu_si256(at.add(lay.qs + (4 * (sub / 2) + quad) * GROUP) as *const v::__m256i);
+        let g = if sub % 2 == 1 { v::_mm256_srli_epi32::<4>(g) } else { g };
+        let low = v::_mm256_and_si256(g, v::_mm256_set1_epi32(0x0f0f_0f0f));
+        if q == QType::Q4_K {
+            return (low, v::_mm256_setzero_si256());
+        }
+        let (group, common, bits) = if q == QType::Q5_K {
+            (sub / 2, 4 * (sub % 2) + quad, 0x0101_0101)
+        } else {
+            (sub, 2 * quad, 0x0303_0303)
+        };
+        let h = v::_mm256_loadu_si256(at.add(lay.qh + group * GROUP) as *const v::__m256i);
+        let high = v::_mm256_and_si256(v::_mm256_srl_epi32(h, count(common)), v::_mm256_set1_epi32(bits));
+        (low, high)
+    }
+
+    /// `quad_value_512` on 8 rows.
+    #[inline(always)]
+    unsafe fn quad_value_256(
+        q: QType,
+        low: v::__m256i,
+        high: v::__m256i,
+        byte: usize,
+        scale: v::__m256,
+        min: v::__m256,
+    ) -> v::__m256 {
+        let take = |x: v::__m256i| match byte {
+            0 => v::_mm256_and_si256(x, v::_mm256_set1_epi32(0xff)),
+            1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(x), v::_mm256_set1_epi32(0xff)),
+            2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(x), v::_mm256_set1_epi32(0xff)),
+            _ => v::_mm256_srli_epi32::<24>(x),
+        };
+        let mut c = take(low);
+        if q != QType::Q4_K {
+            c = v::_mm256_or_si256(c, v::_mm256_slli_epi32::<4>(take(high)));
+        }
+        if q == QType::Q6_K {
+            let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(32));
+            v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c))
+        } else {
+            v::_mm256_sub_ps(v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c)), min)
         }
     }
 
@@ -553,30 +611,57 @@ pub(crate) mod x86 {
         v::_mm512_cvtepi32_ps(widen_512(at, signed))
     }
 
-    /// `element` on the panel's 16 rows.
+    /// The codes of elements 16·sub + 4·quad + 0..4 of the panel's 16 rows,
+    /// each lane's four bytes one element's: (its low 4 bits, its high bits
+    /// (Q5_K: 1, Q6_K: 2; Q4_K: none)), each in its byte's low bits. The
+    /// elements' shifts in `element` (the AVX2 half's) are 8·byte + a part common to the
+    /// four (4·(sub mod 2) for the low bits; Q5_K: 4·(sub mod 2) + quad,
+    /// Q6_K: 2·quad for the high ones), taken here once.
     #[inline(always)]
-    unsafe fn element_512(
+    unsafe fn quad_codes_512(
         q: QType,
         base: *const u8,
         lay: Layout,
-        e: usize,
+        sub: usize,
+        quad: usize,
+    ) -> (v::__m512i, v::__m512i) {
+        // e = 16·sub + 4·quad + byte: s = sub / 2, j = 16·(sub mod 2) + 4·quad + byte,
+        // idx = 16·s + 4·quad + byte (group 4·s + quad), low shift 8·byte + 4·(sub mod 2)
+        let g = v::_mm512_loadu_si512(base.add(lay.qs + (4 * (sub / 2) + quad) * GROUP) as *const v::__m512i);
+        let g = if sub % 2 == 1 { v::_mm512_srli_epi32::<4>(g) } else { g };
+        let low = v::_mm512_and_si512(g, v::_mm512_set1_epi32(0x0f0f_0f0f));
+        if q == QType::Q4_K {
+            return (low, v::_mm512_setzero_si512());
+        }
+        let (group, common, bits) = if q == QType::Q5_K {
+            (sub / 2, 4 * (sub % 2) + quad, 0x0101_0101) // high_shift(Q5_K, j) = 8·byte + j / 4
+        } else {
+            (sub, 2 * quad, 0x0303_0303) // high_shift(Q6_K, 4·quad + byte) = 8·byte + 2·quad
+        };
+        let h = v::_mm512_loadu_si512(base.add(lay.qh + group * GROUP) as *const v::__m512i);
+        let high = v::_mm512_and_si512(v::_mm512_srl_epi32(h, count(common)), v::_mm512_set1_epi32(bits));
+        (low, high)
+    }
+
+    /// Element `byte` of a quad (`quad_codes_512`) as `element` gives it, on 16 rows.
+    #[inline(always)]
+    unsafe fn quad_value_512(
+        q: QType,
+        low: v::__m512i,
+        high: v::__m512i,
+        byte: usize,
         scale: v::__m512,
         min: v::__m512,
     ) -> v::__m512 {
-        let (s, j) = (e / 32, e % 32);
-        let idx = 16 * s + j % 16;
-        let g = v::_mm512_loadu_si512(base.add(lay.qs + (idx / 4) * GROUP) as *const v::__m512i);
-        let shift = 8 * (idx % 4) + 4 * (j / 16);
-        let mut c = v::_mm512_and_si512(v::_mm512_srl_epi32(g, count(shift)), v::_mm512_set1_epi32(15));
+        let take = |x: v::__m512i| match byte {
+            0 => v::_mm512_and_si512(x, v::_mm512_set1_epi32(0xff)),
+            1 => v::_mm512_and_si512(v::_mm512_srli_epi32::<8>(x), v::_mm512_set1_epi32(0xff)),
+            2 => v::_mm512_and_si512(v::_mm512_srli_epi32::<16>(x), v::_mm512_set1_epi32(0xff)),
+            _ => v::_mm512_srli_epi32::<24>(x),
+        };
+        let mut c = take(low);
         if q != QType::Q4_K {
-            let (group, bits, at) = if q == QType::Q5_K {
-                (s, 1, high_shift(q, j))
-            } else {
-                (e / 16, 3, high_shift(q, e % 16))
-            };
-            let h = v::_mm512_loadu_si512(base.add(lay.qh + group * GROUP) as *const v::__m512i);
-            let hi = v::_mm512_and_si512(v::_mm512_srl_epi32(h, count(at)), v::_mm512_set1_epi32(bits));
-            c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(hi));
+            c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(take(high)));
         }
         if q == QType::Q6_K {
             let c = v::_mm512_sub_epi32(c, v::_mm512_set1_epi32(32));
@@ -640,12 +725,17 @@ pub(crate) mod x86 {
             lead(p, base, lay, t, w, b);
             for sub in 0..QK_K / 16 {
                 let (scale, min) = scales_512(q, base, 16 * sub);
-                for i in 0..16 {
-                    let e = 16 * sub + i;
-                    let wv = element_512(q, base, lay, e, scale, min);
-                    for r in 0..XR {
-                        let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK_K + e));
-                        acc[r] = v::_mm512_fmadd_ps(wv, xv, acc[r]);
+                for quad in 0..4 {
+                    // elements 16·sub + 4·quad + 0..4: one group's codes, shifted
+                    // into each byte's low bits once (`element`'s values, 16 lanes)
+                    let (low, high) = quad_codes_512(q, base, lay, sub, quad);
+                    for byte in 0..4 {
+                        let e = 16 * sub + 4 * quad + byte;
+                        let wv = quad_value_512(q, low, high, byte, scale, min);
+                        for r in 0..XR {
+                            let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK_K + e));
+                            acc[r] = v::_mm512_fmadd_ps(wv, xv, acc[r]);
+                        }
                     }
                 }
             }
