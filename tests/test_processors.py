@@ -110,3 +110,21 @@ def test_lookup_takes_the_longest_match() -> None:
     first_last = np.array([8, 1, 2, 8, 3, 4, 8])
     assert lookup(first_last, 2, 1, 3).tolist() == [1, 2]
     assert lookup(first_last, 2, 1, 3, first=False).tolist() == [3, 4]
+
+
+def test_row_max_is_torchs_amax_with_its_nans() -> None:
+    """`processors.row_max` (NumPy on float32 CPU rows) gives `amax`'s
+    numbers: a NaN anywhere in a row makes it NaN, +inf and an all -inf row
+    come through; float64 and autograd rows take torch's own."""
+    from specdec_rs.processors import row_max
+
+    rows = torch.randn(4, 49_152, generator=torch.Generator().manual_seed(2))
+    rows[1, 7] = float("nan")
+    rows[2, 40_000] = float("inf")
+    rows[3] = float("-inf")
+    for x in (rows, rows.double(), rows[0].clone().requires_grad_()):
+        got, want = row_max(x), x.amax(dim=-1, keepdim=True)
+        assert got.shape == want.shape and got.dtype == want.dtype
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert bool(row_max(rows)[1].isnan()) and float(row_max(rows)[2]) == float("inf")
