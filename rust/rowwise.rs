@@ -160,7 +160,10 @@ mod tests {
         loop {
             for x in [f32::from_bits(bits), -f32::from_bits(bits)] {
                 let (got, want) = (exp(x), branchy_exp(x));
-                assert!(got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()), "{x}: {got} vs {want}");
+                assert!(
+                    got.to_bits() == want.to_bits() || (got.is_nan() && want.is_nan()),
+                    "{x}: {got} vs {want}"
+                );
             }
             match bits.checked_add(97) {
                 Some(b) if b < 0x7f80_0001 => bits = b,
