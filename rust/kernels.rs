@@ -392,16 +392,22 @@ pub(crate) mod x86 {
                     );
                     nib = v::_mm512_or_si512(nib, v::_mm512_slli_epi32::<4>(bit));
                 }
-                match q {
-                    QType::Q4_0 | QType::Q5_0 => {
-                        let offset = if q == QType::Q4_0 { 8 } else { 16 };
-                        let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(offset));
-                        v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
-                    }
-                    QType::IQ4_NL => v::_mm512_mul_ps(d, v::_mm512_permutexvar_ps(nib, iq4_nl_levels_512())),
-                    _ => v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m),
-                }
+                code_value_512(q, nib, d, m)
             }
+        }
+    }
+
+    /// A nibble format's code (Q4: 4 bits, Q5: 5) as float32, gguf-py's operations lane-wise.
+    #[inline(always)]
+    unsafe fn code_value_512(q: QType, nib: v::__m512i, d: v::__m512, m: v::__m512) -> v::__m512 {
+        match q {
+            QType::Q4_0 | QType::Q5_0 => {
+                let offset = if q == QType::Q4_0 { 8 } else { 16 };
+                let c = v::_mm512_sub_epi32(nib, v::_mm512_set1_epi32(offset));
+                v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
+            }
+            QType::IQ4_NL => v::_mm512_mul_ps(d, v::_mm512_permutexvar_ps(nib, iq4_nl_levels_512())),
+            _ => v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m),
         }
     }
 
@@ -504,35 +510,8 @@ pub(crate) mod x86 {
         let (k, q) = (lay.k, format(F));
         let xp = x.as_ptr().add(t.r0 * k);
         let mut acc = start_tile_512::<W, XR>(t, sums);
-        if matches!(q, QType::Q8_0 | QType::Q4_0 | QType::Q4_1) {
+        if q.blocked() {
             grouped_512::<F, W, XR>(xp, p, lay, t, &mut acc);
-        } else if q.blocked() {
-            for b in t.b0..t.b1 {
-                let mut bases = [p.as_ptr(); W];
-                let mut d = [v::_mm512_setzero_ps(); W];
-                let mut m = [v::_mm512_setzero_ps(); W];
-                let mut qh = [v::_mm512_setzero_si512(); W];
-                if t.lead {
-                    prefetch_panels(p, lay, t, b);
-                }
-                for w in 0..W {
-                    bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
-                    (d[w], m[w]) = scales_512(bases[w], q);
-                    qh[w] = qh_512(bases[w], lay);
-                }
-                for e in 0..QK {
-                    let byte = if q == QType::Q8_0 { e } else { e % 16 };
-                    for w in 0..W {
-                        let at = bases[w].add(lay.qs + (byte / 4) * GROUP);
-                        let g = v::_mm512_loadu_si512(at as *const v::__m512i);
-                        let wv = block_value_512(q, g, qh[w], e, d[w], m[w]);
-                        for r in 0..XR {
-                            let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK + e));
-                            acc[w][r] = v::_mm512_fmadd_ps(wv, xv, acc[w][r]);
-                        }
-                    }
-                }
-            }
         } else {
             for j in 0..k {
                 if t.lead {
@@ -554,12 +533,12 @@ pub(crate) mod x86 {
         }
     }
 
-    /// The blocked loop of `f32_tile_512` for Q8_0, Q4_0 and Q4_1: the same
-    /// values in the same order (element e of every row, e = 0..32, each
-    /// `block_value_512`'s operations), with each group loaded (and a Q4
-    /// group's nibbles masked) once for its four elements, which then take
-    /// their byte by immediate shifts, instead of a shift by a register (two
-    /// micro-ops) and a mask per element.
+    /// The blocked loop of `f32_tile_512`: element e of every row, e = 0..32,
+    /// each `block_value_512`'s value (the same operations, the same order),
+    /// with each group loaded (a nibble format's nibbles masked, Q5's fifth
+    /// bits shifted by the part its four elements share) once for its four
+    /// elements, which then take their byte (and bit) by immediate shifts,
+    /// instead of shifts by a register count (two micro-ops) per element.
     #[inline(always)]
     unsafe fn grouped_512<const F: u8, const W: usize, const XR: usize>(
         xp: *const f32,
@@ -576,17 +555,21 @@ pub(crate) mod x86 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
             let mut m = [v::_mm512_setzero_ps(); W];
+            let mut qh = [v::_mm512_setzero_si512(); W];
             if t.lead {
                 prefetch_panels(p, lay, t, b);
             }
             for w in 0..W {
                 bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
                 (d[w], m[w]) = scales_512(bases[w], q);
+                qh[w] = qh_512(bases[w], lay);
             }
             for pass in 0..passes {
                 for group in 0..groups {
-                    // Q8_0: elements 4·group + 0..4; Q4: 16·pass + 4·group + 0..4 (low, then high nibbles)
+                    // Q8_0: elements 4·group + 0..4; else 16·pass + 4·group + 0..4 (low, then high nibbles)
+                    let first = 16 * pass + 4 * group;
                     let mut held = [v::_mm512_setzero_si512(); W];
+                    let mut fifth = [v::_mm512_setzero_si512(); W];
                     for w in 0..W {
                         let g = v::_mm512_loadu_si512(bases[w].add(lay.qs + group * GROUP) as *const v::__m512i);
                         held[w] = match (wide, pass) {
@@ -594,9 +577,12 @@ pub(crate) mod x86 {
                             (false, 0) => v::_mm512_and_si512(g, nibble),
                             _ => v::_mm512_and_si512(v::_mm512_srli_epi32::<4>(g), nibble),
                         };
+                        if q.high_bits() {
+                            fifth[w] = v::_mm512_srl_epi32(qh[w], v::_mm_cvtsi32_si128(first as i32));
+                        }
                     }
                     for byte in 0..4 {
-                        let e = 16 * pass + 4 * group + byte;
+                        let e = first + byte;
                         for w in 0..W {
                             let h = held[w];
                             let wv = if wide {
@@ -608,18 +594,23 @@ pub(crate) mod x86 {
                                 };
                                 v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(c), d[w])
                             } else {
-                                let c = match byte {
+                                let mut c = match byte {
                                     0 => v::_mm512_and_si512(h, byte_mask),
                                     1 => v::_mm512_and_si512(v::_mm512_srli_epi32::<8>(h), byte_mask),
                                     2 => v::_mm512_and_si512(v::_mm512_srli_epi32::<16>(h), byte_mask),
                                     _ => v::_mm512_srli_epi32::<24>(h),
                                 };
-                                if q == QType::Q4_0 {
-                                    let c = v::_mm512_sub_epi32(c, v::_mm512_set1_epi32(8));
-                                    v::_mm512_mul_ps(d[w], v::_mm512_cvtepi32_ps(c))
-                                } else {
-                                    v::_mm512_add_ps(v::_mm512_mul_ps(d[w], v::_mm512_cvtepi32_ps(c)), m[w])
+                                if q.high_bits() {
+                                    let bit = match byte {
+                                        0 => fifth[w],
+                                        1 => v::_mm512_srli_epi32::<1>(fifth[w]),
+                                        2 => v::_mm512_srli_epi32::<2>(fifth[w]),
+                                        _ => v::_mm512_srli_epi32::<3>(fifth[w]),
+                                    };
+                                    let bit = v::_mm512_and_si512(bit, v::_mm512_set1_epi32(1));
+                                    c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(bit));
                                 }
+                                code_value_512(q, c, d[w], m[w])
                             };
                             for r in 0..XR {
                                 let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK + e));
@@ -831,23 +822,29 @@ pub(crate) mod x86 {
                     );
                     nib = v::_mm256_or_si256(nib, v::_mm256_slli_epi32::<4>(bit));
                 }
-                match q {
-                    QType::Q4_0 | QType::Q5_0 => {
-                        let offset = if q == QType::Q4_0 { 8 } else { 16 };
-                        let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(offset));
-                        v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
-                    }
-                    QType::IQ4_NL => {
-                        // levels 0..8 and 8..16 by the low 3 bits, the fourth picking
-                        let table = crate::quant::IQ4_NL_FLOATS.as_ptr();
-                        let low = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table), nib);
-                        let high = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table.add(8)), nib);
-                        let upper = v::_mm256_castsi256_ps(v::_mm256_cmpgt_epi32(nib, v::_mm256_set1_epi32(7)));
-                        v::_mm256_mul_ps(d, v::_mm256_blendv_ps(low, high, upper))
-                    }
-                    _ => v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m),
-                }
+                code_value_256(q, nib, d, m)
             }
+        }
+    }
+
+    /// `code_value_512` on 8 rows.
+    #[inline(always)]
+    unsafe fn code_value_256(q: QType, nib: v::__m256i, d: v::__m256, m: v::__m256) -> v::__m256 {
+        match q {
+            QType::Q4_0 | QType::Q5_0 => {
+                let offset = if q == QType::Q4_0 { 8 } else { 16 };
+                let c = v::_mm256_sub_epi32(nib, v::_mm256_set1_epi32(offset));
+                v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
+            }
+            QType::IQ4_NL => {
+                // levels 0..8 and 8..16 by the low 3 bits, the fourth picking
+                let table = crate::quant::IQ4_NL_FLOATS.as_ptr();
+                let low = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table), nib);
+                let high = v::_mm256_permutevar8x32_ps(v::_mm256_loadu_ps(table.add(8)), nib);
+                let upper = v::_mm256_castsi256_ps(v::_mm256_cmpgt_epi32(nib, v::_mm256_set1_epi32(7)));
+                v::_mm256_mul_ps(d, v::_mm256_blendv_ps(low, high, upper))
+            }
+            _ => v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m),
         }
     }
 
@@ -956,19 +953,8 @@ pub(crate) mod x86 {
                     lead(p, base, lay, t, w, b);
                 }
                 let (d, m) = scales_256(base, q, half);
-                if matches!(q, QType::Q8_0 | QType::Q4_0 | QType::Q4_1) {
-                    grouped_256::<F, XR>(xp.add(b * QK), k, base.add(32 * half), lay, d, m, &mut acc);
-                    continue;
-                }
                 let qh = qh_256(base, lay, half);
-                for e in 0..QK {
-                    let byte = if q == QType::Q8_0 { e } else { e % 16 };
-                    let at = base.add(lay.qs + (byte / 4) * GROUP + 32 * half);
-                    let wv = block_value_256(q, v::_mm256_loadu_si256(at as *const v::__m256i), qh, e, d, m);
-                    for r in 0..XR {
-                        acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(r * k + b * QK + e)), acc[r]);
-                    }
-                }
+                grouped_256::<F, XR>(xp.add(b * QK), k, base.add(32 * half), lay, (d, m, qh), &mut acc);
             }
         } else {
             let size = q.block().1;
@@ -987,15 +973,15 @@ pub(crate) mod x86 {
 
     /// `grouped_512` on one half (8 rows) of a panel's block: `x` at the
     /// block's first element of x row 0 (rows k apart), `at` the block's
-    /// bytes moved to the half's 32 bytes of each group.
+    /// bytes moved to the half's 32 bytes of each group; the half's scales,
+    /// mins and qh words (`scales_256`, `qh_256`).
     #[inline(always)]
     unsafe fn grouped_256<const F: u8, const XR: usize>(
         x: *const f32,
         k: usize,
         at: *const u8,
         lay: Layout,
-        d: v::__m256,
-        m: v::__m256,
+        (d, m, qh): (v::__m256, v::__m256, v::__m256i),
         acc: &mut [v::__m256; XR],
     ) {
         let q = format(F);
@@ -1004,14 +990,20 @@ pub(crate) mod x86 {
         let (nibble, byte_mask) = (v::_mm256_set1_epi32(0x0f0f_0f0f), v::_mm256_set1_epi32(0xff));
         for pass in 0..passes {
             for group in 0..groups {
+                let first = 16 * pass + 4 * group;
                 let g = v::_mm256_loadu_si256(at.add(lay.qs + group * GROUP) as *const v::__m256i);
                 let h = match (wide, pass) {
                     (true, _) => g,
                     (false, 0) => v::_mm256_and_si256(g, nibble),
                     _ => v::_mm256_and_si256(v::_mm256_srli_epi32::<4>(g), nibble),
                 };
+                let fifth = if q.high_bits() {
+                    v::_mm256_srl_epi32(qh, v::_mm_cvtsi32_si128(first as i32))
+                } else {
+                    v::_mm256_setzero_si256()
+                };
                 for byte in 0..4 {
-                    let e = 16 * pass + 4 * group + byte;
+                    let e = first + byte;
                     let wv = if wide {
                         let c = match byte {
                             0 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<24>(h)),
@@ -1021,18 +1013,23 @@ pub(crate) mod x86 {
                         };
                         v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(c), d)
                     } else {
-                        let c = match byte {
+                        let mut c = match byte {
                             0 => v::_mm256_and_si256(h, byte_mask),
                             1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(h), byte_mask),
                             2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(h), byte_mask),
                             _ => v::_mm256_srli_epi32::<24>(h),
                         };
-                        if q == QType::Q4_0 {
-                            let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(8));
-                            v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c))
-                        } else {
-                            v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(c)), m)
+                        if q.high_bits() {
+                            let bit = match byte {
+                                0 => fifth,
+                                1 => v::_mm256_srli_epi32::<1>(fifth),
+                                2 => v::_mm256_srli_epi32::<2>(fifth),
+                                _ => v::_mm256_srli_epi32::<3>(fifth),
+                            };
+                            let bit = v::_mm256_and_si256(bit, v::_mm256_set1_epi32(1));
+                            c = v::_mm256_or_si256(c, v::_mm256_slli_epi32::<4>(bit));
                         }
+                        code_value_256(q, c, d, m)
                     };
                     for r in 0..XR {
                         acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*x.add(r * k + e)), acc[r]);
