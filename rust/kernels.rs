@@ -533,6 +533,18 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Byte `byte` (0..4) of each 32-bit lane, zero-extended, by immediate shifts.
+    #[inline(always)]
+    pub(crate) unsafe fn lane_byte_512(x: v::__m512i, byte: usize) -> v::__m512i {
+        let mask = v::_mm512_set1_epi32(0xff);
+        match byte {
+            0 => v::_mm512_and_si512(x, mask),
+            1 => v::_mm512_and_si512(v::_mm512_srli_epi32::<8>(x), mask),
+            2 => v::_mm512_and_si512(v::_mm512_srli_epi32::<16>(x), mask),
+            _ => v::_mm512_srli_epi32::<24>(x),
+        }
+    }
+
     /// The blocked loop of `f32_tile_512`: element e of every row, e = 0..32,
     /// each `block_value_512`'s value (the same operations, the same order),
     /// with each group loaded (a nibble format's nibbles masked, Q5's fifth
@@ -550,7 +562,7 @@ pub(crate) mod x86 {
         let (k, q) = (lay.k, format(F));
         let wide = q == QType::Q8_0; // a byte per element: 8 groups, one pass
         let (groups, passes) = if wide { (8, 1) } else { (4, 2) };
-        let (nibble, byte_mask) = (v::_mm512_set1_epi32(0x0f0f_0f0f), v::_mm512_set1_epi32(0xff));
+        let nibble = v::_mm512_set1_epi32(0x0f0f_0f0f);
         for b in t.b0..t.b1 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
@@ -594,12 +606,7 @@ pub(crate) mod x86 {
                                 };
                                 v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(c), d[w])
                             } else {
-                                let mut c = match byte {
-                                    0 => v::_mm512_and_si512(h, byte_mask),
-                                    1 => v::_mm512_and_si512(v::_mm512_srli_epi32::<8>(h), byte_mask),
-                                    2 => v::_mm512_and_si512(v::_mm512_srli_epi32::<16>(h), byte_mask),
-                                    _ => v::_mm512_srli_epi32::<24>(h),
-                                };
+                                let mut c = lane_byte_512(h, byte);
                                 if q.high_bits() {
                                     let bit = match byte {
                                         0 => fifth[w],
@@ -971,6 +978,18 @@ pub(crate) mod x86 {
         }
     }
 
+    /// `lane_byte_512` on 8 lanes.
+    #[inline(always)]
+    pub(crate) unsafe fn lane_byte_256(x: v::__m256i, byte: usize) -> v::__m256i {
+        let mask = v::_mm256_set1_epi32(0xff);
+        match byte {
+            0 => v::_mm256_and_si256(x, mask),
+            1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(x), mask),
+            2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(x), mask),
+            _ => v::_mm256_srli_epi32::<24>(x),
+        }
+    }
+
     /// `grouped_512` on one half (8 rows) of a panel's block: `x` at the
     /// block's first element of x row 0 (rows k apart), `at` the block's
     /// bytes moved to the half's 32 bytes of each group; the half's scales,
@@ -987,7 +1006,7 @@ pub(crate) mod x86 {
         let q = format(F);
         let wide = q == QType::Q8_0;
         let (groups, passes) = if wide { (8, 1) } else { (4, 2) };
-        let (nibble, byte_mask) = (v::_mm256_set1_epi32(0x0f0f_0f0f), v::_mm256_set1_epi32(0xff));
+        let nibble = v::_mm256_set1_epi32(0x0f0f_0f0f);
         for pass in 0..passes {
             for group in 0..groups {
                 let first = 16 * pass + 4 * group;
@@ -1013,12 +1032,7 @@ pub(crate) mod x86 {
                         };
                         v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(c), d)
                     } else {
-                        let mut c = match byte {
-                            0 => v::_mm256_and_si256(h, byte_mask),
-                            1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(h), byte_mask),
-                            2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(h), byte_mask),
-                            _ => v::_mm256_srli_epi32::<24>(h),
-                        };
+                        let mut c = lane_byte_256(h, byte);
                         if q.high_bits() {
                             let bit = match byte {
                                 0 => fifth,

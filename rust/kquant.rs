@@ -396,7 +396,7 @@ pub(crate) mod x86 {
     //! and the fused multiply-adds into the XR accumulators in index order.
 
     use super::*;
-    use crate::kernels::x86::{lead, start_256, start_512};
+    use crate::kernels::x86::{lane_byte_256, lane_byte_512, lead, start_256, start_512};
     use std::arch::x86_64 as v;
 
     /// `n` (0..32) as a shift count.
@@ -574,15 +574,9 @@ pub(crate) mod x86 {
         scale: v::__m256,
         min: v::__m256,
     ) -> v::__m256 {
-        let take = |x: v::__m256i| match byte {
-            0 => v::_mm256_and_si256(x, v::_mm256_set1_epi32(0xff)),
-            1 => v::_mm256_and_si256(v::_mm256_srli_epi32::<8>(x), v::_mm256_set1_epi32(0xff)),
-            2 => v::_mm256_and_si256(v::_mm256_srli_epi32::<16>(x), v::_mm256_set1_epi32(0xff)),
-            _ => v::_mm256_srli_epi32::<24>(x),
-        };
-        let mut c = take(low);
+        let mut c = lane_byte_256(low, byte);
         if q != QType::Q4_K {
-            c = v::_mm256_or_si256(c, v::_mm256_slli_epi32::<4>(take(high)));
+            c = v::_mm256_or_si256(c, v::_mm256_slli_epi32::<4>(lane_byte_256(high, byte)));
         }
         if q == QType::Q6_K {
             let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(32));
@@ -653,15 +647,9 @@ pub(crate) mod x86 {
         scale: v::__m512,
         min: v::__m512,
     ) -> v::__m512 {
-        let take = |x: v::__m512i| match byte {
-            0 => v::_mm512_and_si512(x, v::_mm512_set1_epi32(0xff)),
-            1 => v::_mm512_and_si512(v::_mm512_srli_epi32::<8>(x), v::_mm512_set1_epi32(0xff)),
-            2 => v::_mm512_and_si512(v::_mm512_srli_epi32::<16>(x), v::_mm512_set1_epi32(0xff)),
-            _ => v::_mm512_srli_epi32::<24>(x),
-        };
-        let mut c = take(low);
+        let mut c = lane_byte_512(low, byte);
         if q != QType::Q4_K {
-            c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(take(high)));
+            c = v::_mm512_or_si512(c, v::_mm512_slli_epi32::<4>(lane_byte_512(high, byte)));
         }
         if q == QType::Q6_K {
             let c = v::_mm512_sub_epi32(c, v::_mm512_set1_epi32(32));
