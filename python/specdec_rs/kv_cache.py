@@ -172,6 +172,15 @@ class PreallocatedLayer(DynamicLayer):  # type: ignore[misc]
             )
         self.length = max(0, self.length + tokens_to_remove)
 
+    def rewind(self, length: int, what: str) -> None:
+        """Keep the first `length` entries, to be written over from there;
+        ValueError (naming `what`) when it holds fewer: writing there would
+        leave a gap."""
+        filled = self.get_seq_length()
+        if length > filled:
+            raise ValueError(f"{what} at {length}: the cache holds {filled} entries")
+        self.crop(length - filled)
+
     def keep(self, positions: torch.Tensor) -> None:
         """Keep the entries at `positions` (ascending), in place: the run that
         is already in place stays, and only the entries after it move."""

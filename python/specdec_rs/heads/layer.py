@@ -143,11 +143,8 @@ class DecoderLayer(nn.Module):
         `kv_cache.PreallocatedLayer`: written in place, its capacity doubled
         when full), its L new keys and values written at at..at + L (entries
         past `at` are dropped first): the output only."""
-        filled = cache.get_seq_length()
-        if at > filled:
-            raise ValueError(f"forward_into at {at}: the cache holds {filled} entries")
+        cache.rewind(at, "forward_into")
         q, k, v = self.project(x, positions)
-        cache.crop(at - filled)
         keys, values = cache.update(k, v)
         return self.finish(x, q, keys, values, None)
 

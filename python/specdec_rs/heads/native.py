@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from specdec_rs.heads.layer import rope_tables
+from specdec_rs.runner.stack import RotaryTable
 
 if TYPE_CHECKING:
     from specdec_rs.gguf.layer import FusedLlamaLayer
@@ -97,7 +98,8 @@ class NativeEagleStep:
             config, 0, parts, *(w.detach().float().clone() for w in norms)
         )
         self.head_dim, self.theta = s.head_dim, s.rope_theta
-        self._tables: tuple[np.ndarray, np.ndarray] = (np.empty((0, 0)), np.empty((0, 0)))
+        # the rotary rows by position (`runner.stack.RotaryTable`, grown as needed)
+        self.rotary = RotaryTable(self._rotary)
 
     @classmethod
     def of(cls, head: EagleHead) -> NativeEagleStep | None:
@@ -124,27 +126,18 @@ class NativeEagleStep:
         """features (1, L, H), next_tokens (1, L) at `positions` (1, L), after
         the first `at` entries of `cache` (entries past it dropped, the L new
         ones written at at..at + L) -> f̂ (1, L, H)."""
-        filled = cache.get_seq_length()
-        if at > filled:
-            raise ValueError(f"forward_into at {at}: the cache holds {filled} entries")
+        cache.rewind(at, "forward_into")
         e = self.embed(next_tokens[0]).float()
         x: torch.Tensor = self.fc(torch.cat([features[0].float(), e], -1)).contiguous()
-        rows = positions[0].numpy()
-        cos, sin = self.rotary(int(rows.max()) + 1)
-        cache.crop(at - filled)
-        self.layer.forward_rows(x.numpy(), cos[rows], sin[rows], [cache], [len(x)])
+        cos, sin = self.rotary.rows(positions[0].numpy())
+        self.layer.forward_rows(x.numpy(), cos, sin, [cache], [len(x)])
         return x[None]
 
-    def rotary(self, positions: int) -> tuple[np.ndarray, np.ndarray]:
-        """cos, sin (P, head_dim) float32 of positions 0..P - 1 at least
-        (`rope_tables`' values; computed again, twice as long, when short)."""
-        if len(self._tables[0]) < positions:
-            count = max(positions, 2 * len(self._tables[0]), 256)
-            cos, sin = rope_tables(
-                torch.arange(count)[None], self.head_dim, self.theta, torch.float32
-            )
-            self._tables = (cos[0, 0].contiguous().numpy(), sin[0, 0].contiguous().numpy())
-        return self._tables
+    def _rotary(self, probe: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """The head's `rope_tables` as a rotary module gives them: cos, sin
+        (1, P, head_dim) at `positions` (1, P) (`probe`: its dtype)."""
+        tables = rope_tables(positions, self.head_dim, self.theta, probe.dtype)
+        return tuple(t[:, 0] for t in tables)
 
 
 def linears_of(heads: MedusaHeads) -> list[nn.Linear]:
