@@ -136,6 +136,22 @@ def test_adaptive_policy_follows_the_cost_model() -> None:
     assert rates == pytest.approx([1.0, 1.5 / 1.7, 1.75 / 2.4])  # α_i = 1/2 prior
 
 
+def test_the_previous_prior_expects_a_position_to_keep_what_the_one_before_keeps() -> None:
+    """prior="previous": position i's prior mean is position i - 1's
+    estimate (weight 2), so a position never reached takes the estimate
+    before it; the uniform prior leaves it at 1/2."""
+    from specdec_rs.policy import AdaptiveK
+
+    flat, chained = AdaptiveK(0.0, k_max=3), AdaptiveK(0.0, k_max=3, prior="previous")
+    assert flat.alphas() == chained.alphas() == [0.5, 0.5, 0.5]
+    for policy in (flat, chained):
+        policy.observe(2, 2, 2)  # two drafts, both kept: positions 1 and 2 reached once
+    assert flat.alphas() == pytest.approx([2 / 3, 2 / 3, 1 / 2])
+    assert chained.alphas() == pytest.approx([2 / 3, 7 / 9, 7 / 9])
+    with pytest.raises(ValueError, match="prior = 'flat'; expected one of"):
+        AdaptiveK(0.0, prior="flat")
+
+
 def test_the_measured_policy_learns_its_costs_from_the_rounds() -> None:
     """No calibration: target-only rounds give T(1), the drafted rounds T(n)
     and the draft time; then the cost model decides, off where it does not pay."""
@@ -419,8 +435,9 @@ def test_every_chain_policy_counts_a_lookahead_round_alike() -> None:
 
 def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> None:
     """Every draft kept and forwards as cheap as one step, so the cost model
-    says draft; but each drafting round costs 4 steps in verification (a
-    cost the model does not see): the guard holds speculation off after a
+    says draft; but each drafting round costs 6 steps in verification (a
+    cost the model does not see; even 4 drafts, all kept, then cost 1.4
+    steps a token): the guard holds speculation off after a
     few rounds, tries again after 16, 32, ... rounds, and a winning drafter
     (the same rounds without that cost) keeps drafting, with a target-only
     round now and then."""
@@ -436,7 +453,7 @@ def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> N
             policy.observe_round(_round(k, k, 0.010, verify_s if k else 0.0))
         return ks
 
-    losing = run(0.040, 200)
+    losing = run(0.060, 200)
     first_off = next(i for i in range(3, 200) if losing[i] == 0)
     assert first_off <= 10  # within a few drafting rounds
     assert sum(k > 0 for k in losing) <= 40  # mostly off: the trials get rarer
@@ -455,7 +472,34 @@ def test_one_slow_round_does_not_trip_the_guard() -> None:
         ks.append(k)
         slow = 0.5 if i == 12 else 0.0  # one round stalled by another process
         policy.observe_round(_round(k, k, 0.010 + slow))
-    assert sum(k == 0 for k in ks[4:]) <= 2  # at most a refresh round: no trip
+    assert policy.trips == 0  # no trip: the only target-only rounds are the refreshes
+    assert sum(k == 0 for k in ks[4:]) <= 3  # after 6, 12 and 24 drafting rounds
+
+
+def test_slow_warm_up_rounds_do_not_make_drafting_look_cheap() -> None:
+    """The warm-up's two target-only rounds come straight after the prefill,
+    on a host still ramping up (1.5 times a settled step here, as SmolLM2's
+    first decode steps on a 2-core host); a forward over k + 1 positions
+    costs 1 + 0.35 k steps and one draft in four is kept, so drafting loses
+    (a 1-draft round: 1.35 steps for 1.25 tokens). With T(1) taken from the
+    slow warm-up, a 2-position forward looked cheaper than a step and the
+    policy drafted in 85 of the last 86 rounds; the first settled
+    target-only round (the refresh after 6 drafting rounds) restarts T(1)
+    and the guard's figures, and drafting stops."""
+    from specdec_rs.policy import MeasuredK
+
+    policy = MeasuredK(k_max=4)
+    policy.reset()
+    ks = []
+    for i in range(96):
+        k = policy.next_k()
+        ks.append(k)
+        ramp = 1.5 if i < 2 else 1.0
+        kept = min(k, 1) if i % 4 == 2 else 0
+        policy.observe_round(_round(k, kept, 0.010 * ramp * (1 + 0.35 * k)))
+    assert ks[:3] == [0, 0, 1]
+    assert policy.forward_s[1] == pytest.approx(0.010)  # settled, not the warm-up's 15 ms
+    assert sum(k > 0 for k in ks[16:]) <= 6  # off after the first refresh, probes aside
 
 
 def test_unmeasured_long_forwards_cost_at_least_what_each_position_did() -> None:

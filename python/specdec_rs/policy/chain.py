@@ -68,8 +68,13 @@ class AdaptiveK(ChainPolicy):
     n = 1..k_max+1, a target forward over n new tokens / over one (v(1) = 1;
     None means v ≡ 1, the handout's model).  Acceptance counts decay by
     `decay` per round (recent rounds weigh more) and start from a Beta(1, 1)
-    prior, so a position never seen is estimated at 1/2. Every `probe` rounds
-    with γ = 0 it drafts one token anyway, so the estimates can recover.
+    prior, so a position never seen is estimated at 1/2; with
+    `prior="previous"` only the first position's is, and position i's prior
+    (weight 2) has the mean of position i - 1's estimate, so a position never
+    reached is taken to keep what the one before it keeps (drafts that are
+    kept in runs, like a copied passage's, are then tried longer). Every
+    `probe` rounds with γ = 0 it drafts one token anyway, so the estimates
+    can recover.
     """
 
     def __init__(
@@ -80,6 +85,7 @@ class AdaptiveK(ChainPolicy):
         k_max: int = 8,
         decay: float = 0.97,
         probe: int = 8,
+        prior: str = "uniform",
     ):
         self.c = _checks.real(
             cost_ratio, "cost_ratio", minimum=0.0, hint=" (draft step / target step)"
@@ -98,6 +104,7 @@ class AdaptiveK(ChainPolicy):
         self.v = v
         self.decay = _checks.real(decay, "decay", above=0.0, maximum=1.0)
         self.probe = _checks.integer(probe, "probe", minimum=1)
+        self.prior = _checks.choice(prior, "prior", ("uniform", "previous"))
         self.name = "adaptive"
         self.reset()
 
@@ -108,7 +115,13 @@ class AdaptiveK(ChainPolicy):
 
     def alphas(self) -> list[float]:
         """Current α_i estimates, i = 1..k_max (posterior means)."""
-        return [(a + 1) / (r + 2) for a, r in zip(self.kept, self.reached, strict=True)]
+        if self.prior == "uniform":
+            return [(a + 1) / (r + 2) for a, r in zip(self.kept, self.reached, strict=True)]
+        out, mean = [], 0.5
+        for a, r in zip(self.kept, self.reached, strict=True):
+            mean = (a + 2 * mean) / (r + 2)
+            out.append(mean)
+        return out
 
     def rates(self) -> list[float]:
         """Expected tokens per unit time for γ = 0..k_max."""

@@ -27,8 +27,9 @@ class MeasuredK(ChainPolicy):
     A guard checks the model against the clock: the drafting rounds' seconds
     per token (the last `window` such rounds, the slowest left out, total
     seconds over total tokens) against the target-only rounds' (the median
-    of the last `window`; one is run every `refresh` drafting rounds to keep
-    it current). When drafting is slower by more than `margin`, speculation
+    of the last `window`; one is run after `window` drafting rounds, then
+    after twice as many each time up to every `refresh`, to keep it
+    current). When drafting is slower by more than `margin`, speculation
     is held off for `hold` rounds (doubled each time it trips again, at most
     512), then tried again for `window // 2` rounds: a drafter that does not
     pay on this host stops drafting within a few rounds, whatever the model
@@ -38,12 +39,20 @@ class MeasuredK(ChainPolicy):
     forward over n positions gives T(n) (decayed means), so v(n) = T(n)/T(1);
     the drafting time per drafted token over T(1) gives c. The first
     `warmup` rounds are target-only, to measure T(1), the next drafts one
-    token, to measure c. A v(n) not yet
-    measured is interpolated between measured sizes, or is the largest
-    measured one below it plus `slope` per position (longer drafts are
-    tried as the estimates allow, never assumed free). The cost model then
-    picks γ as `AdaptiveK` does. A drafter that must first run the prompt
-    (`observe_start`) drafts only where its drafts could repay that.
+    token, to measure c. The warm-up's rounds come straight after the
+    prefill, while the host is still ramping up (SmolLM2's first decode
+    steps take 1.3-1.7 times a settled one on a 2-core host), so the first
+    target-only round after them starts T(1) and the guard's target-only
+    figures afresh (the guard's drafting rounds too): otherwise a slow T(1)
+    makes every forward over n positions look cheap, and a drafter that
+    loses keeps drafting. A v(n) not yet measured is interpolated between
+    measured sizes, or is the largest measured one below it plus `slope`
+    per position (longer drafts are tried as the estimates allow, never
+    assumed free). The cost model then picks γ as
+    `AdaptiveK(prior="previous")` does: a draft position not yet reached is
+    expected to be kept as often as the one before it. A drafter that must
+    first run the prompt (`observe_start`) drafts only where its drafts
+    could repay that.
     """
 
     def __init__(
@@ -61,7 +70,7 @@ class MeasuredK(ChainPolicy):
         hold: int = 32,
         refresh: int = 48,
     ):
-        self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe)
+        self.inner = AdaptiveK(0.0, None, k_max=k_max, decay=decay, probe=probe, prior="previous")
         self.probe_budget = _checks.real(probe_budget, "probe_budget", above=0.0, maximum=1.0)
         self.k_max = self.inner.k_max
         self.smoothing = _checks.real(smoothing, "smoothing", above=0.0, maximum=1.0)
@@ -90,6 +99,8 @@ class MeasuredK(ChainPolicy):
         self.held = 0  # rounds the guard still holds speculation off
         self.trips = 0
         self.since_off = 0
+        self.refresh_after = min(self.window, self.refresh)  # drafting rounds to the next refresh
+        self.cold = True  # T(1) and `off` hold only the warm-up's rounds
 
     def observe_start(
         self,
@@ -133,6 +144,11 @@ class MeasuredK(ChainPolicy):
     def observe_time(self, draft_s: float, target_s: float, positions: int) -> None:
         """One round: `positions` = the drafts + 1 the target ran over
         (`Round.policy_positions`: asked + 1 when a window ran beside them)."""
+        if positions == 1 and self.cold and self.rounds > self.warmup:
+            self.cold = False  # the first settled T(1): the warm-up's figures go
+            self.forward_s[1] = None
+            self.off.clear()
+            self.on.clear()  # drafting rounds of the ramp are not compared with settled ones
         if 1 <= positions <= self.k_max + 1:
             self.forward_s[positions] = self._ema(self.forward_s[positions], target_s)
         if positions > 1 and not self.catching_up:
@@ -184,8 +200,9 @@ class MeasuredK(ChainPolicy):
                 self.held = min(self.hold_rounds * 2 ** (self.trips - 1), 512)
                 return 0
         self.since_off += 1
-        if self.off and self.since_off >= self.refresh:
+        if self.off and self.since_off >= self.refresh_after:
             self.since_off = 0
+            self.refresh_after = min(2 * self.refresh_after, self.refresh)
             return 0  # a target-only round keeps the comparison current
         return k
 
