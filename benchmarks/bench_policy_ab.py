@@ -4,10 +4,11 @@
 beside the installed package, so it runs against today's other modules)
 and as it is now, each through `measured_policy(drafter)`, with the same
 drafters on the same prompts, greedy, interleaved prompt by prompt:
-target-only, the old policy, the new one, target-only again. Each
-generation's tokens/s over the geometric mean of the two target-only runs
-around it (a host whose speed drifts moves both sides); the median and mean
-of those ratios per drafter and policy, and how many rounds drafted.
+target-only, the old policy and the new one (each first in turn, round by
+round), target-only again. Each generation's tokens/s over the geometric
+mean of the two target-only runs around it (a host whose speed drifts moves
+both sides); the median and mean of those ratios per drafter and policy,
+and how many rounds drafted.
 
     python benchmarks/bench_policy_ab.py --before HEAD~1 --workload chat \\
         --drafters eagle,lookahead,hybrid --rounds 2 --out results/bench-policy-ab-chat
