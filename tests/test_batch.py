@@ -330,6 +330,10 @@ class FakeRound:
         self.asked, self.accepted, self.tree = asked, accepted, False
         self.drafted = asked if drafted is None else drafted
         self.draft_s, self.verify_s, self.positions = draft_s, verify_s, self.drafted + 1
+        self.forced, self.forced_drafts = False, 0
+
+    def drafters_part(self) -> FakeRound:
+        return self
 
 
 def trained(policy: Goodput, rows: int, *accepts: int, rounds: int = 40) -> list[Row]:
@@ -444,6 +448,36 @@ def test_goodput_counts_a_drafters_cost_at_gamma_zero() -> None:
     views = [policy.view(0), policy.view(1)]
     assert policy.evaluate(views, [0, 0])[1] == pytest.approx(1.0 + 2 * 0.2)
     assert policy.evaluate(views, [3, 3])[1] == pytest.approx(1.0 + 2 * (0.2 + 0.1 + 0.15))
+
+
+def test_goodput_learns_nothing_of_the_drafter_from_a_grammars_forced_drafts() -> None:
+    """A row whose drafter keeps none of its 4 drafts, between rounds a
+    grammar forced (4 drafts, all kept, no drafting time) and rounds with a
+    forced tail after the drafter's 2 drafts: the policy's view of the row
+    (acceptance, drafting rate and fill) and its drafting cost are those of
+    the drafter's own drafts alone, and it asks the row for none."""
+    from specdec_rs.rounds import Round
+    from specdec_rs.structured.constraint import FORCED_SOURCE
+
+    def round_(asked: int, kept: int, draft_s: float, forced: int = 0, source: Any = None) -> Round:
+        return Round(
+            0, asked, asked, asked, kept, tuple(range(kept + 1)), source, False,
+            draft_s, 1.0, 0.0, asked + 1, forced_drafts=forced,
+        )  # fmt: skip
+
+    plain = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    mixed = Goodput(k_max=4, profile=memory_bound(), hysteresis=0.0, prior=0.0)
+    for policy in (plain, mixed):
+        policy.join(0)
+    for _ in range(40):
+        plain.observe([(0, round_(4, 0, 0.1))], 1, 0.0)
+        plain.observe([(0, round_(2, 0, 0.05))], 1, 0.0)
+        mixed.observe([(0, round_(4, 0, 0.1))], 1, 0.0)
+        mixed.observe([(0, round_(4, 4, 0.0, 4, FORCED_SOURCE))], 1, 0.0)
+        mixed.observe([(0, round_(4, 0, 0.05, 2))], 1, 0.0)  # 2 drafts rejected, a tail of 2
+    assert mixed.view(0) == plain.view(0)
+    assert mixed.drafting_s.__dict__ == plain.drafting_s.__dict__
+    assert mixed.choose([Row(0)]).ks == plain.choose([Row(0)]).ks == {0: 0}
 
 
 def test_goodput_hysteresis_and_probe() -> None:

@@ -408,7 +408,9 @@ class Goodput:
     ) -> None:
         """A batch round: each row's (id, `Round`), the rows in its forward
         and its seconds; the cost fits (drafting, verification, the
-        forward's measured / profiled time) and the rates; with `choice`
+        forward's measured / profiled time) and the rates (of the drafter's
+        own drafts: a round a grammar forced, or its forced tail, teaches
+        neither the acceptance nor the drafting cost); with `choice`
         (every row ran at the policy's γ), its measured tokens and seconds
         against the choice's prediction."""
         rounds = list(rounds)
@@ -428,15 +430,18 @@ class Goodput:
         for rid, r in rounds:
             if r.tree:
                 continue
-            if r.asked > 0:
+            self.row_s.add(r.positions, r.verify_s, self.decay)  # forced rows are verified too
+            if r.forced:
+                continue  # a grammar's drafts, no drafter's: nothing of the drafter to learn
+            own = r.drafters_part()  # a forced tail dropped
+            if own.asked > 0:
                 rates = self.rows.get(rid)
                 if rates is not None:
-                    rates.add(r.asked, r.drafted, r.accepted, self.decay)
-                self.pooled.add(r.asked, r.drafted, r.accepted, self.decay)
-                self.drafting_s.add(r.asked, r.draft_s, self.decay)
+                    rates.add(own.asked, own.drafted, own.accepted, self.decay)
+                self.pooled.add(own.asked, own.drafted, own.accepted, self.decay)
+                self.drafting_s.add(own.asked, r.draft_s, self.decay)
             else:
                 self.idle_s = _mean(self.idle_s, r.draft_s, self.decay)
-            self.row_s.add(r.positions, r.verify_s, self.decay)
 
     def report(self) -> GoodputReport:
         return GoodputReport(
