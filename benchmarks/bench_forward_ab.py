@@ -16,6 +16,8 @@ import argparse
 import importlib.util
 import statistics
 import time
+from pathlib import Path
+from types import ModuleType
 
 import specdec_rs.runner.stack as stack_module
 import torch
@@ -23,13 +25,18 @@ from specdec_rs import models, runner
 from specdec_rs.prompts import workloads
 
 
-def load_build(path: str) -> object:
-    """Another build's extension module, beside the current one."""
-    spec = importlib.util.spec_from_file_location("specdec_rs._core", path)
+def load_module(path: str | Path, name: str) -> ModuleType:
+    """The module in file `path`, loaded as `name` beside what is imported."""
+    spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def load_build(path: str) -> ModuleType:
+    """Another build's extension module, beside the current one."""
+    return load_module(path, "specdec_rs._core")
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ and how many rounds drafted.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ from typing import Any
 
 import specdec_rs as sd
 from bench_forward import host
+from bench_forward_ab import load_module
 from specdec_rs import drafters, models
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import markdown_table
@@ -50,11 +50,7 @@ def policy_at(ref: str) -> ModuleType:
     ).stdout
     path = Path(tempfile.mkdtemp()) / "measured_before.py"
     path.write_text(source)
-    spec = importlib.util.spec_from_file_location("measured_before", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_module(path, "measured_before")
 
 
 def main() -> None:

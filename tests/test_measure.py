@@ -366,6 +366,21 @@ def test_chain_theory_matches_the_engine() -> None:
         assert abs(mean - t["tokens"]) < 10 * np.sqrt(var / counts.sum()), (k, mean, t["tokens"])
 
 
+def _drive(rounds: int, round_of: Any) -> tuple[Any, list[int]]:
+    """A fresh MeasuredK(k_max=4) over `rounds` rounds, round i at the γ k it
+    chose being `round_of(i, k)`: (the policy, each round's γ)."""
+    from specdec_rs.policy import MeasuredK
+
+    policy = MeasuredK(k_max=4)
+    policy.reset()
+    ks = []
+    for i in range(rounds):
+        k = policy.next_k()
+        ks.append(k)
+        policy.observe_round(round_of(i, k))
+    return policy, ks
+
+
 def _round(asked: int, accepted: int, target_s: float, verify_s: float = 0.0) -> Any:
     from specdec_rs.rounds import Round
 
@@ -441,17 +456,9 @@ def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> N
     few rounds, tries again after 16, 32, ... rounds, and a winning drafter
     (the same rounds without that cost) keeps drafting, with a target-only
     round now and then."""
-    from specdec_rs.policy import MeasuredK
 
     def run(verify_s: float, rounds: int) -> list[int]:
-        policy = MeasuredK(k_max=4)
-        policy.reset()
-        ks = []
-        for _ in range(rounds):
-            k = policy.next_k()
-            ks.append(k)
-            policy.observe_round(_round(k, k, 0.010, verify_s if k else 0.0))
-        return ks
+        return _drive(rounds, lambda i, k: _round(k, k, 0.010, verify_s if k else 0.0))[1]
 
     losing = run(0.060, 200)
     first_off = next(i for i in range(3, 200) if losing[i] == 0)
@@ -462,16 +469,8 @@ def test_the_measured_policy_stops_drafting_where_the_clock_says_it_loses() -> N
 
 
 def test_one_slow_round_does_not_trip_the_guard() -> None:
-    from specdec_rs.policy import MeasuredK
-
-    policy = MeasuredK(k_max=4)
-    policy.reset()
-    ks = []
-    for i in range(60):
-        k = policy.next_k()
-        ks.append(k)
-        slow = 0.5 if i == 12 else 0.0  # one round stalled by another process
-        policy.observe_round(_round(k, k, 0.010 + slow))
+    # round 12 stalled by another process
+    policy, ks = _drive(60, lambda i, k: _round(k, k, 0.010 + (0.5 if i == 12 else 0.0)))
     assert policy.trips == 0  # no trip: the only target-only rounds are the refreshes
     assert sum(k == 0 for k in ks[4:]) <= 3  # after 6, 12 and 24 drafting rounds
 
@@ -486,17 +485,12 @@ def test_slow_warm_up_rounds_do_not_make_drafting_look_cheap() -> None:
     policy drafted in 85 of the last 86 rounds; the first settled
     target-only round (the refresh after 6 drafting rounds) restarts T(1)
     and the guard's figures, and drafting stops."""
-    from specdec_rs.policy import MeasuredK
 
-    policy = MeasuredK(k_max=4)
-    policy.reset()
-    ks = []
-    for i in range(96):
-        k = policy.next_k()
-        ks.append(k)
+    def round_of(i: int, k: int) -> Any:
         ramp = 1.5 if i < 2 else 1.0
-        kept = min(k, 1) if i % 4 == 2 else 0
-        policy.observe_round(_round(k, kept, 0.010 * ramp * (1 + 0.35 * k)))
+        return _round(k, min(k, 1) if i % 4 == 2 else 0, 0.010 * ramp * (1 + 0.35 * k))
+
+    policy, ks = _drive(96, round_of)
     assert ks[:3] == [0, 0, 1]
     assert policy.forward_s[1] == pytest.approx(0.010)  # settled, not the warm-up's 15 ms
     assert sum(k > 0 for k in ks[16:]) <= 6  # off after the first refresh, probes aside
