@@ -6,7 +6,8 @@ grammar=Grammar.json_schema(schema))`:
 - constrained target-only (drafter none: one target step a token);
 - constrained speculation: the grammar's forced tokens as free drafts (a
   round of their own, or the tail after the drafter's drafts), and prompt
-  lookup or the suffix drafter (k = 4) elsewhere; one drafter object per
+  lookup or the suffix drafter (k = 4, or `--k default`: the command
+  line's default policy) elsewhere; one drafter object per
   method for the whole workload, as in a server (the suffix drafter learns
   from the outputs before, the T = 0 pass's included);
 
@@ -429,7 +430,16 @@ def drafter_for(name: str) -> Any:
     return None if name == "none" else sd.drafters.from_spec(name, None, None)
 
 
-def run(max_new: int, temperatures: list[float], seed: int) -> dict[str, Any]:
+def k_of(k: str, drafter: Any) -> Any:
+    """`--k`: an integer, or "default": the command line's default policy for `drafter`."""
+    from specdec_rs.policy import measured_policy
+
+    if k != "default":
+        return int(k)
+    return 4 if drafter is None else measured_policy(drafter)
+
+
+def run(max_new: int, temperatures: list[float], seed: int, k: str = "4") -> dict[str, Any]:
     import jsonschema
 
     target, tokenizer = models.load_smollm2()
@@ -453,7 +463,7 @@ def run(max_new: int, temperatures: list[float], seed: int) -> dict[str, Any]:
         tokenizer=tokenizer,
         temperature=0,
     )
-    out: dict[str, Any] = {"temperatures": {}}
+    out: dict[str, Any] = {"temperatures": {}, "k": k}
     for temperature in temperatures:
         rows: list[dict[str, Any]] = []
         for i, (name, _, schema) in enumerate(SCHEMAS):
@@ -466,7 +476,7 @@ def run(max_new: int, temperatures: list[float], seed: int) -> dict[str, Any]:
                         drafters[method],
                         prompts[name],
                         max_new_tokens=max_new,
-                        k=4,
+                        k=k_of(k, drafters[method]),
                         temperature=temperature,
                         seed=seed + i,
                         grammar=grammars[name],
@@ -596,10 +606,18 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=160)
     parser.add_argument("--temperatures", default="0,0.7")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--k",
+        default="4",
+        help="drafts a round: an integer, or 'default' for the command line's default "
+        "policy (`measured_policy`, a fresh one each generation)",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     temperatures = [float(t) for t in args.temperatures.split(",")]
-    result = run(args.max_new_tokens, temperatures, args.seed)
+    if args.k != "default" and not args.k.isdigit():
+        parser.error(f"--k {args.k!r}: expected an integer >= 1 or 'default'")
+    result = run(args.max_new_tokens, temperatures, args.seed, args.k)
     result["host"] = host()
     print("host:", result["host"])
     for t, block in result["temperatures"].items():
