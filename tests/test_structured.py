@@ -385,3 +385,36 @@ def test_each_batch_row_has_its_own_grammar_and_runs_as_it_would_alone(
         assert row.forced == alone.forced and (row.forced > 0) == (g is not None)
     with pytest.raises(ValueError, match="tokenizer="):
         sd.generate_batch(target, sd.PromptLookup, [], max_new_tokens=1, requests=requests)
+
+
+def test_a_batch_round_with_forced_drafts_does_not_measure_the_goodput_choice(
+    models: tuple[Any, Any], tok: Any
+) -> None:
+    """The goodput policy compares a round's tokens with its choice's
+    prediction only where every row ran the drafts it chose: a grammar's
+    forced drafts were not its choice, so a round that carried some is
+    observed without the choice (its costs still count)."""
+    from specdec_rs.policy.goodput import ForwardProfile, Goodput
+
+    target, _ = models
+    profile = ForwardProfile({(b, n): 1.0 + 0.1 * n for b in (1, 2, 4) for n in range(1, 6)})
+    policy = Goodput(k_max=3, profile=profile, probe=2)
+    seen: list[tuple[bool, bool]] = []  # (a row had forced drafts, the choice was measured)
+    observe = policy.observe
+
+    def recorded(rounds: Any, rows: int, target_s: float, **kw: Any) -> None:
+        rounds = list(rounds)
+        seen.append((any(r.forced_drafts for _, r in rounds), kw.get("choice") is not None))
+        observe(rounds, rows, target_s, **kw)
+
+    policy.observe = recorded  # type: ignore[method-assign]
+    json_row = sd.Request(
+        [1, 2, 3], 30, temperature=0, eos_token_id=[0], grammar=Grammar.json_schema(SCHEMA)
+    )
+    requests = [json_row, sd.Request([4, 5, 4, 5], 30, temperature=0, eos_token_id=[0])]
+    sd.generate_batch(
+        target, sd.PromptLookup, [], max_new_tokens=1, requests=requests, tokenizer=tok,
+        goodput=policy,
+    )  # fmt: skip
+    assert any(forced for forced, _ in seen) and any(measured for _, measured in seen)
+    assert not any(forced and measured for forced, measured in seen)
