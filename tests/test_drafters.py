@@ -126,3 +126,37 @@ def test_a_new_drafter_plugs_in_with_one_class(target: Any) -> None:
         assert strategy(drafter) is None
     finally:
         del REGISTRY["every-other"]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16", "float64"])
+def test_the_row_sums_judge_every_row_as_its_float64_sum_does(dtype: str) -> None:
+    """`row_sums` (the draft check's sums: float32 first on the CPU, float64
+    again only near 1 ± tol or past it): over rows at 49,152 tokens that sum
+    just inside and just outside the tolerance, spread thin or on a few
+    entries, with a NaN or an infinity, every row passes or fails exactly as
+    its float64 sum says, and a failing row reports its float64 sum."""
+    from specdec_rs import _checks
+    from specdec_rs.drafters.draft import row_sums
+
+    kind = getattr(torch, dtype)
+    vocab = 49_152
+    tol = _checks.torch_sum_tolerance(kind, vocab)
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for total in (1.0, 1 + 0.999 * tol, 1 - 0.999 * tol, 1 + 1.001 * tol, 1 - 1.001 * tol, 0.5):
+        thin = torch.rand(vocab, generator=gen, dtype=torch.float64)
+        rows.append(thin / thin.sum() * total)  # every entry small
+        few = torch.zeros(vocab, dtype=torch.float64)
+        few[:3] = torch.tensor([0.5, 0.3, 0.2], dtype=torch.float64) * total
+        rows.append(few)
+    q = torch.stack(rows).to(kind)
+    q[0, 7] = float("nan")
+    q[1, 9] = float("inf")
+    exact = q.sum(-1, dtype=torch.float64)
+    fast = row_sums(q, tol, eager=True)
+    bad = ~torch.isfinite(exact) | ((exact - 1).abs() > tol)
+    judged = ~torch.isfinite(fast) | ((fast - 1).abs() > tol)
+    assert torch.equal(judged, bad) and bool(bad.any()) and not bool(bad.all())
+    same = {"rtol": 0.0, "atol": 0.0, "equal_nan": True}
+    torch.testing.assert_close(fast[bad], exact[bad], **same)
+    torch.testing.assert_close(row_sums(q, tol, eager=False), exact, **same)

@@ -112,8 +112,8 @@ def checked_draft(
     if len(tokens) == 0:
         return tokens, q, []
     outside = (tokens < 0) | (tokens >= vocab)
-    sums, low = q.sum(-1, dtype=torch.float64), q.amin(-1)
     tol = _checks.torch_sum_tolerance(q.dtype, vocab)
+    sums, low = row_sums(q, tol, eager), q.amin(-1)
     bad_q = ~torch.isfinite(sums) | (low < 0) | ((sums - 1).abs() > tol)
     outside_text = f"drafter {name} proposed ids outside the vocabulary [0, {vocab})"
     bad_q_text = (
@@ -135,6 +135,24 @@ def checked_draft(
             f"smallest entry {float(low[i]):.3g}"
         )
     return tokens, q, []
+
+
+def row_sums(q: torch.Tensor, tol: float, eager: bool) -> torch.Tensor:
+    """q's row sums in float64 (k',), as the check compares them with 1 ± tol.
+    On the CPU (`eager`) a float32 or narrower q is summed in float32 first
+    (a tenth of the time over 49,152 columns) and only the rows whose sum
+    lies beyond 1 ± tol / 2, or is not finite, are summed again in float64:
+    the float32 sum's error (cascaded, about 1e-6 here) is far below tol / 2,
+    so every row is judged as its float64 sum would judge it."""
+    import torch
+
+    if not eager or q.dtype == torch.float64:
+        return q.sum(-1, dtype=torch.float64)
+    sums = q.sum(-1, dtype=torch.float32).double()
+    near = ~torch.isfinite(sums) | ((sums - 1).abs() > tol / 2)
+    if bool(near.any()):
+        sums[near] = q[near].sum(-1, dtype=torch.float64)
+    return sums
 
 
 def checked_tree(draft: Any, budget: int, vocab: int, name: str) -> Any:
