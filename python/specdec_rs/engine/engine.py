@@ -452,9 +452,10 @@ class BatchEngine:
                 self.finished.append(Finished(row.id, row.run.result()))
         seconds = time.perf_counter() - started
         if self.goodput is not None and pending:
-            uniform = all(row.fixed_k is None for _, row, _ in pending)
-            # a grammar's forced drafts were not the choice's: the round does not measure it
-            uniform = uniform and not any(r.forced_drafts for _, r in rounds)
+            # every row ran the choice's drafts (a grammar's forced drafts were not its choice)
+            uniform = all(row.fixed_k is None for _, row, _ in pending) and not any(
+                r.forced_drafts for _, r in rounds
+            )
             timed = not prefilled  # a round carrying prefill says nothing of a round's cost
             self.goodput.observe(
                 rounds,

@@ -115,12 +115,11 @@ class AdaptiveK(ChainPolicy):
 
     def alphas(self) -> list[float]:
         """Current α_i estimates, i = 1..k_max (posterior means)."""
-        if self.prior == "uniform":
-            return [(a + 1) / (r + 2) for a, r in zip(self.kept, self.reached, strict=True)]
-        out, mean = [], 0.5
+        out, prior = [], 0.5  # each position's prior mean, weight 2
         for a, r in zip(self.kept, self.reached, strict=True):
-            mean = (a + 2 * mean) / (r + 2)
-            out.append(mean)
+            out.append((a + 2 * prior) / (r + 2))
+            if self.prior == "previous":
+                prior = out[-1]
         return out
 
     def rates(self) -> list[float]:
