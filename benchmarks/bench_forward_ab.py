@@ -7,7 +7,7 @@ cropped back after each; medians, the median of the pairs' ratios, and
 whether the logits were the same bits.
 
     python benchmarks/bench_forward_ab.py --before /tmp/base/python/specdec_rs/_core.abi3.so \\
-        --activations f32 --ns 1,5 --repeats 40
+        --activations f32 --ns 1,5 --repeats 40 [--context 2048 --cache-type q8_0]
 """
 
 from __future__ import annotations
@@ -45,11 +45,21 @@ def main() -> None:
     ap.add_argument("--activations", choices=("f32", "q8"), default="f32")
     ap.add_argument("--ns", default="1,5")
     ap.add_argument("--repeats", type=int, default=40)
+    ap.add_argument(
+        "--context", type=int, default=0, help="random tokens before the forwards (0: chat prompt)"
+    )
+    ap.add_argument("--cache-type", choices=("f32", "f16", "q8_0"), default="f32")
     args = ap.parse_args()
     ns = [int(n) for n in args.ns.split(",")]
     before = load_build(args.before)
-    target, tokenizer = models.load_smollm2(activations=args.activations)
-    context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
+    target, tokenizer = models.load_smollm2(
+        activations=args.activations, cache_type=args.cache_type
+    )
+    if args.context:
+        ids = torch.Generator().manual_seed(args.context)
+        context = torch.randint(0, int(target.config.vocab_size), (args.context,), generator=ids)
+    else:
+        context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     stacks = {"after": stack_module.Stack(target)}
     current = stack_module._core
     stack_module._core = before  # type: ignore[assignment]
@@ -76,7 +86,10 @@ def main() -> None:
                     times[(name, n)].append(time.perf_counter() - start)
                     runner.crop(caches[name], len(context))
                     logits[(name, n)] = out
-    print(f"activations {args.activations}; context {len(context)} tokens; {args.repeats} repeats")
+    print(
+        f"activations {args.activations}; {args.cache_type} cache; context {len(context)} tokens; "
+        f"{args.repeats} repeats"
+    )
     print("| n | before ms | after ms | before / after (median of pairs) | same logits |")
     print("|---:|---:|---:|---:|---|")
     for n in ns:

@@ -50,6 +50,8 @@ use crate::rowwise::exp;
 const KB: usize = 16;
 /// Queries whose scores a key block feeds at once (accumulators).
 const QB: usize = 8;
+/// Key blocks a step of the scores may take (transposed side by side).
+const KT_BLOCKS: usize = 2;
 /// Queries a value row feeds at once.
 const VB: usize = 4;
 /// The largest head size.
@@ -226,10 +228,39 @@ struct Task<'a, 'b> {
     chunks: (usize, usize),
 }
 
-/// A task's scratch: its queries' scores over one chunk and a transposed key block.
+/// A task's scratch: its queries' scores over one chunk and transposed key
+/// blocks. Every entry a task reads it has written first.
 struct Buffers {
     scores: Vec<f32>,
     kt: Vec<f32>,
+}
+
+/// Scratch entries a thread keeps between tasks (1 MiB).
+const KEPT: usize = 1 << 18;
+
+impl Buffers {
+    /// At least `scores` and `kt` entries.
+    fn fit(&mut self, scores: usize, kt: usize) {
+        if self.scores.len() < scores {
+            self.scores.resize(scores, 0.0);
+        }
+        if self.kt.len() < kt {
+            self.kt.resize(kt, 0.0);
+        }
+    }
+
+    /// Gives back a large prefill's scratch.
+    fn trim(&mut self) {
+        if self.scores.len() > KEPT {
+            self.scores = Vec::new();
+        }
+    }
+}
+
+thread_local! {
+    /// Each thread's scratch, reused by its tasks (no allocation or zeroing per task).
+    static SCRATCH: std::cell::RefCell<Buffers> =
+        const { std::cell::RefCell::new(Buffers { scores: Vec::new(), kt: Vec::new() }) };
 }
 
 /// A task: each of its chunks' partials, then (when it holds every chunk)
@@ -260,10 +291,6 @@ unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>,
     let own = q.extras.iter().any(|e| !e.is_empty());
     // own order: a chunk's keys may reach n slots past it (`own_order_chunk`)
     let most_keys = if own { CHUNK + t.seg.n + KB } else { CHUNK };
-    let mut buf = Buffers {
-        scores: vec![0.0f32; t.len * most_keys],
-        kt: vec![0.0f32; d * KB],
-    };
     let total = t.seg.cache.past + t.seg.n;
     // the chunks wholly inside every own-order row's run are the slots' chunks
     let first_own = (0..t.len)
@@ -271,14 +298,18 @@ unsafe fn run(qkv: &[f32], out: SharedOut, partials: Option<(SharedOut, usize)>,
         .map(|qi| q.run[qi] / CHUNK)
         .min()
         .unwrap_or(usize::MAX);
-    for c in c0..c1 {
-        if own && c >= first_own {
-            own_order_chunk(t, &q, c, &at, (c - c0) * stride, &mut buf, path);
-            continue;
+    SCRATCH.with_borrow_mut(|buf| {
+        buf.fit(t.len * most_keys, d * KB * KT_BLOCKS);
+        for c in c0..c1 {
+            if own && c >= first_own {
+                own_order_chunk(t, &q, c, &at, (c - c0) * stride, buf, path);
+                continue;
+            }
+            let keys = (c * CHUNK, ((c + 1) * CHUNK).min(total));
+            chunk(t, &q, keys, &at, (c - c0) * stride, buf, path);
         }
-        let keys = (c * CHUNK, ((c + 1) * CHUNK).min(total));
-        chunk(t, &q, keys, &at, (c - c0) * stride, &mut buf, path);
-    }
+        buf.trim();
+    });
     if partials.is_none() {
         for qi in 0..t.len {
             let (i, head) = q.rows[qi];
@@ -941,24 +972,41 @@ mod x86 {
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
         let scores = buf.scores.as_mut_ptr();
-        for b in b0..b1 {
-            fetch_rows(keys, d, (b + AHEAD) * KB, KB);
-            transpose16(keys, d, b * KB, total, &mut buf.kt);
-            let row = scores.add((b - b0) * KB);
-            for q0 in (0..t.len).step_by(QB) {
-                let qs = &qptr[q0..q0 + QB.min(t.len - q0)];
-                let at = row.add(q0 * span);
-                match qs.len() {
-                    1 => scores_fixed::<1>(&buf.kt, qs, d, scale, at, span),
-                    2 => scores_fixed::<2>(&buf.kt, qs, d, scale, at, span),
-                    3 => scores_fixed::<3>(&buf.kt, qs, d, scale, at, span),
-                    4 => scores_fixed::<4>(&buf.kt, qs, d, scale, at, span),
-                    5 => scores_fixed::<5>(&buf.kt, qs, d, scale, at, span),
-                    6 => scores_fixed::<6>(&buf.kt, qs, d, scale, at, span),
-                    7 => scores_fixed::<7>(&buf.kt, qs, d, scale, at, span),
-                    _ => scores_fixed::<QB>(&buf.kt, qs, d, scale, at, span),
-                }
+        // query groups of at most QB (sizes balanced); with QB or more queries
+        // (the FMAs, not the cache's reads, bound the scores) a group of fewer
+        // than QB takes two key blocks a step, so that its sums (queries ×
+        // blocks) cover the FMA latency
+        let groups = t.len.div_ceil(QB);
+        let step = if t.len >= QB && t.len / groups < QB {
+            KT_BLOCKS
+        } else {
+            1
+        };
+        let mut b = b0;
+        while b < b1 {
+            let nb = step.min(b1 - b);
+            for k in 0..nb {
+                fetch_rows(keys, d, (b + k + AHEAD.max(nb)) * KB, KB);
+                transpose16(keys, d, (b + k) * KB, total, &mut buf.kt[k * d * KB..]);
             }
+            let row = scores.add((b - b0) * KB);
+            let mut q0 = 0;
+            for g in 0..groups {
+                let qn = t.len / groups + usize::from(g < t.len % groups);
+                let (qs, at) = (&qptr[q0..q0 + qn], row.add(q0 * span));
+                match qn {
+                    1 => scores_step::<1>(nb, &buf.kt, qs, d, scale, at, span),
+                    2 => scores_step::<2>(nb, &buf.kt, qs, d, scale, at, span),
+                    3 => scores_step::<3>(nb, &buf.kt, qs, d, scale, at, span),
+                    4 => scores_step::<4>(nb, &buf.kt, qs, d, scale, at, span),
+                    5 => scores_step::<5>(nb, &buf.kt, qs, d, scale, at, span),
+                    6 => scores_step::<6>(nb, &buf.kt, qs, d, scale, at, span),
+                    7 => scores_step::<7>(nb, &buf.kt, qs, d, scale, at, span),
+                    _ => scores_step::<QB>(nb, &buf.kt, qs, d, scale, at, span),
+                }
+                q0 += qn;
+            }
+            b += nb;
         }
         soft_cap(scores, t.len * span, s.softcap);
         // softmax within the chunk: p_j in place of the scores (0 where the query may not see j)
@@ -1011,11 +1059,29 @@ mod x86 {
         }
     }
 
-    /// The scores of Q queries (`qs`, their vectors) against a transposed
-    /// key block `kt` (d × 16), times `scale`, at `at` (a row of `span` a
-    /// query); the sums held in registers.
+    /// `scores_blocks` over `nb` (1 or 2) key blocks.
     #[inline(always)]
-    unsafe fn scores_fixed<const Q: usize>(
+    unsafe fn scores_step<const Q: usize>(
+        nb: usize,
+        kt: &[f32],
+        qs: &[*const f32],
+        d: usize,
+        scale: v::__m512,
+        at: *mut f32,
+        span: usize,
+    ) {
+        match nb {
+            1 => scores_blocks::<Q, 1>(kt, qs, d, scale, at, span),
+            _ => scores_blocks::<Q, 2>(kt, qs, d, scale, at, span),
+        }
+    }
+
+    /// The scores of Q queries (`qs`, their vectors) against B transposed
+    /// key blocks `kt` (B × d × 16), times `scale`, at `at` (a row of
+    /// `span` a query, block k's 16 at k·16); the Q·B sums held in
+    /// registers, each the fused multiply-adds over the dimensions in order.
+    #[inline(always)]
+    unsafe fn scores_blocks<const Q: usize, const B: usize>(
         kt: &[f32],
         qs: &[*const f32],
         d: usize,
@@ -1024,15 +1090,21 @@ mod x86 {
         span: usize,
     ) {
         let q: [*const f32; Q] = std::array::from_fn(|qi| qs[qi]);
-        let mut acc = [v::_mm512_setzero_ps(); Q];
+        let kt = kt.as_ptr();
+        let mut acc = [[v::_mm512_setzero_ps(); B]; Q];
         for c in 0..d {
-            let col = v::_mm512_loadu_ps(kt.as_ptr().add(c * KB));
+            let col: [v::__m512; B] = std::array::from_fn(|k| v::_mm512_loadu_ps(kt.add(k * d * KB + c * KB)));
             for qi in 0..Q {
-                acc[qi] = v::_mm512_fmadd_ps(v::_mm512_set1_ps(*q[qi].add(c)), col, acc[qi]);
+                let x = v::_mm512_set1_ps(*q[qi].add(c));
+                for k in 0..B {
+                    acc[qi][k] = v::_mm512_fmadd_ps(x, col[k], acc[qi][k]);
+                }
             }
         }
         for qi in 0..Q {
-            v::_mm512_storeu_ps(at.add(qi * span), v::_mm512_mul_ps(acc[qi], scale));
+            for k in 0..B {
+                v::_mm512_storeu_ps(at.add(qi * span + k * KB), v::_mm512_mul_ps(acc[qi][k], scale));
+            }
         }
     }
 
@@ -1495,6 +1567,47 @@ mod tests {
         }
         // a chunk boundary inside the block: the last row's keys start a new chunk
         same_bits(64, CHUNK - 4, CHUNK + 16);
+    }
+
+    /// Every count of a head's queries (1 to 24: groups of 1, 2, 3 and 8
+    /// heads, 1 to 3 rows) over contexts whose key blocks end a step of the
+    /// scores anywhere: the bits of the portable code on every path, thread
+    /// count and batch (the scores take 1 or 2 blocks at a time).
+    #[test]
+    fn every_count_of_queries_and_blocks_has_the_same_bits() {
+        for (heads, kv_heads) in [(2, 2), (4, 2), (6, 2), (8, 1)] {
+            let s = Shape::llama(0, heads, kv_heads, 32, 0, 0.0);
+            let width = (heads + 2 * kv_heads) * 32;
+            for (past, n) in [(0, 1), (20, 2), (47, 3), (63, 1), (100, 3), (CHUNK + 30, 2)] {
+                let capacity = past + n + 16;
+                let qkv = values(n * width, 5);
+                let cache = F32Cache {
+                    keys: &values(kv_heads * capacity * 32, 6),
+                    values: &values(kv_heads * capacity * 32, 7),
+                    capacity,
+                    past,
+                };
+                let want = cache.attention_bits(&qkv, s, 0..n, None, Path::Portable, 1);
+                for path in Path::all().into_iter().filter(|p| path_available(*p)) {
+                    for threads in [1, 2] {
+                        let got = cache.attention_bits(&qkv, s, 0..n, None, path, threads);
+                        assert_eq!(
+                            got, want,
+                            "{heads}/{kv_heads} heads, past {past}, n {n}, {path:?}, {threads}"
+                        );
+                    }
+                    for i in 0..n {
+                        let one = F32Cache {
+                            past: past + i,
+                            ..cache
+                        };
+                        let got = one.attention_bits(&qkv[i * width..], s, 0..1, None, path, 1);
+                        let row = heads * 32;
+                        assert_eq!(got, want[i * row..(i + 1) * row], "row {i} {path:?}");
+                    }
+                }
+            }
+        }
     }
 
     /// Gemma 2's scores (another scale, soft-capped): the capped softmax
