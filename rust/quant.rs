@@ -758,13 +758,15 @@ pub fn qlinear(
     };
     let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
-    let stripes = m.div_ceil(PANEL * STRIPE);
+    let (panels, stripes) = (m.div_ceil(PANEL), m.div_ceil(PANEL * STRIPE));
     let parts = threads.min(stripes).max(1);
+    // equal shares of panels: a stripe may be split between two parts (9
+    // stripes on 2 threads: 18 panels each, not 4 and 5 stripes)
     let job = |part: usize| {
-        let (lo, hi) = (part * stripes / parts, (part + 1) * stripes / parts);
-        // SAFETY: each part writes only the columns of its stripes lo..hi
+        let (lo, hi) = (part * panels / parts, (part + 1) * panels / parts);
+        // SAFETY: each part writes only the columns of its panels lo..hi
         // (rows below m) of `out`, which holds n · m entries (checked above).
-        unsafe { stripes_range(x, xq, p, lay, ptr, n, m, lo, hi, path) };
+        unsafe { panels_range(x, xq, p, lay, ptr, n, m, lo, hi, path) };
     };
     run_parts(threads, parts, &job);
     Ok(())
@@ -784,15 +786,17 @@ impl Quantized<'_> {
     }
 }
 
-/// Stripes lo..hi against every x row into `out` (n, m): tiles of W
-/// panels of one stripe (fewer x rows, more panels), each tile's panels
-/// passed over by the x rows XR at a time while they sit in cache; the
-/// first tile of a stripe asks the memory for the stripe's next blocks. A
-/// stripe of several tiles is walked in chunks of blocks where the tiles
-/// allow it (`kernels::chunk_blocks`), each tile of the first pass asking
-/// for its own panels' next blocks, its sums carried from chunk to chunk.
+/// Panels lo..hi against every x row into `out` (n, m), stripe by stripe:
+/// tiles of W panels of one stripe (fewer x rows, more panels), each
+/// tile's panels passed over by the x rows XR at a time while they sit in
+/// cache; the first tile of a stripe asks the memory for the stripe's next
+/// blocks (of a stripe shared with another part, each tile for its own
+/// panels'). A stripe of several tiles is walked in chunks of blocks where
+/// the tiles allow it (`kernels::chunk_blocks`), each tile of the first
+/// pass asking for its own panels' next blocks, its sums carried from
+/// chunk to chunk.
 #[allow(clippy::too_many_arguments)]
-unsafe fn stripes_range(
+unsafe fn panels_range(
     x: &[f32],
     xq: Quantized<'_>,
     p: &[u8],
@@ -813,26 +817,27 @@ unsafe fn stripes_range(
     // one tile's sums, or (chunked) each tile's carried from chunk to chunk
     let mut carry: Vec<Sums> = vec![[[[0.0; PANEL]; XMAX]; WMAX]; if chunked { tiles } else { 1 }];
     let panels = m.div_ceil(PANEL);
-    for stripe in lo..hi {
-        let end = ((stripe + 1) * STRIPE).min(panels);
+    for stripe in lo / STRIPE..hi.div_ceil(STRIPE) {
+        let (start, end) = ((stripe * STRIPE).max(lo), ((stripe + 1) * STRIPE).min(panels).min(hi));
+        let whole = start == stripe * STRIPE && end == ((stripe + 1) * STRIPE).min(panels);
         let mut b0 = 0;
         while b0 < lay.nb {
             let b1 = (b0 + chunk).min(lay.nb);
-            let mut panel = stripe * STRIPE;
+            let mut panel = start;
             let mut ti = 0;
             while panel < end {
                 let wt = w.min(end - panel);
                 let mut r0 = 0;
                 while r0 < n {
                     let xr = xr_max.min(n - r0);
-                    let lead = r0 == 0 && (chunked || panel == stripe * STRIPE);
+                    let lead = r0 == 0 && (chunked || panel == start);
                     let t = crate::kernels::Tile {
                         r0,
                         xr,
                         panel,
                         w: wt,
                         lead,
-                        own: chunked,
+                        own: chunked || !whole,
                         b0,
                         b1,
                     };
@@ -858,7 +863,7 @@ unsafe fn stripes_range(
     }
 }
 
-/// The most x rows a chunked walk takes (`stripes_range`): verification
+/// The most x rows a chunked walk takes (`panels_range`): verification
 /// blocks and batches; a prefill's many passes walk each panel whole.
 const CHUNKED_ROWS: usize = 2 * XMAX;
 
@@ -1107,11 +1112,12 @@ pub(crate) mod tests {
         }
     }
 
-    const SHAPES: [(usize, usize); 11] = [
+    const SHAPES: [(usize, usize); 12] = [
         (1, 1),
         (1, 19),
-        (1, 70), // 5 panels: a tile of 4, then one of 1
+        (1, 70), // 5 panels: a tile of 4, then one of 1; on 2 threads stripe 0 split 2 + 2
         (2, 40),
+        (2, 200), // 13 panels in 4 stripes: on 2 threads stripe 1 split 2 + 2
         (3, 16),
         (5, 33),
         (8, 9),
