@@ -144,7 +144,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
     let chunks_of = |g: usize| (segments[g].cache.past + segments[g].n).div_ceil(CHUNK).max(1);
     let most = (0..segments.len()).map(chunks_of).max().unwrap_or(1);
     let ways = if parallel && most > 1 && heads.len() < 4 * threads {
-        (4 * threads).div_ceil(heads.len().max(1)).min(most)
+        most // a task a chunk: the threads take them as they finish (`next`), evenly
     } else {
         1
     };
@@ -168,8 +168,11 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
     };
     let partials = (ways > 1).then_some((SharedOut(scratch.as_mut_ptr()), most));
     let dst = SharedOut(out.as_mut_ptr());
-    let job = |part: usize| {
-        for &(g, first, kv, q0, len, chunks) in tasks.iter().skip(part).step_by(parts) {
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let job = |_: usize| {
+        while let Some(&(g, first, kv, q0, len, chunks)) =
+            tasks.get(next.fetch_add(1, std::sync::atomic::Ordering::Relaxed))
+        {
             let t = Task {
                 seg: &segments[g],
                 mask: masks[g],
