@@ -21,6 +21,7 @@ from types import ModuleType
 
 import specdec_rs.runner.stack as stack_module
 import torch
+from bench_forward import context_ids
 from specdec_rs import models, runner
 from specdec_rs.prompts import workloads
 
@@ -56,8 +57,7 @@ def main() -> None:
         activations=args.activations, cache_type=args.cache_type
     )
     if args.context:
-        ids = torch.Generator().manual_seed(args.context)
-        context = torch.randint(0, int(target.config.vocab_size), (args.context,), generator=ids)
+        context = context_ids(int(target.config.vocab_size), args.context)
     else:
         context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     stacks = {"after": stack_module.Stack(target)}

@@ -818,8 +818,9 @@ unsafe fn panels_range(
     let mut carry: Vec<Sums> = vec![[[[0.0; PANEL]; XMAX]; WMAX]; if chunked { tiles } else { 1 }];
     let panels = m.div_ceil(PANEL);
     for stripe in lo / STRIPE..hi.div_ceil(STRIPE) {
-        let (start, end) = ((stripe * STRIPE).max(lo), ((stripe + 1) * STRIPE).min(panels).min(hi));
-        let whole = start == stripe * STRIPE && end == ((stripe + 1) * STRIPE).min(panels);
+        let stripe_end = ((stripe + 1) * STRIPE).min(panels);
+        let (start, end) = ((stripe * STRIPE).max(lo), stripe_end.min(hi));
+        let whole = start == stripe * STRIPE && end == stripe_end;
         let mut b0 = 0;
         while b0 < lay.nb {
             let b1 = (b0 + chunk).min(lay.nb);
