@@ -1095,7 +1095,7 @@ mod tests {
 
     /// The documented q8 order, from the row-major super-blocks and the q8_K rows.
     fn reference_q8(x: &[f32], q: QType, w: &[u8], n: usize, k: usize, m: usize) -> Vec<f32> {
-        let xk = Q8KRows::of(x, n, k);
+        let xk = Q8KRows::of(x, n, k, false);
         let (rb, bytes, nb) = (q.row_bytes(k).unwrap(), q.block().1, k / QK_K);
         let mut out = vec![0.0f32; n * m];
         for r in 0..n {
@@ -1152,13 +1152,14 @@ mod tests {
         x[5] = 0.6;
         x[300] = 4.0;
         x[301] = -4.0; // the first of equal magnitudes is max
-        let r = Q8KRows::of(&x, 2, 256);
+        let r = Q8KRows::of(&x, 2, 256, false);
+        assert_eq!(r.q, Q8KRows::of(&x, 2, 256, true).q);
         assert_eq!((r.q[3], r.q[4], r.q[5]), (-127, 64, 38));
         assert_eq!(r.d[0], 1.0 / (-127.0f32 / -2.0));
         assert_eq!((r.q[300], r.q[301], r.d[1]), (-127, 127, 1.0 / (-127.0f32 / 4.0)));
         assert_eq!(r.bsum16[0] as i32, -127 + 64 + 38);
         assert_eq!(r.bsum32[0], r.bsum16[0] + r.bsum16[1]);
-        let zeros = Q8KRows::of(&[0.0; 256], 1, 256);
+        let zeros = Q8KRows::of(&[0.0; 256], 1, 256, true);
         assert!(zeros.d[0] == 0.0 && zeros.q.iter().all(|&c| c == 0));
     }
 }

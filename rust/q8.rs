@@ -193,6 +193,81 @@ mod x86 {
         through_f16(&mut out.s);
     }
 
+    /// `Q8KRows::of` on AVX2: per super-block, max |x_j| as `blocks` finds
+    /// it, the value itself at its first index (the scalar scan keeps the
+    /// first of the largest), then lane-wise the scalar code's operations
+    /// (iscale · x_j, ggml's `nearest_int` by the same float add and bit
+    /// masks, NaN to 0, at most 127, its low byte) and the sums of each 16 codes (exact
+    /// integers, by `vpsadbw` on the codes + 128).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn super_blocks(x: &[f32], out: &mut super::Q8KRows) {
+        let signless = v::_mm256_castsi256_ps(v::_mm256_set1_epi32(0x7fff_ffff));
+        let order = v::_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+        let (magic, mantissa, half) = (
+            v::_mm256_set1_ps(12_582_912.0),
+            v::_mm256_set1_epi32(0x007f_ffff),
+            v::_mm256_set1_epi32(0x0040_0000),
+        );
+        let (top, flip) = (v::_mm256_set1_epi32(127), v::_mm256_set1_epi8(-128));
+        for b in 0..x.len() / super::QK_K {
+            let at = x.as_ptr().add(super::QK_K * b);
+            let mut m = v::_mm256_setzero_ps();
+            for c in 0..32 {
+                m = v::_mm256_max_ps(v::_mm256_and_ps(v::_mm256_loadu_ps(at.add(8 * c)), signless), m);
+            }
+            let m4 = v::_mm_max_ps(v::_mm256_castps256_ps128(m), v::_mm256_extractf128_ps::<1>(m));
+            let m2 = v::_mm_max_ps(m4, v::_mm_movehl_ps(m4, m4));
+            let amax = v::_mm_cvtss_f32(v::_mm_max_ss(m2, v::_mm_movehdup_ps(m2)));
+            if amax == 0.0 {
+                continue;
+            }
+            let wanted = v::_mm256_set1_ps(amax);
+            let mut first = super::QK_K;
+            for c in 0..32 {
+                let a = v::_mm256_and_ps(v::_mm256_loadu_ps(at.add(8 * c)), signless);
+                let hits = v::_mm256_movemask_ps(v::_mm256_cmp_ps::<{ v::_CMP_EQ_OQ }>(a, wanted));
+                if hits != 0 {
+                    first = 8 * c + hits.trailing_zeros() as usize;
+                    break;
+                }
+            }
+            let max = *at.add(first);
+            let iscale = -127.0f32 / max;
+            let scale = v::_mm256_set1_ps(iscale);
+            let qs = out.q.as_mut_ptr().add(super::QK_K * b);
+            for c in 0..8 {
+                let codes = [0, 1, 2, 3].map(|i| {
+                    let scaled = v::_mm256_mul_ps(scale, v::_mm256_loadu_ps(at.add(32 * c + 8 * i)));
+                    let bits = v::_mm256_castps_si256(v::_mm256_add_ps(scaled, magic));
+                    let code = v::_mm256_sub_epi32(v::_mm256_and_si256(bits, mantissa), half);
+                    let ordered = v::_mm256_castps_si256(v::_mm256_cmp_ps::<{ v::_CMP_ORD_Q }>(scaled, scaled));
+                    let kept = v::_mm256_and_si256(v::_mm256_min_epi32(code, top), ordered); // NaN: 0
+                                                                                             // the low byte, as the scalar code's `as i8` keeps it (a scale
+                                                                                             // that overflows to infinity gives codes below −128)
+                    v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<24>(kept))
+                });
+                let words = v::_mm256_packs_epi16(
+                    v::_mm256_packs_epi32(codes[0], codes[1]),
+                    v::_mm256_packs_epi32(codes[2], codes[3]),
+                );
+                let bytes = v::_mm256_permutevar8x32_epi32(words, order);
+                v::_mm256_storeu_si256(qs.add(32 * c) as *mut v::__m256i, bytes);
+                // each 8 codes + 128 summed (unsigned), two such sums a group of 16
+                let eights = v::_mm256_sad_epu8(v::_mm256_xor_si256(bytes, flip), v::_mm256_setzero_si256());
+                let mut lanes = [0i64; 4];
+                v::_mm256_storeu_si256(lanes.as_mut_ptr() as *mut v::__m256i, eights);
+                for g in 0..2 {
+                    let sum = lanes[2 * g] + lanes[2 * g + 1] - 16 * 128;
+                    *out.bsum16.get_unchecked_mut(16 * b + 2 * c + g) = sum as i16;
+                }
+            }
+            *out.d.get_unchecked_mut(b) = 1.0 / iscale;
+        }
+        for (pair, s32) in out.bsum16.chunks_exact(2).zip(out.bsum32.iter_mut()) {
+            *s32 = pair[0] + pair[1];
+        }
+    }
+
     /// Each value replaced by its float16 rounding read back as float32.
     #[target_feature(enable = "avx2,f16c")]
     unsafe fn through_f16(values: &mut [f32]) {
@@ -224,9 +299,9 @@ pub struct Q8KRows {
 }
 
 impl Q8KRows {
-    /// `x` (n, k), k a multiple of 256.
-    pub fn of(x: &[f32], n: usize, k: usize) -> Q8KRows {
-        const QK_K: usize = 256;
+    /// `x` (n, k), k a multiple of 256; on AVX2 when `vector` (the same
+    /// values: `x86::super_blocks`).
+    pub fn of(x: &[f32], n: usize, k: usize, vector: bool) -> Q8KRows {
         assert!(k.is_multiple_of(QK_K) && x.len() == n * k);
         let blocks = n * k / QK_K;
         let mut out = Q8KRows {
@@ -235,6 +310,13 @@ impl Q8KRows {
             bsum16: vec![0; n * k / 16],
             bsum32: vec![0; n * k / 32],
         };
+        #[cfg(target_arch = "x86_64")]
+        if vector && x86::available() {
+            // SAFETY: AVX2, FMA and F16C are present (checked); the lengths are as above.
+            unsafe { x86::super_blocks(x, &mut out) };
+            return out;
+        }
+        let _ = vector;
         for b in 0..blocks {
             let xs = &x[b * QK_K..(b + 1) * QK_K];
             let (mut max, mut amax) = (0.0f32, 0.0f32);
@@ -265,13 +347,16 @@ impl Q8KRows {
                     .sum();
                 out.bsum16[b * 16 + g] = sum as i16;
             }
-            for g in 0..8 {
-                out.bsum32[b * 8 + g] = out.bsum16[b * 16 + 2 * g] + out.bsum16[b * 16 + 2 * g + 1];
-            }
+        }
+        for (pair, s32) in out.bsum16.chunks_exact(2).zip(out.bsum32.iter_mut()) {
+            *s32 = pair[0] + pair[1];
         }
         out
     }
 }
+
+/// A K-quant super-block's values.
+const QK_K: usize = 256;
 
 /// ggml's `nearest_int`: |v| ≤ 4194303 rounded half to even by adding 1.5 · 2²³.
 #[inline(always)]
@@ -397,6 +482,32 @@ mod tests {
             a.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>(),
             b.s.iter().map(|v| v.to_bits()).collect::<Vec<_>>()
         );
+    }
+
+    #[test]
+    fn the_vector_q8_k_equals_the_scalar_one() {
+        // ties, NaN and infinities, an all-zero super-block, the largest magnitude twice
+        // with opposite signs (the first sets the sign), subnormal inputs
+        let mut x: Vec<f32> = (0..256 * 7)
+            .map(|i| ((i as f32) * 0.61).cos() * (1 + i % 13) as f32)
+            .collect();
+        x[256..512].fill(0.0);
+        x[512 + 5] = -40.0;
+        x[512 + 9] = 40.0;
+        x[768 + 17] = f32::NAN;
+        x[1024 + 3] = f32::INFINITY;
+        x[1024 + 4] = -f32::INFINITY;
+        x[1280..1536]
+            .iter_mut()
+            .enumerate()
+            .for_each(|(j, v)| *v = (j % 9) as f32 - 4.5);
+        x[1536..1792].iter_mut().for_each(|v| *v *= 1e-42);
+        let (a, b) = (Q8KRows::of(&x, 1, 256 * 7, false), Q8KRows::of(&x, 1, 256 * 7, true));
+        assert_eq!((&a.q, &a.bsum16, &a.bsum32), (&b.q, &b.bsum16, &b.bsum32));
+        let bits = |d: &[f32]| d.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&a.d), bits(&b.d));
+        assert!(a.d[2] > 0.0 && a.q[512 + 5] == -127 && a.q[512 + 9] == 127); // the first sets the sign
+        assert!(a.q.iter().any(|&c| c != 0) && a.bsum16.iter().any(|&s| s != 0));
     }
 
     #[test]

@@ -751,7 +751,7 @@ pub fn qlinear(
     let act = if q.blocked() || q.kquant() { act } else { Act::F32 };
     let q8 = act == Act::Q8;
     let quantized = (q8 && q.blocked()).then(|| Q8Rows::of(x, n, k, q.with_min(), path.vector()));
-    let quantized_k = (q8 && q.kquant()).then(|| Q8KRows::of(x, n, k));
+    let quantized_k = (q8 && q.kquant()).then(|| Q8KRows::of(x, n, k, path.vector()));
     let xq = Quantized {
         q8: quantized.as_ref(),
         q8k: quantized_k.as_ref(),
