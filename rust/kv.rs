@@ -86,13 +86,47 @@ impl Kv<'_> {
     }
 }
 
+impl Kv<'_> {
+    /// One position's keys and values of every key-value head (`keys`,
+    /// `values`: heads · d each, head by head) stored as rows h · `capacity`
+    /// + `pos`: the bits `write` stores row by row (a q8_0 cache quantizes
+    /// each 32-block alone), the keys and values each quantized in one call.
+    pub fn write_position(&mut self, capacity: usize, pos: usize, d: usize, keys: &[f32], values: &[f32]) {
+        let heads = keys.len() / d;
+        match self {
+            Kv::Q8 { keys: ks, values: vs } => {
+                let w = Q8::row_len(d);
+                let per = d / Q8_BLOCK;
+                for (x, out) in [(keys, ks), (values, vs)] {
+                    let q = crate::q8::Q8Rows::of(x, 1, x.len(), false, true);
+                    for h in 0..heads {
+                        let row = h * capacity + pos;
+                        q8_blocks(&q, h * per, &mut out[row * w..(row + 1) * w]);
+                    }
+                }
+            }
+            _ => {
+                for h in 0..heads {
+                    let (k, v) = (&keys[h * d..(h + 1) * d], &values[h * d..(h + 1) * d]);
+                    self.write(h * capacity + pos, k, v);
+                }
+            }
+        }
+    }
+}
+
 /// `x` (d, a multiple of 32) as q8_0 blocks into `out` (d / 32 · 34 bytes).
 fn q8_row(x: &[f32], out: &mut [u8]) {
-    let q = crate::q8::Q8Rows::of(x, 1, x.len(), false, true);
+    q8_blocks(&crate::q8::Q8Rows::of(x, 1, x.len(), false, true), 0, out);
+}
+
+/// The quantized blocks `first`.. of `q` as q8_0 bytes into `out` (34 bytes a block).
+fn q8_blocks(q: &crate::q8::Q8Rows, first: usize, out: &mut [u8]) {
     for (b, block) in out.chunks_exact_mut(Q8_BYTES).enumerate() {
-        let scale = crate::q8::f32_to_f16(q.d[b]);
+        let at = first + b;
+        let scale = crate::q8::f32_to_f16(q.d[at]);
         block[..2].copy_from_slice(&scale.to_le_bytes());
-        for (byte, code) in block[2..].iter_mut().zip(&q.q[b * Q8_BLOCK..(b + 1) * Q8_BLOCK]) {
+        for (byte, code) in block[2..].iter_mut().zip(&q.q[at * Q8_BLOCK..(at + 1) * Q8_BLOCK]) {
             *byte = *code as u8;
         }
     }
@@ -249,6 +283,44 @@ mod tests {
         assert!(f16::from_f32(65_520.0).to_f32().is_infinite());
         assert_eq!(f16::from_f32(65_504.0).to_f32(), 65_504.0);
         same_on_every_load(k.as_ptr(), 64);
+    }
+
+    /// A position written for every head at once stores what `write` stores
+    /// head by head, in every stored type (3 heads of 64, capacity 4, position 2).
+    #[test]
+    fn a_position_of_every_head_is_its_rows() {
+        let (d, heads, capacity, pos) = (64, 3, 4, 2);
+        let keys: Vec<f32> = (0..heads * d).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let values: Vec<f32> = keys.iter().map(|x| 3.0 - x * 1.5).collect();
+        let len = |w: usize| heads * capacity * w;
+        macro_rules! both {
+            ($variant:ident, $zero:expr, $w:expr) => {{
+                let (mut a, mut b) = (
+                    (vec![$zero; len($w)], vec![$zero; len($w)]),
+                    (vec![$zero; len($w)], vec![$zero; len($w)]),
+                );
+                Kv::$variant {
+                    keys: &mut a.0,
+                    values: &mut a.1,
+                }
+                .write_position(capacity, pos, d, &keys, &values);
+                let mut one = Kv::$variant {
+                    keys: &mut b.0,
+                    values: &mut b.1,
+                };
+                for h in 0..heads {
+                    one.write(
+                        h * capacity + pos,
+                        &keys[h * d..(h + 1) * d],
+                        &values[h * d..(h + 1) * d],
+                    );
+                }
+                assert!(a == b && a.0.iter().any(|x| *x != $zero) && a.1.iter().any(|x| *x != $zero));
+            }};
+        }
+        both!(F32, 0.0f32, d);
+        both!(F16, f16::ZERO, d);
+        both!(Q8, 0u8, Q8::row_len(d));
     }
 
     /// A q8_0 row: ggml's blocks (a float16 scale amax / 127, codes

@@ -409,13 +409,9 @@ pub fn layer(
                 rope(&mut qkv[r * row + head * d..r * row + (head + 1) * d], c, sn);
             }
             let cache = &mut g.cache;
-            for kv in 0..s.kv_heads {
-                let to = kv * cache.capacity + cache.past + i; // a row of the cache
-                let from = r * row + qd + kv * d;
-                cache
-                    .kv
-                    .write(to, &qkv[from..from + d], &qkv[from + kvd..from + kvd + d]);
-            }
+            let from = r * row + qd; // the row's keys, then its values
+            let (keys, values) = (&qkv[from..from + kvd], &qkv[from + kvd..from + 2 * kvd]);
+            cache.kv.write_position(cache.capacity, cache.past + i, d, keys, values);
         }
         at += g.n;
     }
