@@ -88,9 +88,10 @@ impl Kv<'_> {
 
 impl Kv<'_> {
     /// One position's keys and values of every key-value head (`keys`,
-    /// `values`: heads · d each, head by head) stored as rows h · `capacity`
-    /// + `pos`: the bits `write` stores row by row (a q8_0 cache quantizes
-    /// each 32-block alone), the keys and values each quantized in one call.
+    /// `values`: heads · d each, head by head) stored as the rows
+    /// h · `capacity` + `pos`: the bits `write` stores row by row (a q8_0
+    /// cache quantizes each 32-block alone), the keys and values each
+    /// quantized in one call.
     pub fn write_position(&mut self, capacity: usize, pos: usize, d: usize, keys: &[f32], values: &[f32]) {
         let heads = keys.len() / d;
         match self {
