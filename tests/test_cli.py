@@ -4,6 +4,7 @@ line on stderr with exit code 2 (1 for a failed write, 130 for Ctrl-C)."""
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import signal
@@ -180,6 +181,42 @@ def test_keyboard_interrupt_reaches_python_callers() -> None:
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     assert out.stdout.strip() == "interrupted", out.stderr
+
+
+def test_the_collector_pauses_while_a_model_loads_and_resumes() -> None:
+    """`flags.collector_paused` (around every model load): paused inside,
+    resumed after (a failed load too), nothing frozen in a program calling
+    main(argv); a collector the caller turned off stays off."""
+    from specdec_rs.cli.flags import collector_paused
+
+    frozen = gc.get_freeze_count()
+    with pytest.raises(ValueError, match="a failed load"):
+        with collector_paused(freeze=False):
+            assert not gc.isenabled()
+            raise ValueError("a failed load")
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+    gc.disable()
+    try:
+        with collector_paused(freeze=False):
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+def test_the_command_freezes_what_it_loaded_and_exits_clean() -> None:
+    """In the command's own process the loaded objects leave the collector's
+    way (frozen), and are unfrozen at exit: nothing printed, status 0."""
+    code = (
+        "import gc\n"
+        "from specdec_rs.cli.flags import collector_paused\n"
+        "with collector_paused(freeze=True):\n"
+        "    kept = [[i] for i in range(5000)]\n"
+        "assert gc.isenabled() and gc.get_freeze_count() >= 5000, gc.get_freeze_count()\n"
+        "print('frozen')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout.strip(), out.stderr) == (0, "frozen", ""), out.stderr
 
 
 def test_ctrl_c_during_the_imports_stops_quietly() -> None:
