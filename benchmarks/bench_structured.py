@@ -26,6 +26,7 @@ at T = 0 and T = 0.7 (same seed per schema across methods). Reported:
   work per token (masks, consumed drafts, rollbacks, forced runs).
 
     python benchmarks/bench_structured.py --out benchmarks/results/bench-structured
+    python benchmarks/bench_structured.py --activations q8   # the q8 target function
 
 Needs the `structured` extra and jsonschema; the target is the packaged
 GGUF at its own precision (`models.load_smollm2`).
@@ -439,10 +440,12 @@ def k_of(k: str, drafter: Any) -> Any:
     return 4 if drafter is None else measured_policy(drafter)
 
 
-def run(max_new: int, temperatures: list[float], seed: int, k: str = "4") -> dict[str, Any]:
+def run(
+    max_new: int, temperatures: list[float], seed: int, k: str = "4", activations: str = "f32"
+) -> dict[str, Any]:
     import jsonschema
 
-    target, tokenizer = models.load_smollm2()
+    target, tokenizer = models.load_smollm2(activations=activations)
     grammars = {name: Grammar.json_schema(schema) for name, _, schema in SCHEMAS}
     prompts = {
         name: workloads.encode(
@@ -612,12 +615,19 @@ def main() -> None:
         help="drafts a round: an integer, or 'default' for the command line's default "
         "policy (`measured_policy`, a fresh one each generation)",
     )
+    parser.add_argument(
+        "--activations",
+        default="f32",
+        choices=("f32", "q8"),
+        help="the target function (`load_smollm2(activations=...)`): every method runs it",
+    )
     parser.add_argument("--out", default=None)
     args = parser.parse_args()
     temperatures = [float(t) for t in args.temperatures.split(",")]
     if args.k != "default" and not args.k.isdigit():
         parser.error(f"--k {args.k!r}: expected an integer >= 1 or 'default'")
-    result = run(args.max_new_tokens, temperatures, args.seed, args.k)
+    result = run(args.max_new_tokens, temperatures, args.seed, args.k, args.activations)
+    result["activations"] = args.activations
     result["host"] = host()
     print("host:", result["host"])
     for t, block in result["temperatures"].items():
