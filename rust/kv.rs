@@ -84,9 +84,7 @@ impl Kv<'_> {
             }
         }
     }
-}
 
-impl Kv<'_> {
     /// One position's keys and values of every key-value head (`keys`,
     /// `values`: heads · d each, head by head) stored as the rows
     /// h · `capacity` + `pos`: the bits `write` stores row by row (a q8_0

@@ -139,13 +139,31 @@ mod x86 {
             && std::is_x86_feature_detected!("f16c")
     }
 
+    /// The largest of m's 8 lanes (none NaN: the order does not matter).
+    #[inline(always)]
+    unsafe fn lanes_max(m: v::__m256) -> f32 {
+        let m4 = v::_mm_max_ps(v::_mm256_castps256_ps128(m), v::_mm256_extractf128_ps::<1>(m));
+        let m2 = v::_mm_max_ps(m4, v::_mm_movehl_ps(m4, m4));
+        v::_mm_cvtss_f32(v::_mm_max_ss(m2, v::_mm_movehdup_ps(m2)))
+    }
+
+    /// 32 int32 codes (each in [−128, 127]; 8 a vector, in element order)
+    /// as 32 int8 in element order.
+    #[inline(always)]
+    unsafe fn packed(codes: [v::__m256i; 4]) -> v::__m256i {
+        let words = v::_mm256_packs_epi16(
+            v::_mm256_packs_epi32(codes[0], codes[1]),
+            v::_mm256_packs_epi32(codes[2], codes[3]),
+        );
+        v::_mm256_permutevar8x32_epi32(words, v::_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7))
+    }
+
     /// Every block of `x` (blocks of 32) into `out`: codes, sums, then d
     /// and (when kept) s = d · Σq, both through float16 8 at a time.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn blocks(x: &[f32], out: &mut Q8Rows) {
         let signless = v::_mm256_castsi256_ps(v::_mm256_set1_epi32(0x7fff_ffff));
         let (hi, lo) = (v::_mm256_set1_ps(127.0), v::_mm256_set1_ps(-127.0));
-        let order = v::_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let with_s = !out.s.is_empty();
         for blk in 0..x.len() / 32 {
             let at = x.as_ptr().add(32 * blk);
@@ -156,9 +174,7 @@ mod x86 {
             for a in xs {
                 m = v::_mm256_max_ps(v::_mm256_and_ps(a, signless), m);
             }
-            let m4 = v::_mm_max_ps(v::_mm256_castps256_ps128(m), v::_mm256_extractf128_ps::<1>(m));
-            let m2 = v::_mm_max_ps(m4, v::_mm_movehl_ps(m4, m4));
-            let amax = v::_mm_cvtss_f32(v::_mm_max_ss(m2, v::_mm_movehdup_ps(m2)));
+            let amax = lanes_max(m);
             let d = amax / 127.0;
             let id = v::_mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
             let codes = xs.map(|a| {
@@ -169,13 +185,7 @@ mod x86 {
                 let clamped = v::_mm256_max_ps(v::_mm256_min_ps(r, hi), lo);
                 v::_mm256_cvtps_epi32(v::_mm256_and_ps(clamped, ordered)) // NaN lanes: 0
             });
-            // int32 -> int8 (every code is in [-127, 127]), back in element order
-            let words = v::_mm256_packs_epi16(
-                v::_mm256_packs_epi32(codes[0], codes[1]),
-                v::_mm256_packs_epi32(codes[2], codes[3]),
-            );
-            let bytes = v::_mm256_permutevar8x32_epi32(words, order);
-            v::_mm256_storeu_si256(out.q.as_mut_ptr().add(32 * blk) as *mut v::__m256i, bytes);
+            v::_mm256_storeu_si256(out.q.as_mut_ptr().add(32 * blk) as *mut v::__m256i, packed(codes));
             let s8 = v::_mm256_add_epi32(
                 v::_mm256_add_epi32(codes[0], codes[1]),
                 v::_mm256_add_epi32(codes[2], codes[3]),
@@ -202,7 +212,6 @@ mod x86 {
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) unsafe fn super_blocks(x: &[f32], out: &mut super::Q8KRows) {
         let signless = v::_mm256_castsi256_ps(v::_mm256_set1_epi32(0x7fff_ffff));
-        let order = v::_mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         let (magic, mantissa, half) = (
             v::_mm256_set1_ps(12_582_912.0),
             v::_mm256_set1_epi32(0x007f_ffff),
@@ -215,9 +224,7 @@ mod x86 {
             for c in 0..32 {
                 m = v::_mm256_max_ps(v::_mm256_and_ps(v::_mm256_loadu_ps(at.add(8 * c)), signless), m);
             }
-            let m4 = v::_mm_max_ps(v::_mm256_castps256_ps128(m), v::_mm256_extractf128_ps::<1>(m));
-            let m2 = v::_mm_max_ps(m4, v::_mm_movehl_ps(m4, m4));
-            let amax = v::_mm_cvtss_f32(v::_mm_max_ss(m2, v::_mm_movehdup_ps(m2)));
+            let amax = lanes_max(m);
             if amax == 0.0 {
                 continue;
             }
@@ -241,16 +248,12 @@ mod x86 {
                     let bits = v::_mm256_castps_si256(v::_mm256_add_ps(scaled, magic));
                     let code = v::_mm256_sub_epi32(v::_mm256_and_si256(bits, mantissa), half);
                     let ordered = v::_mm256_castps_si256(v::_mm256_cmp_ps::<{ v::_CMP_ORD_Q }>(scaled, scaled));
-                    let kept = v::_mm256_and_si256(v::_mm256_min_epi32(code, top), ordered); // NaN: 0
-                                                                                             // the low byte, as the scalar code's `as i8` keeps it (a scale
-                                                                                             // that overflows to infinity gives codes below −128)
+                    // NaN: 0; then the low byte, as the scalar code's `as i8` keeps it
+                    // (a scale that overflows to infinity gives codes below −128)
+                    let kept = v::_mm256_and_si256(v::_mm256_min_epi32(code, top), ordered);
                     v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<24>(kept))
                 });
-                let words = v::_mm256_packs_epi16(
-                    v::_mm256_packs_epi32(codes[0], codes[1]),
-                    v::_mm256_packs_epi32(codes[2], codes[3]),
-                );
-                let bytes = v::_mm256_permutevar8x32_epi32(words, order);
+                let bytes = packed(codes);
                 v::_mm256_storeu_si256(qs.add(32 * c) as *mut v::__m256i, bytes);
                 // each 8 codes + 128 summed (unsigned), two such sums a group of 16
                 let eights = v::_mm256_sad_epu8(v::_mm256_xor_si256(bytes, flip), v::_mm256_setzero_si256());
@@ -459,11 +462,12 @@ mod tests {
         ] {
             x[i] = v;
         }
+        // many ties
         x[128..160]
             .iter_mut()
             .enumerate()
-            .for_each(|(j, v)| *v = j as f32 - 15.5); // many ties
-                                                      // d a float16 subnormal, d below float16's range, d beyond it, a block all NaN
+            .for_each(|(j, v)| *v = j as f32 - 15.5);
+        // d a float16 subnormal, d below float16's range, d beyond it, a block all NaN
         for (block, scale) in [(6, 1e-4f32), (7, 1e-30), (8, 1e7), (10, 0.0)] {
             x[32 * block..32 * (block + 1)].iter_mut().for_each(|v| *v *= scale);
         }
