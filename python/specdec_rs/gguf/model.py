@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 from pathlib import Path
@@ -426,20 +427,37 @@ def _layer_parts(
     return parts, extras
 
 
-def tokenizer_folder(path: Path, cache: Path) -> Path:
-    """Where `tokenizer_for` keeps the file's tokenizer under `cache`."""
-    stat = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()
-    return cache / "gguf-tokenizers" / f"{path.stem}-{key[:16]}"
+def tokenizer_folder(file: GGUFFile | Path, cache: Path) -> Path:
+    """Where `tokenizer_for` keeps a file's tokenizer under `cache`: keyed by
+    all that transformers builds it from (the file's `general.architecture`
+    and `tokenizer.*` values, as the file's bytes) and transformers'
+    version, so copies, moves and other quantizations of one model share
+    one folder, and a changed tokenizer gets a new one."""
+    import transformers
+
+    f = file if isinstance(file, GGUFFile) else read(file)
+    digest = hashlib.sha256(f"transformers {transformers.__version__}".encode())
+    for key in sorted(k for k in f.metadata if k == ARCHITECTURE or k.startswith("tokenizer.")):
+        value = f.raw(key)
+        for part in (key.encode(), f.types[key].to_bytes(4, "little"), value):
+            digest.update(len(part).to_bytes(8, "little") + part)
+    architecture = f.metadata.get(ARCHITECTURE)
+    name = architecture if isinstance(architecture, str) and architecture else "tokenizer"
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:40]  # a plain folder name, never a path
+    return cache / "gguf-tokenizers" / f"{name}-{digest.hexdigest()[:16]}"
 
 
-def tokenizer_for(path: Path, cache: Path) -> PreTrainedTokenizerBase:
+ARCHITECTURE = "general.architecture"
+
+
+def tokenizer_for(file: GGUFFile | Path, cache: Path) -> PreTrainedTokenizerBase:
     """The file's tokenizer, built by transformers from the GGUF once (a few
-    seconds) and then read from a folder under `cache` (keyed by the file's
-    path, size and modification time)."""
+    seconds) and then read from a folder under `cache` (see `tokenizer_folder`)."""
     from transformers import AutoTokenizer
 
-    folder = tokenizer_folder(path, cache)
+    f = file if isinstance(file, GGUFFile) else read(file)
+    path = f.path
+    folder = tokenizer_folder(f, cache)
     if folder.exists():
         try:
             return AutoTokenizer.from_pretrained(folder, local_files_only=True)
@@ -624,5 +642,5 @@ def load_gguf(
     set_threads(model, threads)
     if threads > 1:
         torch.set_num_threads(1)
-    tok = tokenizer_for(f.path, cache_dir()) if tokenizer else None
+    tok = tokenizer_for(f, cache_dir()) if tokenizer else None
     return model, tok

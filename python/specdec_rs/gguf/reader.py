@@ -151,7 +151,8 @@ class GGUFFile:
     """A read GGUF file: its metadata (key -> value; numeric arrays as
     read-only NumPy arrays, string arrays as their length, decoded on
     demand by `strings`), each key's GGUF value type (`types`; an array's
-    item type in `items`), and tensors (name -> `Tensor`)."""
+    item type in `items`), where each value's bytes sit (`spans`: key ->
+    [start, end), read back by `raw`), and tensors (name -> `Tensor`)."""
 
     path: Path
     version: int
@@ -160,6 +161,13 @@ class GGUFFile:
     types: dict[str, int] = field(default_factory=dict, repr=False)
     items: dict[str, int] = field(default_factory=dict, repr=False)
     _string_at: dict[str, int] = field(default_factory=dict, repr=False)
+    spans: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
+
+    def raw(self, key: str) -> bytes:
+        """The bytes of key `key`'s value as the file holds them (after its
+        type; an array's item type and length included); KeyError if absent."""
+        start, end = self.spans[key]
+        return np.memmap(self.path, mode="r", dtype=np.uint8)[start:end].tobytes()
 
     def strings(self, key: str) -> list[str]:
         """The string array `key`, decoded from the file (its bounds were
@@ -326,10 +334,13 @@ def read(path: Any) -> GGUFFile:
         raise c.fail(f"{n_tensors:,} tensors and {n_keys:,} keys are more than any model has")
     metadata: dict[str, Any] = {}
     types: dict[str, int] = {}
+    spans: dict[str, tuple[int, int]] = {}
     for i in range(n_keys):
         key = c.string(f"key {i}")
         types[key] = c.u32(f"the type of {key}")
+        start = c.at
         metadata[key] = c.value(types[key], key)
+        spans[key] = (start, c.at)
     infos = []
     for i in range(n_tensors):
         name = c.string(f"tensor {i}'s name")
@@ -360,7 +371,7 @@ def read(path: Any) -> GGUFFile:
             raise ValueError(f"GGUF file {p}: tensor {name} appears twice; replace the file")
         tensors[name] = _tensor(p, buf, name, shape, ggml_type, start + offset)
     _no_overlaps(p, list(tensors.values()))
-    return GGUFFile(p, version, metadata, tensors, types, c.items, c.strings_at)
+    return GGUFFile(p, version, metadata, tensors, types, c.items, c.strings_at, spans)
 
 
 def _no_overlaps(p: Path, tensors: list[Tensor]) -> None:
