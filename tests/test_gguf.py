@@ -722,20 +722,70 @@ def test_a_file_without_a_tokenizer_says_so(files: dict[str, tuple[Path, Any]]) 
 
 @pytest.mark.slow
 def test_a_damaged_tokenizer_cache_is_rebuilt(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
+    """A cached tokenizer that cannot be read is said so on stderr, built
+    again from the GGUF file and cached whole again (a small Gemma-style
+    vocabulary: transformers builds it in milliseconds)."""
+    from specdec_rs.gguf.model import tokenizer_folder, tokenizer_for
+    from test_gguf_architectures import gemma_vocabulary
+
+    path, cache = tmp_path / "vocab.gguf", tmp_path / "cache"
+    size = gemma_vocabulary(path)
+    built = tokenizer_for(path, cache)("def the")["input_ids"]
+    folder = tokenizer_folder(path, cache)
+    (folder / "tokenizer.json").write_text("{damaged")
+    tok = tokenizer_for(path, cache)
+    assert "cannot be read" in capsys.readouterr().err and len(tok) == size
+    assert tok("def the")["input_ids"] == built
+    assert tokenizer_for(path, cache)("def the")["input_ids"] == built  # cached whole again
+    assert capsys.readouterr().err == ""
+
+
+def test_the_tokenizer_cache_is_keyed_by_what_the_tokenizer_is_built_from(tmp_path: Path) -> None:
+    """Copies, moves, other weights and other quantizations of one model share one
+    tokenizer folder (SmolLM2's own among them); another architecture or a
+    changed tokenizer value gets another; a file's architecture names the
+    folder but never makes it a path."""
     import shutil
 
-    from specdec_rs.gguf.model import tokenizer_folder, tokenizer_for
+    from specdec_rs.gguf.model import tokenizer_folder
+    from specdec_rs.gguf.reader import read
+    from specdec_rs.gguf.writer import write_gguf
 
-    gguf_path = models.smollm2_gguf()
-    tokenizer_for(gguf_path, models.cache_dir())  # the shared cache, built once per machine
-    folder = tokenizer_folder(gguf_path, tmp_path)
-    shutil.copytree(tokenizer_folder(gguf_path, models.cache_dir()), folder)
-    (folder / "tokenizer.json").write_text("{damaged")
-    tok = tokenizer_for(gguf_path, tmp_path)
-    assert "cannot be read" in capsys.readouterr().err and len(tok) > 1000
-    assert tok("hello")["input_ids"] == tokenizer_for(gguf_path, tmp_path)("hello")["input_ids"]
+    def patched(source: Path, name: str, key: str, old: bytes, new: bytes) -> Path:
+        """A copy of `source` whose value of `key` has `old` replaced by `new` (same length)."""
+        start, end = read(source).spans[key]
+        data = bytearray(source.read_bytes())
+        value = bytes(data[start:end])
+        assert old in value and len(old) == len(new)
+        data[start:end] = value.replace(old, new)
+        (tmp_path / name).write_bytes(bytes(data))
+        return tmp_path / name
+
+    a = tmp_path / "a.gguf"
+    model = models.tiny_llama(vocab_size=49152, hidden_size=32, num_layers=1, seed=0)
+    write_gguf(model, a, tokenizer=models.smollm2_gguf())
+    folder = tokenizer_folder(a, tmp_path)
+    assert folder.parent == tmp_path / "gguf-tokenizers" and folder.name.startswith("llama-")
+    moved = tmp_path / "elsewhere" / "a.gguf"
+    moved.parent.mkdir()
+    shutil.copy(a, moved)
+    os.utime(moved, ns=(1, 1))
+    same = [moved, models.smollm2_gguf()]  # other weights, another quantization
+    assert {tokenizer_folder(p, tmp_path) for p in same} == {folder}
+    qwen2 = tokenizer_folder(
+        patched(a, "c.gguf", "general.architecture", b"llama", b"qwen2"), tmp_path
+    )
+    assert qwen2.name.startswith("qwen2-") and qwen2 != folder
+    eos = read(a).metadata["tokenizer.ggml.eos_token_id"]
+    other_eos = patched(
+        a, "d.gguf", "tokenizer.ggml.eos_token_id", struct.pack("<I", eos), struct.pack("<I", 1)
+    )
+    assert tokenizer_folder(other_eos, tmp_path) not in {folder, qwen2}
+    slashed = patched(a, "e.gguf", "general.architecture", b"llama", b"../ma")
+    assert tokenizer_folder(slashed, tmp_path).parent == tmp_path / "gguf-tokenizers"
+    assert tokenizer_folder(slashed, tmp_path).name.startswith("___ma-")
 
 
 def test_a_gguf_draft_model_speculates_exactly(
