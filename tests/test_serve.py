@@ -403,9 +403,15 @@ def idle_until(bg: Background, ok: Any, timeout: float = 10.0) -> dict[str, Any]
 
 
 def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> None:
+    """`specdec serve` in its own process: SIGTERM lets a running request
+    finish whole, cuts one past --drain-timeout with one line (its stream
+    ends with a shutdown error and [DONE]), counts the cut apart from the
+    answered, and exits 0."""
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    env.pop("SPECDEC_API_KEY", None)
     argv = [sys.executable, "-m", "specdec_rs", "serve", "--model", str(model_folder)]
     argv += ["--port", "0", "--log-level", "warning", "--served-model-name", "tiny", "--k", "2"]
+    argv += ["--drain-timeout", str(DRAIN_TIMEOUT)]
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
@@ -413,32 +419,46 @@ def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> No
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " on http://127.0.0.1:" in line, line + (proc.stderr.read() if proc.stderr else "")
+        assert "; no authentication)" in line, line
         url = line.split(" on ")[1].split("/v1")[0]
-        got: dict[str, Any] = {}
+        got: dict[str, list[str]] = {}
 
-        def stream() -> None:
-            body = {"model": "tiny", "prompt": "a b", "max_tokens": 300, "stream": True}
+        def stream(name: str, max_tokens: int) -> None:
+            body = {"model": "tiny", "prompt": "a b", "max_tokens": max_tokens, "stream": True}
             body["ignore_eos"] = True
             body["stream_options"] = {"include_usage": True}
             with HTTP.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                got["lines"] = [x for x in r.iter_lines() if x]
-                got["started"] = True
+                got[name] = [x for x in r.iter_lines() if x]
 
-        t = threading.Thread(target=stream)
-        t.start()
-        idle_until_url(url, lambda h: h["running"] == 1)
+        threads = [
+            threading.Thread(target=stream, args=("whole", WHOLE)),
+            threading.Thread(target=stream, args=("cut", LONG_CUT)),
+        ]
+        for t in threads:
+            t.start()
+        idle_until_url(url, lambda h: h["running"] == 2)
         proc.send_signal(signal.SIGTERM)
-        t.join(60)
+        for t in threads:
+            t.join(60)
         assert proc.wait(60) == 0
-        lines = got["lines"]
-        assert lines[-1] == "data: [DONE]"
-        usage = json.loads(lines[-2][6:])["usage"]
-        assert usage["completion_tokens"] == 300  # the running request finished whole
-        assert "stopped; 1 requests answered" in (proc.stdout.read() or "")
+        out, err = proc.communicate()
+        whole = got["whole"]
+        assert whole[-1] == "data: [DONE]"
+        usage = json.loads(whole[-2][6:])["usage"]
+        assert usage["completion_tokens"] == WHOLE  # the running request finished whole
+        cut = got["cut"]
+        assert cut[-1] == "data: [DONE]" and '"code":"shutdown"' in cut[-2], cut[-2:]
+        assert "stopped; 1 requests answered" in out and "; 1 cut unfinished" in out, out
+        assert "Traceback" not in err and "cut unfinished by the drain timeout" in err, err
     finally:
         if proc.poll() is None:
             proc.kill()
-        proc.communicate()  # closes the pipes
+            proc.communicate()  # closes the pipes
+
+
+WHOLE = 64  # tokens: under a second of decoding on a loaded host
+DRAIN_TIMEOUT = 4  # s: several times WHOLE's, far less than LONG_CUT's
+LONG_CUT = 12000  # tokens: far more than DRAIN_TIMEOUT seconds of decoding
 
 
 def idle_until_url(url: str, ok: Any, timeout: float = 30.0) -> None:

@@ -69,7 +69,7 @@ def test_long_stops_and_a_huge_prompt_never_stall_health(server: Background) -> 
     results: dict[str, Any] = {}
 
     def long_stops() -> None:
-        body = {"prompt": "a b a b", "max_tokens": 3000, "ignore_eos": True, "stop": stops}
+        body = {"prompt": "a b a b", "max_tokens": 1500, "ignore_eos": True, "stop": stops}
         body["stream"] = True
         with HTTP.stream("POST", server.url + "/v1/completions", json=body, timeout=120) as r:
             results["stops"] = [x for x in r.iter_lines() if x][-1]
@@ -399,48 +399,3 @@ def test_the_fuzzed_server_is_idle_and_whole_afterwards(server: Background) -> N
     while HTTP.get(server.url + "/health").json()["outstanding"]:
         assert time.monotonic() < deadline
         time.sleep(0.02)
-
-
-def test_the_drain_timeout_cuts_with_one_line_and_counts_cuts_apart(model_folder: Path) -> None:
-    import os
-    import signal
-    import subprocess
-    import sys
-
-    argv = [sys.executable, "-m", "specdec_rs", "serve", "--model", str(model_folder), "--k", "2"]
-    argv += ["--port", "0", "--log-level", "warning", "--drain-timeout", "1"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    env.pop("SPECDEC_API_KEY", None)
-    proc = subprocess.Popen(
-        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert "; no authentication)" in line, line
-        url = line.split(" on ")[1].split("/v1")[0]
-        got: dict[str, Any] = {}
-
-        def stream() -> None:
-            body = {"prompt": "a b", "max_tokens": LONG_CUT, "stream": True, "ignore_eos": True}
-            with HTTP.stream("POST", url + "/v1/completions", json=body, timeout=60) as r:
-                got["lines"] = [x for x in r.iter_lines() if x]
-
-        t = threading.Thread(target=stream)
-        t.start()
-        while HTTP.get(url + "/health").json()["running"] != 1:
-            time.sleep(0.01)
-        proc.send_signal(signal.SIGTERM)
-        t.join(60)
-        assert proc.wait(60) == 0
-        out, err = proc.communicate()
-        assert "stopped; 0 requests answered" in out and "1 cut unfinished" in out, out
-        assert "Traceback" not in err and "cut unfinished by the drain timeout" in err, err
-        assert got["lines"][-1] == "data: [DONE]" and '"code":"shutdown"' in got["lines"][-2]
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-
-
-LONG_CUT = 12000  # tokens: far more than a second of decoding
