@@ -23,9 +23,10 @@ MESSAGE = "Write a short poem about the sea, and then another one."
 HTTP = httpx.Client(timeout=5.0, limits=httpx.Limits(max_keepalive_connections=0))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def model_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The served test model, saved in a fresh folder (see `save_model`)."""
+    """The served test model, saved once per test process in a fresh folder
+    (see `save_model`); the tests only read it."""
     return save_model(tmp_path_factory.mktemp("served-model"))
 
 
