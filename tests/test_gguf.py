@@ -721,6 +721,34 @@ def test_a_file_without_a_tokenizer_says_so(files: dict[str, tuple[Path, Any]]) 
 
 
 @pytest.mark.slow
+def test_a_load_pauses_the_collector_and_leaves_it_as_it_found_it(
+    files: dict[str, tuple[Path, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`load_gguf` builds with Python's cyclic collector off (`_collector`),
+    then turns it back on, or leaves it off where the caller had it off."""
+    import gc
+
+    from specdec_rs.gguf import model as gguf_model
+
+    seen: list[bool] = []
+    build = gguf_model.build
+
+    def watched(f: Any) -> Any:
+        seen.append(gc.isenabled())
+        return build(f)
+
+    monkeypatch.setattr(gguf_model, "build", watched)
+    assert gc.isenabled()
+    load_gguf(files["Q4_1"][0], tokenizer=False)
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        load_gguf(files["Q4_1"][0], tokenizer=False)
+        assert seen == [False, False] and not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def test_a_damaged_tokenizer_cache_is_rebuilt(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from specdec_rs import _checks, _files, kernels
+from specdec_rs._collector import paused_while_loading
 from specdec_rs._files import cache_dir
 
 if TYPE_CHECKING:
@@ -238,6 +239,7 @@ def check_cache_type(cache_type: Any, gguf: bool, other: str) -> str:
     return str(cache_type)
 
 
+@paused_while_loading
 def load_gguf_float32(
     path: str | Path, *, dtype: Any = "float32", device: Any = "cpu", linear: str = "auto"
 ) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
@@ -256,6 +258,7 @@ def load_gguf_float32(
     return model, tokenizer_for(Path(path), cache_dir())
 
 
+@paused_while_loading
 def load_local(
     path: str | Path,
     *,

@@ -4,14 +4,11 @@
 from __future__ import annotations
 
 import argparse
-import atexit
-import contextlib
 import functools
-import gc
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 from specdec_rs import _checks, kernels, models
+from specdec_rs._collector import collector_paused
 from specdec_rs.processors import SamplingConfig
 
 if TYPE_CHECKING:
@@ -82,29 +79,6 @@ def load_target(args: argparse.Namespace) -> tuple[PreTrainedModel, PreTrainedTo
         return _load(
             args.model, args.dtype, args.device, args.linear, weights, activations, cache_type
         )
-
-
-@contextlib.contextmanager
-def collector_paused(*, freeze: bool) -> Iterator[None]:
-    """Python's cyclic garbage collector paused while a model loads.
-
-    A load creates about 400,000 long-lived objects (transformers' modules,
-    the tokenizer's tables, the model), and collecting while they pile up
-    scans them again and again: 0.7 s of a 6.4 s `specdec generate` (SmolLM2,
-    32 tokens). In the command's own process (`freeze`: `main()` parsing
-    sys.argv) they are then moved out of every later collection's way
-    (`gc.freeze`; `gc.unfreeze` at exit, so the final collection still runs);
-    in a program that calls `main(argv)`, the collector only resumes."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            if freeze:
-                gc.freeze()
-                atexit.register(gc.unfreeze)
-            gc.enable()
 
 
 @functools.cache

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from specdec_rs._collector import paused_while_loading
 from specdec_rs.gguf.architectures import (
     ARCHITECTURES,
     REFUSED,
@@ -606,6 +607,7 @@ def choose_threads(model: Any, *, repeats: int = 7) -> int:
     return 2 if statistics.median(times[2]) < 0.9 * statistics.median(times[1]) else 1
 
 
+@paused_while_loading
 def load_gguf(
     path: Any, *, tokenizer: bool = True, activations: str = "f32", cache_type: str = "f32"
 ) -> tuple[PreTrainedModel, Any]:
