@@ -249,13 +249,15 @@ def load_gguf_float32(
     linear layers set by `linear` (as in `load_smollm2`), and the file's
     tokenizer. ValueError for a file `load_gguf` would refuse."""
     from specdec_rs.gguf.model import tokenizer_for
+    from specdec_rs.gguf.reader import read
     from specdec_rs.gguf.twin import float32_twin
 
     dtype, device = torch_dtype(dtype), torch_device(device)
     kernels.check_linear_choice(linear)
-    model = float32_twin(path).to(device=device, dtype=dtype)
+    f = read(path)  # once: the twin and the tokenizer's cache key read its metadata
+    model = float32_twin(f).to(device=device, dtype=dtype)
     kernels.apply_linear_choice(model, linear)
-    return model, tokenizer_for(Path(path), cache_dir())
+    return model, tokenizer_for(f, cache_dir())
 
 
 @paused_while_loading

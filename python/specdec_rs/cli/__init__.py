@@ -55,7 +55,7 @@ def _main(argv: Sequence[str] | None) -> int:
     from specdec_rs.cli.show import make_console
 
     args = build_parser().parse_args(argv)
-    args.own_process = argv is None  # the `specdec` command itself (`flags.collector_paused`)
+    args.own_process = argv is None  # the `specdec` command itself (`_collector.collector_paused`)
     console = make_console()
     try:
         result = args.run(args, console)

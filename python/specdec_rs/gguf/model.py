@@ -436,7 +436,7 @@ def tokenizer_folder(file: GGUFFile | Path, cache: Path) -> Path:
     one folder, and a changed tokenizer gets a new one."""
     import transformers
 
-    f = file if isinstance(file, GGUFFile) else read(file)
+    f = read(file)
     digest = hashlib.sha256(f"transformers {transformers.__version__}".encode())
     for key in sorted(k for k in f.metadata if k == ARCHITECTURE or k.startswith("tokenizer.")):
         value = f.raw(key)
@@ -456,7 +456,7 @@ def tokenizer_for(file: GGUFFile | Path, cache: Path) -> PreTrainedTokenizerBase
     seconds) and then read from a folder under `cache` (see `tokenizer_folder`)."""
     from transformers import AutoTokenizer
 
-    f = file if isinstance(file, GGUFFile) else read(file)
+    f = read(file)
     path = f.path
     folder = tokenizer_folder(f, cache)
     if folder.exists():

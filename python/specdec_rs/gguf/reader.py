@@ -160,7 +160,6 @@ class GGUFFile:
     tensors: dict[str, Tensor] = field(repr=False)
     types: dict[str, int] = field(default_factory=dict, repr=False)
     items: dict[str, int] = field(default_factory=dict, repr=False)
-    _string_at: dict[str, int] = field(default_factory=dict, repr=False)
     spans: dict[str, tuple[int, int]] = field(default_factory=dict, repr=False)
 
     def raw(self, key: str) -> bytes:
@@ -172,7 +171,10 @@ class GGUFFile:
     def strings(self, key: str) -> list[str]:
         """The string array `key`, decoded from the file (its bounds were
         checked when it was read); KeyError if `key` is not one."""
-        at, count = self._string_at[key], int(self.metadata[key])
+        if self.types.get(key) != 9 or self.items.get(key) != 8:
+            raise KeyError(key)
+        # its first string after the value's item type (u32) and count (u64)
+        at, count = self.spans[key][0] + 12, int(self.metadata[key])
         buf = np.memmap(self.path, mode="r", dtype=np.uint8)
         view = memoryview(buf)  # type: ignore[arg-type]  # a memmap is a buffer
         out = []
@@ -246,7 +248,6 @@ class _Cursor:
         self.buf, self.path, self.at = buf, path, 0
         self.view = memoryview(buf)  # type: ignore[arg-type]  # a memmap is a buffer
         self.items: dict[str, int] = {}  # an array's item type, by what it is
-        self.strings_at: dict[str, int] = {}  # a string array's first byte
 
     def fail(self, what: str) -> ValueError:
         return ValueError(
@@ -299,7 +300,6 @@ class _Cursor:
             return values  # a read-only view of the map: no copy
         if item == 8:  # a string array: skipped over, its length kept
             end, at = len(self.buf), self.at
-            self.strings_at[what] = at
             if count > (end - at) // 8:
                 raise self.fail(f"{what} ({count:,} strings) runs past the end")
             for _ in range(count):
@@ -315,7 +315,10 @@ class _Cursor:
 
 
 def read(path: Any) -> GGUFFile:
-    """The header, metadata and tensor views of the GGUF file at `path`."""
+    """The header, metadata and tensor views of the GGUF file at `path` (a
+    `GGUFFile` already read is returned as it is: callers take either)."""
+    if isinstance(path, GGUFFile):
+        return path
     p = Path(os.fspath(path)).expanduser()
     if not p.is_file():
         raise ValueError(f"GGUF file {p} does not exist (or is a folder); pass a .gguf file")
@@ -371,7 +374,7 @@ def read(path: Any) -> GGUFFile:
             raise ValueError(f"GGUF file {p}: tensor {name} appears twice; replace the file")
         tensors[name] = _tensor(p, buf, name, shape, ggml_type, start + offset)
     _no_overlaps(p, list(tensors.values()))
-    return GGUFFile(p, version, metadata, tensors, types, c.items, c.strings_at, spans)
+    return GGUFFile(p, version, metadata, tensors, types, c.items, spans)
 
 
 def _no_overlaps(p: Path, tensors: list[Tensor]) -> None:

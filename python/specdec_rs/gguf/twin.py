@@ -22,10 +22,12 @@ import numpy as np
 if TYPE_CHECKING:
     from transformers import PreTrainedModel
 
+    from specdec_rs.gguf.reader import GGUFFile
 
-def float32_twin(path: str | Path) -> PreTrainedModel:
-    """transformers' model of the GGUF file at `path`, every weight its
-    float32 value (eval mode). ValueError as `load_gguf` for a file it
+
+def float32_twin(path: str | Path | GGUFFile) -> PreTrainedModel:
+    """transformers' model of the GGUF file at `path` (or already read),
+    every weight its float32 value (eval mode). ValueError as `load_gguf` for a file it
     cannot read."""
     import torch
     import transformers
