@@ -457,7 +457,7 @@ def test_sigterm_drains_the_running_requests_and_stops(model_folder: Path) -> No
 
 
 WHOLE = 64  # tokens: under a second of decoding on a loaded host
-DRAIN_TIMEOUT = 4  # s: several times WHOLE's, far less than LONG_CUT's
+DRAIN_TIMEOUT = 2  # s: several times WHOLE's, far less than LONG_CUT's
 LONG_CUT = 12000  # tokens: far more than DRAIN_TIMEOUT seconds of decoding
 
 
