@@ -770,6 +770,37 @@ def test_a_damaged_tokenizer_cache_is_rebuilt(
     assert capsys.readouterr().err == ""
 
 
+def test_a_tokenizer_folder_another_process_placed_meanwhile_is_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes that find no cached tokenizer both build it; the one
+    that finishes second leaves the first one's folder in place (a third
+    may be reading it) and removes its own, and its tokenizer still works."""
+    from specdec_rs.gguf import model as gguf_model
+    from test_gguf_architectures import gemma_vocabulary
+    from transformers import AutoTokenizer
+
+    path, cache = tmp_path / "vocab.gguf", tmp_path / "cache"
+    gemma_vocabulary(path)
+    folder = gguf_model.tokenizer_folder(path, cache)
+    want = gguf_model.tokenizer_for(path, tmp_path / "elsewhere")("def the")["input_ids"]
+    build = AutoTokenizer.from_pretrained
+
+    def while_building(*args: Any, **kwargs: Any) -> Any:
+        tok = build(*args, **kwargs)
+        if "gguf_file" in kwargs:  # the other process places its folder now
+            tok.save_pretrained(folder)
+            (folder / "placed-by-the-other").write_text("")
+        return tok
+
+    monkeypatch.setattr(AutoTokenizer, "from_pretrained", while_building)
+    assert gguf_model.tokenizer_for(path, cache)("def the")["input_ids"] == want
+    assert (folder / "placed-by-the-other").exists()
+    assert sorted(p.name for p in folder.parent.iterdir()) == [folder.name]  # nothing left over
+    monkeypatch.undo()
+    assert gguf_model.tokenizer_for(path, cache)("def the")["input_ids"] == want
+
+
 def test_the_tokenizer_cache_is_keyed_by_what_the_tokenizer_is_built_from(tmp_path: Path) -> None:
     """Copies, moves, other weights and other quantizations of one model share one
     tokenizer folder (SmolLM2's own among them); another architecture or a

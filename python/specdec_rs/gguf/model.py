@@ -484,7 +484,9 @@ def tokenizer_for(file: GGUFFile | Path, cache: Path) -> PreTrainedTokenizerBase
     try:
         _checks.writable_dir(folder.parent, "the tokenizer cache")
         tok.save_pretrained(tmp)
-        _files.replace_dir(tmp, folder)  # a damaged folder there is replaced whole
+        # a damaged folder was removed above; one another process placed
+        # meanwhile is as good as this one (the same key) and may be read now
+        _files.place_dir(tmp, folder)
     except (OSError, ValueError):
         shutil.rmtree(tmp, ignore_errors=True)  # no cache: it is built again next time
     return tok
