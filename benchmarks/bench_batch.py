@@ -304,14 +304,16 @@ def write(
                 )
                 for b in batches
             }
-            best_pred = {
-                b: max(
-                    v[b] for key, v in predicted.items() if key.startswith(f"{workload}/{name} ")
-                )
-                for b in batches
-            }
+            mine = [v for key, v in predicted.items() if key.startswith(f"{workload}/{name} ")]
+            # predictions start from a B = 1 run: none when --batches has no 1
+            best_pred = {b: max(v[b] for v in mine) for b in batches} if mine else None
             stops.append(
-                [workload, name, str(stops_paying(best_pred)), str(stops_paying(measured))]
+                [
+                    workload,
+                    name,
+                    str(stops_paying(best_pred)) if best_pred else "(needs B = 1)",
+                    str(stops_paying(measured)),
+                ]
             )
     goodput_rows = []
     for workload in args.workloads:
