@@ -406,20 +406,18 @@ def replace_dir(source: Path, final: Path) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def place_dir(source: Path, final: Path) -> bool:
+def place_dir(source: Path, final: Path) -> None:
     """Rename the finished folder `source` to `final` unless a folder is
     there already (another process placed one while this one built its
-    own: it is left as it is, whole, and `source` is removed). Whether
-    `source` was placed. For caches keyed by content, where any whole
-    folder of that name is as good as another; `replace_dir` replaces."""
+    own: it is left as it is, whole, and `source` is removed). For caches
+    keyed by content, where any whole folder of that name is as good as
+    another; `replace_dir` replaces."""
     try:
         os.rename(source, final)  # a non-empty folder there: refused, not replaced
-        return True
     except OSError:
         if not final.is_dir():
             raise
         shutil.rmtree(source, ignore_errors=True)
-        return False
 
 
 def new_output_file(path: Any, name: str, *, reserved: tuple[str, ...] = ()) -> Path:
