@@ -35,8 +35,10 @@ def save_model(folder: Path) -> Path:
     embedding (scaled by 4): greedy repeats the last token (prompt lookup's
     drafts are accepted), sampling at T = 1 still varies."""
     import torch
+    from specdec_rs.gguf.model import tokenizer_for
 
-    _, tokenizer = models.load_smollm2()
+    # SmolLM2's tokenizer as `load_smollm2` reads it, without building its weights (0.4 s)
+    tokenizer = tokenizer_for(models.smollm2_gguf(), models.cache_dir())
     model = models.tiny_llama(vocab_size=len(tokenizer), hidden_size=64, num_layers=2, seed=0)
     with torch.no_grad():
         model.lm_head.weight.copy_(model.model.embed_tokens.weight * 4)
