@@ -52,11 +52,12 @@ FIX = (
     "architecture as llama.cpp's converter writes it"
 )
 MAX_SIZE = 1 << 20
+ARCHITECTURE = "general.architecture"  # the metadata key naming the model's architecture
 
 
 def architecture_of(f: GGUFFile) -> Architecture:
     """The file's `general.architecture`, if supported (ValueError naming it and the list)."""
-    name = f.text("general.architecture", fix=FIX)
+    name = f.text(ARCHITECTURE, fix=FIX)
     if name in ARCHITECTURES:
         return ARCHITECTURES[name]
     why = f" ({REFUSED[name]})" if name in REFUSED else ""
@@ -446,9 +447,6 @@ def tokenizer_folder(file: GGUFFile | Path, cache: Path) -> Path:
     name = architecture if isinstance(architecture, str) and architecture else "tokenizer"
     name = re.sub(r"[^A-Za-z0-9_-]", "_", name)[:40]  # a plain folder name, never a path
     return cache / "gguf-tokenizers" / f"{name}-{digest.hexdigest()[:16]}"
-
-
-ARCHITECTURE = "general.architecture"
 
 
 def tokenizer_for(file: GGUFFile | Path, cache: Path) -> PreTrainedTokenizerBase:
