@@ -75,6 +75,8 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--replays", type=int, default=200)
     args = parser.parse_args()
+    if args.temperature <= 0:  # one-hot target rows: both rules keep the same drafts
+        parser.error("--temperature must be > 0: at 0 block and token verification agree")
     from transformers.utils import logging
 
     logging.disable_progress_bar()

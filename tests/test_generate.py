@@ -323,3 +323,29 @@ def test_the_tally_of_a_generation_is_the_sum_of_its_rounds() -> None:
     assert summed.drafting == sum(r.drafted > 0 for r in rounds)
     assert sum(summed.histogram) == summed.rounds == sum(summed.by_k)
     assert Tally.of(rounds[0]) + Tally() == Tally.of(rounds[0])
+
+
+def test_a_greedy_round_reads_the_target_rows_argmaxes_only(target: Any, draft: Any) -> None:
+    """At temperature 0 on the CPU a chain round hands the verifier the target
+    rows' argmaxes (`Round.p_argmax`, `verify_greedy`) instead of one-hot rows
+    (p is None), and its tokens are the argmaxes' rule: each kept draft is its
+    row's argmax, the last token the next row's. Sampled rounds keep their rows."""
+    rounds: list[Any] = []
+    prompt = [5, 6, 7, 8, 5, 6, 7, 8, 5, 6]
+    out = sd.generate(
+        target, sd.DraftModel(draft), prompt, max_new_tokens=NEW, k=3, temperature=0,
+        eos_token_id=[], on_round=rounds.append,
+    )  # fmt: skip
+    assert out.new_tokens == NEW and any(r.accepted for r in rounds)
+    assert any(r.accepted < r.drafted for r in rounds)  # a rejection: the rule's other branch
+    for r in rounds:
+        assert r.p is None and r.p_argmax.shape == (r.drafted + 1,)
+        emitted = list(r.emitted)
+        assert emitted[:-1] == r.tokens[: r.accepted].tolist() == r.p_argmax[: r.accepted].tolist()
+        assert emitted[-1] == int(r.p_argmax[r.accepted])
+    sampled: list[Any] = []
+    sd.generate(
+        target, sd.DraftModel(draft), prompt, max_new_tokens=8, k=3, temperature=0.8, seed=1,
+        eos_token_id=[], on_round=sampled.append,
+    )  # fmt: skip
+    assert all(r.p_argmax is None and r.p.shape == (r.drafted + 1, V) for r in sampled)

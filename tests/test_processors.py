@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from specdec_rs.drafters import lookup
-from specdec_rs.processors import SamplingConfig, argmax, logits_to_probs
+from specdec_rs.processors import Sampler, SamplingConfig, argmax, logits_to_probs
 
 torch = pytest.importorskip("torch")
 lp = pytest.importorskip("transformers.generation.logits_process")
@@ -49,6 +49,33 @@ def test_processors_match_transformers(config: SamplingConfig) -> None:
 def test_greedy_is_one_hot_at_the_first_argmax() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
     assert logits_to_probs(logits, SamplingConfig(0)).tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_greedy_tokens_are_the_greedy_rows_argmaxes_with_the_same_checks() -> None:
+    """`Sampler.greedy_tokens`: the argmax of each one-hot row `probs` gives
+    at temperature 0 (ties, a padded LM head's extra logits, float16, views),
+    and the same ValueError for a row with a NaN, a +inf or no finite logit;
+    refused for a sampling config."""
+    g = torch.Generator().manual_seed(0)
+    sampler = Sampler(SamplingConfig(0), 40, g)
+    logits = torch.randint(-3, 4, (6, 48), generator=g).float()
+    logits[0, 41] = 9.0  # beyond the vocabulary (padding): not a candidate
+    for x in (logits, logits.half(), logits[::2], logits[None]):
+        want = sampler.probs(x).argmax(-1)
+        assert torch.equal(sampler.greedy_tokens(x), want)
+    for bad in (float("nan"), float("inf")):
+        x = logits.clone()
+        x[3, 7] = bad
+        with pytest.raises(ValueError, match="logits row 3 has a NaN, a \\+inf"):
+            sampler.probs(x)
+        with pytest.raises(ValueError, match="logits row 3 has a NaN, a \\+inf"):
+            sampler.greedy_tokens(x)
+    x = logits.clone()
+    x[4] = float("-inf")
+    with pytest.raises(ValueError, match="logits row 4 has a NaN"):
+        sampler.greedy_tokens(x)
+    with pytest.raises(ValueError, match="needs a greedy config"):
+        Sampler(SamplingConfig(0.8), 40, g).greedy_tokens(logits)
 
 
 def test_argmax_is_torchs_on_ties_nan_inf_views_and_other_dtypes() -> None:

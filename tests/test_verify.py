@@ -358,3 +358,64 @@ def test_verify_device_equals_verify() -> None:
         bad = torch.tensor(p)
         bad[3] = float("nan")  # the bonus row
         sd.verify_device(bad, torch.tensor(p[:3]), torch.tensor([0, 1, 2]), seed=0)
+
+
+@given(rounds(), st.integers(0, 6))
+def test_verify_greedy_is_verify_on_one_hot_target_rows(case, agree: int) -> None:  # type: ignore[no-untyped-def]
+    """A greedy target's rows are one-hot at their argmaxes: `verify_greedy`
+    on the argmaxes gives what `verify` gives on those rows, whatever the seed
+    and q, its drafts agreeing with the argmaxes for `agree` positions, then
+    not; and both refuse the same drafts that q gives no mass."""
+    _, q, drafts, seed = case
+    k, v = len(drafts), q.shape[1]
+    rng = np.random.default_rng(seed % 2**32)
+    argmaxes = rng.integers(0, v, k + 1)
+    argmaxes[: min(agree, k)] = drafts[: min(agree, k)]
+    p = np.eye(v, dtype=q.dtype)[argmaxes]
+    for s in (seed, seed ^ 1):
+        try:
+            expect = sd.verify(p, q, drafts, s)
+        except ValueError:
+            with pytest.raises(ValueError, match="cannot have been sampled from q"):
+                sd.verify_greedy(argmaxes, q, drafts)
+            continue
+        assert np.array_equal(sd.verify_greedy(argmaxes, q, drafts), expect)
+
+
+def test_verify_greedy_reads_only_the_drafts_it_tests() -> None:
+    """Like `verify`: a draft after the first rejected one is never tested, so
+    q's mass there is not read; a tested draft with q = 0 is refused."""
+    q = np.eye(5)[[2, 3, 4]]
+    q_wrong_late = q.copy()
+    q_wrong_late[2] = np.eye(5)[0]  # draft 2 (= 4) has q = 0 there
+    drafts = np.array([2, 3, 4])
+    argmaxes = np.array([2, 1, 4, 0])  # draft 1 rejected: emits 1; draft 2 never tested
+    for rows in (q, q_wrong_late):
+        assert sd.verify_greedy(argmaxes, rows, drafts).tolist() == [2, 1]
+        assert sd.verify(np.eye(5)[argmaxes], rows, drafts, seed=3).tolist() == [2, 1]
+    assert sd.verify_greedy([2, 3, 4, 0], q, drafts).tolist() == [2, 3, 4, 0]  # all kept: bonus
+    assert sd.verify_greedy([4], np.zeros((0, 5)), []).tolist() == [4]  # k = 0
+    q_wrong_first = q.copy()
+    q_wrong_first[1] = np.eye(5)[0]  # draft 1 (= 3) has q = 0 and is tested
+    for call in (
+        lambda: sd.verify_greedy(argmaxes, q_wrong_first, drafts),
+        lambda: sd.verify(np.eye(5)[argmaxes], q_wrong_first, drafts, seed=3),
+    ):
+        with pytest.raises(ValueError, match=r"drafts\[1\] = 3 has probability 0"):
+            call()
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (([1, 2], np.eye(5)[[1, 2]], [1, 2]), "p_argmax has 2 entries for 2 drafts"),
+        (([1, 2, 3], np.eye(5)[[1]], [1, 2]), r"q_rows has shape \(1, 5\)"),
+        (([1, 2, 3], np.eye(5, dtype=int)[[1, 2]], [1, 2]), "expected float rows"),
+        (([1, 2, 7], np.eye(5)[[1, 2]], [1, 2]), r"p_argmax holds ids outside \[0, 5\)"),
+        (([1, 2, 3], np.eye(5)[[1, 2]], [1, -2]), r"drafts holds ids outside \[0, 5\)"),
+        (([1.5, 2, 3], np.eye(5)[[1, 2]], [1, 2]), "p_argmax has dtype float64"),
+    ],
+)
+def test_verify_greedy_refuses_bad_inputs(args, message: str) -> None:  # type: ignore[no-untyped-def]
+    with pytest.raises(ValueError, match=message):
+        sd.verify_greedy(*args)

@@ -58,7 +58,14 @@ _EXPORTS = {
         "expected_tokens",
         "expected_tokens_per_position",
     ),
-    "specdec_rs.verify": ("row_seed", "verify", "verify_batch", "verify_device", "verify_tree"),
+    "specdec_rs.verify": (
+        "row_seed",
+        "verify",
+        "verify_batch",
+        "verify_device",
+        "verify_greedy",
+        "verify_tree",
+    ),
 }
 _HOME = {name: module for module, names in _EXPORTS.items() for name in names}
 
@@ -136,7 +143,14 @@ if TYPE_CHECKING:
         expected_tokens,
         expected_tokens_per_position,
     )
-    from specdec_rs.verify import row_seed, verify, verify_batch, verify_device, verify_tree
+    from specdec_rs.verify import (
+        row_seed,
+        verify,
+        verify_batch,
+        verify_device,
+        verify_greedy,
+        verify_tree,
+    )
 
 
 __all__ = [
@@ -182,5 +196,6 @@ __all__ = [
     "verify",
     "verify_batch",
     "verify_device",
+    "verify_greedy",
     "verify_tree",
 ]

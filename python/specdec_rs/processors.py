@@ -82,18 +82,9 @@ def _process(
     caller raises."""
     import torch
 
-    if not isinstance(logits, torch.Tensor):
-        raise ValueError(f"{name} is a {type(logits).__name__}; expected a torch tensor (..., V)")
     if not isinstance(config, SamplingConfig):
         raise ValueError(f"config is a {type(config).__name__}; expected a SamplingConfig")
-    if logits.device.type == "meta":
-        raise ValueError(f"{name} is a tensor on the meta device (it has no values)")
-    if not (logits.is_floating_point() and logits.ndim >= 1 and logits.shape[-1] >= 1):
-        raise ValueError(
-            f"{name} has dtype {logits.dtype} and shape {tuple(logits.shape)}; "
-            "expected floating-point logits of shape (..., V), V >= 1"
-        )
-    logits = logits.float()
+    logits = _checked_logits(logits, name)
     top = row_max(logits)  # NaN if a NaN is present
     bad = ~torch.isfinite(top)
     if not defer:
@@ -118,6 +109,23 @@ def _process(
         scores = scores.masked_fill(drop, neg_inf)
     out: torch.Tensor = scores.softmax(dim=-1)
     return out, bad[..., 0]
+
+
+def _checked_logits(logits: Any, name: str) -> torch.Tensor:
+    """`logits` as float32 after the shape and type checks: a floating-point
+    torch tensor (..., V), V >= 1, with values (not on the meta device)."""
+    import torch
+
+    if not isinstance(logits, torch.Tensor):
+        raise ValueError(f"{name} is a {type(logits).__name__}; expected a torch tensor (..., V)")
+    if logits.device.type == "meta":
+        raise ValueError(f"{name} is a tensor on the meta device (it has no values)")
+    if not (logits.is_floating_point() and logits.ndim >= 1 and logits.shape[-1] >= 1):
+        raise ValueError(
+            f"{name} has dtype {logits.dtype} and shape {tuple(logits.shape)}; "
+            "expected floating-point logits of shape (..., V), V >= 1"
+        )
+    return logits.float()
 
 
 def row_max(rows: torch.Tensor) -> torch.Tensor:
@@ -304,6 +312,31 @@ class Sampler:
         if not self.eager:
             self._flags.append((bad.any(), name))
         return probs
+
+    def greedy_tokens(self, logits: torch.Tensor, name: str = "logits") -> torch.Tensor:
+        """(n, V') logits -> (n,) int64: each row's first argmax over the first
+        `vocab_size` logits, which is all a greedy config's one-hot `probs`
+        rows hold (`verify_greedy` reads only these). The same checks as
+        `probs` on the CPU: a row with a NaN, a +inf or no finite logit raises."""
+        if not self.config.greedy or not self.eager:
+            raise ValueError(
+                "greedy_tokens needs a greedy config (temperature 0) on the CPU; "
+                "use probs() for sampled rows or rows on an accelerator"
+            )
+        import numpy as np
+        import torch
+
+        rows = _checked_logits(logits, name)[..., : self.vocab_size]
+        tokens = argmax(rows)
+        # one pass: an argmax lands on a row's first NaN or +inf, and on -inf
+        # only where every value is -inf, so the values it picks judge the rows
+        if _on_numpy(rows):
+            flat = rows.numpy().reshape(-1, rows.shape[-1])
+            picked = flat[np.arange(len(flat)), tokens.numpy().reshape(-1)]
+            if np.isfinite(picked).all():
+                return tokens
+        _raise_bad_rows(~torch.isfinite(rows.gather(-1, tokens[..., None]))[..., 0], name)
+        return tokens
 
     def take_flags(self) -> list[tuple[torch.Tensor, str]]:
         """The deferred checks since the last call: (0-d bool tensor, what)."""

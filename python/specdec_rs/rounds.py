@@ -28,6 +28,9 @@ class Round:
     `Window` that ran beside the drafts (lookahead's), else 0.
     p, q, tokens: what the verifier read: the target's processed rows, the
     drafter's rows (None for a fixed tree) and the drafts (on the models' device).
+    p_argmax: at temperature 0 on the CPU, each target row's argmax (k+1,),
+    all that the greedy verifier (`verify_greedy`) reads of the one-hot rows,
+    which are then not built (p is None); else None.
     margins: with generate(margins=True), the target's logit margin (top-1
     minus top-2) at each emitted token's position, else None.
     forced_drafts: the chain's last drafts that a grammar forced (all of a
@@ -50,6 +53,7 @@ class Round:
     p: Any = field(default=None, repr=False, compare=False)
     q: Any = field(default=None, repr=False, compare=False)
     tokens: Any = field(default=None, repr=False, compare=False)
+    p_argmax: Any = field(default=None, repr=False, compare=False)
     margins: tuple[float, ...] | None = field(default=None, repr=False)
     window: int = 0
     forced_drafts: int = 0

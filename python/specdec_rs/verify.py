@@ -91,6 +91,56 @@ def verify(
     return _core.verify(p, q, d, _checks.seed(seed), _full(check), p_tol, q_tol, rule)
 
 
+def verify_greedy(p_argmax: Any, q_rows: Any, drafts: Any) -> npt.NDArray[np.int64]:
+    """`verify` for a greedy target (T = 0), whose rows are one-hot: p_argmax
+    (k+1,) each row's argmax, q_rows (k, V) and drafts (k,) as in `verify`.
+
+    Returns what `verify` returns for p = the one-hot rows at p_argmax, with
+    any seed: draft i is kept while it equals row i's argmax (p_i(x) = 1
+    accepts whatever q_i(x) > 0 is; p_i(x) = 0 rejects), the first that
+    differs is replaced by its row's argmax (the residual max(0, p_i − q_i)
+    is one-hot there), and if all k are kept the bonus is row k's argmax. No
+    row of V values is built or read: the round costs k comparisons and the
+    q_i(x_i) it tests. ValueError, as `verify`'s, for ids outside [0, V) and
+    for a tested draft with q_i(x_i) = 0, which cannot have been drawn from q.
+
+    >>> import numpy as np
+    >>> verify_greedy([3, 1, 2], np.eye(4)[[3, 0]], [3, 0]).tolist()  # keeps 3, replaces 0 by 1
+    [3, 1]
+    """
+    a = _checks.token_array(p_argmax, "p_argmax", 1)
+    d = _checks.token_array(drafts, "drafts", 1)
+    k = len(d)
+    if len(a) != k + 1:
+        raise ValueError(
+            f"p_argmax has {len(a)} entries for {k} drafts; expected k + 1 = {k + 1} "
+            "(one row per draft and the bonus row)"
+        )
+    q = _checks.as_numpy(q_rows, "q_rows")
+    if q.ndim != 2 or q.shape[0] != k or q.dtype.kind != "f":
+        raise ValueError(
+            f"q_rows has shape {q.shape} and dtype {q.dtype}; expected float rows of shape ({k}, V)"
+        )
+    vocab = q.shape[1] if k else None
+    for name, ids in (("p_argmax", a), ("drafts", d)):
+        if ids.size and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
+            raise ValueError(f"{name} holds ids outside [0, {vocab}): {ids.tolist()}")
+    differs = np.flatnonzero(d != a[:k])
+    kept = int(differs[0]) if len(differs) else k
+    # the drafts the accept loop reads: the kept ones and the first rejected
+    tested = min(kept + 1, k)
+    qx = q[np.arange(tested), d[:tested]]
+    bad = np.flatnonzero(~(np.isfinite(qx) & (qx > 0)))
+    if len(bad):
+        i = int(bad[0])
+        raise ValueError(
+            f"drafts[{i}] = {int(d[i])} has probability {float(qx[i]):.3g} under q row {i}, so it "
+            "cannot have been sampled from q; pass as q_rows the distributions the drafts "
+            "were drawn from"
+        )
+    return np.concatenate([d[:kept], a[kept : kept + 1]])
+
+
 def verify_tree(
     p_rows: Any,
     q_rows: Any,

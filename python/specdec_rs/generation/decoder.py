@@ -45,7 +45,7 @@ from specdec_rs.generation.result import GenerationResult
 from specdec_rs.processors import Sampler, SamplingConfig, one_hot
 from specdec_rs.rounds import Round, Stats
 from specdec_rs.structured.constraint import FORCED_SOURCE, GrammarSampler, masked_logits
-from specdec_rs.verify import verify, verify_gathered, verify_tree
+from specdec_rs.verify import verify, verify_gathered, verify_greedy, verify_tree
 
 if TYPE_CHECKING:
     import torch
@@ -343,8 +343,16 @@ class Decoder:
         walk = pending.walk
         if walk is not None:  # the constrained target
             logits = masked_logits(logits, walk.allowed, self.vocab)
-        p = sampler.probs(logits, name="the target's logits")
-        emitted, kept = self._verify(p, proposal, flags, row_seed(self.seed, self.stats.rounds))
+        p = p_argmax = None
+        if self.greedy_chain(proposal):  # one-hot rows: their argmaxes suffice
+            p_argmax = sampler.greedy_tokens(logits, name="the target's logits")
+            q = proposal.q if proposal.q is not None else logits[:0, : self.vocab]
+            emitted = tuple(int(t) for t in verify_greedy(p_argmax, q, proposal.tokens))
+            kept = list(range(len(emitted) - 1))
+        else:
+            p = sampler.probs(logits, name="the target's logits")
+            seed = row_seed(self.seed, self.stats.rounds)
+            emitted, kept = self._verify(p, proposal, flags, seed)
         if walk is not None:
             assert self.constraint is not None
             self.constraint.settle(walk, emitted)
@@ -393,6 +401,7 @@ class Decoder:
             p=p,
             q=proposal.q,
             tokens=tokens,
+            p_argmax=p_argmax,
             margins=margins,
             forced_drafts=pending.forced_drafts,
         )
@@ -433,6 +442,11 @@ class Decoder:
         )
         window = checked_window(getattr(draft, "window", None), self.vocab, drafter.name)
         return Draft(tokens, q, getattr(draft, "source", None), window), flags
+
+    def greedy_chain(self, proposal: Any) -> bool:
+        """Whether the round verifies by the target's argmaxes alone
+        (`verify_greedy`): a greedy target, a chain, checks that raise at once (CPU)."""
+        return self.sampler.config.greedy and proposal.parents is None and not self.gathered
 
     def _verify(
         self, p: torch.Tensor, proposal: Any, flags: list[Flag], seed: int
