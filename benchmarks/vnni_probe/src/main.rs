@@ -11,6 +11,10 @@
 //!    epilogue (the scale product, the conversion, two FMAs into the
 //!    accumulator); and the same without the epilogue. Accumulators in
 //!    registers, the operands of 64 blocks L1-resident.
+//! 3. What the x broadcasts cost: the same work with x's 8 groups held in
+//!    registers (the operations less the 8 broadcast loads), and with the
+//!    rows' chains advanced side by side (program order that needs no
+//!    look-ahead across a row's chain).
 //!
 //!     cargo run --release --manifest-path benchmarks/vnni_probe/Cargo.toml
 //!
@@ -97,28 +101,54 @@ struct Panel {
     xs: Vec<[f32; XR]>,
 }
 
+/// The tile's variants: the work as `q8_tile_512` does it, without the float
+/// epilogue, with x's groups held in registers instead of broadcast from memory
+/// (wrong sums, the same operations less the 8 broadcast loads; row r pairs
+/// operand i with register (i + r) mod 8, so no two rows' sums coincide), and
+/// with the rows' chains advanced side by side operand by operand.
+const FULL: u8 = 0;
+const NO_EPILOGUE: u8 = 1;
+const X_IN_REGISTERS: u8 = 2;
+const ROWS_INTERLEAVED: u8 = 3;
+
 /// Seconds per (block, x row) of the tile's work over `reps` passes of 64 blocks.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
-unsafe fn tile_cost<const EPILOGUE: bool>(p: &Panel, reps: usize) -> f64 {
+unsafe fn tile_cost<const VARIANT: u8>(p: &Panel, reps: usize) -> f64 {
+    let held: [__m512i; 8] = black_box(core::array::from_fn(|i| _mm512_set1_epi32(p.x[0][0][i])));
     let seconds = best(|| {
         let mut acc = [_mm512_setzero_ps(); XR];
         let mut iacc = [_mm512_setzero_si512(); XR];
         for _ in 0..reps {
             for b in 0..BLOCKS {
                 let ops = black_box(&p.ops[b]);
+                let mut sums = [[_mm512_setzero_si512(); 2]; XR];
+                if VARIANT == ROWS_INTERLEAVED {
+                    for i in 0..8 {
+                        for (r, s) in sums.iter_mut().enumerate() {
+                            s[i % 2] = _mm512_dpbusd_epi32(s[i % 2], ops[i], _mm512_set1_epi32(p.x[b][r][i]));
+                        }
+                    }
+                }
                 for r in 0..XR {
-                    let (mut s0, mut s1) = (_mm512_setzero_si512(), _mm512_setzero_si512());
-                    for i in (0..8).step_by(2) {
-                        s0 = _mm512_dpbusd_epi32(s0, ops[i], _mm512_set1_epi32(p.x[b][r][i]));
-                        s1 = _mm512_dpbusd_epi32(s1, ops[i + 1], _mm512_set1_epi32(p.x[b][r][i + 1]));
+                    let [mut s0, mut s1] = sums[r];
+                    if VARIANT != ROWS_INTERLEAVED {
+                        for i in (0..8).step_by(2) {
+                            let (x0, x1) = if VARIANT == X_IN_REGISTERS {
+                                (held[(i + r) % 8], held[(i + 1 + 2 * r) % 8])
+                            } else {
+                                (_mm512_set1_epi32(p.x[b][r][i]), _mm512_set1_epi32(p.x[b][r][i + 1]))
+                            };
+                            s0 = _mm512_dpbusd_epi32(s0, ops[i], x0);
+                            s1 = _mm512_dpbusd_epi32(s1, ops[i + 1], x1);
+                        }
                     }
                     let s = _mm512_add_epi32(s0, s1);
-                    if EPILOGUE {
+                    if VARIANT == NO_EPILOGUE {
+                        iacc[r] = _mm512_add_epi32(iacc[r], s);
+                    } else {
                         let scale = _mm512_mul_ps(p.d[b], _mm512_set1_ps(p.xd[b][r]));
                         acc[r] = _mm512_fmadd_ps(scale, _mm512_cvtepi32_ps(s), acc[r]);
                         acc[r] = _mm512_fmadd_ps(p.m[b], _mm512_set1_ps(p.xs[b][r]), acc[r]);
-                    } else {
-                        iacc[r] = _mm512_add_epi32(iacc[r], s);
                     }
                 }
             }
@@ -162,8 +192,8 @@ fn main() {
             xs: vec![[1.0; XR]; BLOCKS],
         }
     };
-    // SAFETY: the features were detected above.
-    let (full, bare) = unsafe { (tile_cost::<true>(&p, 20_000), tile_cost::<false>(&p, 20_000)) };
+    // SAFETY (each call): the features were detected above.
+    let (full, bare) = unsafe { (tile_cost::<FULL>(&p, 20_000), tile_cost::<NO_EPILOGUE>(&p, 20_000)) };
     println!(
         "q8 tile, per 16-row block and x row ({XR} rows): {:.2} ns = {:.1} cycles with the float epilogue, \
          {:.2} ns = {:.1} cycles without (8 vpdpbusd: {:.1} cycles at 2 a cycle)",
@@ -172,5 +202,17 @@ fn main() {
         bare * 1e9,
         bare * hz,
         4.0
+    );
+    let (held, interleaved) = unsafe {
+        (
+            tile_cost::<X_IN_REGISTERS>(&p, 20_000),
+            tile_cost::<ROWS_INTERLEAVED>(&p, 20_000),
+        )
+    };
+    println!(
+        "the same with x's groups in registers (no broadcast loads): {:.1} cycles; \
+         with the rows' chains interleaved operand by operand: {:.1} cycles",
+        held * hz,
+        interleaved * hz
     );
 }
