@@ -140,7 +140,7 @@ pub(crate) fn x_rows(path: Path, q8: bool, q: QType) -> usize {
 
 /// Panels per tile for passes of `xr` x rows: enough independent
 /// accumulators to hide the multiply-add latency, few enough for the registers.
-pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
+pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool, q: QType) -> usize {
     if !path.avx512() {
         return 1;
     }
@@ -148,6 +148,9 @@ pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool) -> usize {
         (1, _) => 4,
         (2, _) => 2,
         (3..=8, false) => 2,
+        // x's broadcasts shared by the two panels (`q8_tile_512`); not Q8_0,
+        // whose two panels' bytes streamed read 1.08-1.10x slower at 3-4 rows
+        (3..=5, true) if !q.kquant() && q != QType::Q8_0 => 2,
         _ => 1,
     }
 }
@@ -681,7 +684,7 @@ pub(crate) mod x86 {
                 }
             };
         }
-        shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2], 3 => [1], 4 => [1])
+        shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2 3 4 5], 3 => [1], 4 => [1])
     }
 
     /// The q8 tile: per panel block, the 8 operands (Q4, Q5: each group's low
@@ -690,7 +693,10 @@ pub(crate) mod x86 {
     /// the scaled sum. Q8_0 and Q4_0 codes are signed; the unsigned operand
     /// is then the code + 128 (Q8_0, `vpdpbusd`), or |code| with the x byte
     /// taking the code's sign (Q8_0 without VNNI), or the Q4_0 nibble
-    /// (code + 8); the correction takes 128·Σx or 8·Σx back out.
+    /// (code + 8); the correction takes 128·Σx or 8·Σx back out. A tile of
+    /// two panels holds both panels' operands and broadcasts each x group once
+    /// for both (a broadcast memory operand per `vpdpbusd` costs the core
+    /// about a quarter of the tile's time: `benchmarks/vnni_probe`).
     #[inline(always)]
     unsafe fn q8_tile_512<const VNNI: bool, const F: u8, const W: usize, const XR: usize>(
         xq: &Q8Rows,
@@ -701,87 +707,151 @@ pub(crate) mod x86 {
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
         let mut acc = start_tile_512::<W, XR>(t, sums);
-        let low = v::_mm512_set1_epi8(0x0f);
-        let flip = v::_mm512_set1_epi8(-128);
-        let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
-        let sign_trick = signed && !VNNI;
-        let levels = iq4_nl_bytes_512();
+        let sign_trick = matches!(q, QType::Q8_0 | QType::IQ4_NL) && !VNNI;
         for b in t.b0..t.b1 {
             if t.lead {
                 prefetch_panels(p, lay, t, b);
             }
-            for w in 0..W {
-                let base = p.as_ptr().add(lay.base(t.panel + w, b));
-                let (d, m) = scales_512(base, q);
-                let qh = if q.high_bits() {
-                    v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
-                } else {
-                    v::_mm512_setzero_si512()
-                };
-                let mut ops = [v::_mm512_setzero_si512(); 8];
-                for (i, op) in ops.iter_mut().enumerate() {
-                    let g = if q == QType::Q8_0 { i } else { i % 4 };
-                    let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
-                    *op = match q {
-                        QType::Q8_0 => raw,
-                        _ if i < 4 => v::_mm512_and_si512(raw, low),
-                        _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
-                    };
-                    if q.high_bits() {
-                        *op = v::_mm512_or_si512(*op, fifth_bits_512(qh, i));
+            let x = Q8Block { xq, r0: t.r0, k, nb, b };
+            if W == 2 && !sign_trick {
+                let panels = [0, 1].map(|w| Q8Operands::of::<VNNI>(p, lay, t.panel + w, b, q));
+                for r in 0..XR {
+                    let mut chains = [[v::_mm512_setzero_si512(); 2]; 2];
+                    for i in 0..8 {
+                        let xv = x.group(r, i);
+                        for (w, c) in chains.iter_mut().enumerate() {
+                            c[i % 2] = dot4_512::<VNNI>(c[i % 2], panels[w].magnitude[i], xv);
+                        }
                     }
-                    if q == QType::IQ4_NL {
-                        *op = v::_mm512_shuffle_epi8(levels, *op); // nibble -> its level
-                    }
-                    if signed && !sign_trick {
-                        *op = v::_mm512_xor_si512(*op, flip); // code + 128: unsigned
+                    for (w, c) in chains.into_iter().enumerate() {
+                        acc[w][r] = x.scaled(r, c, q, sign_trick, &panels[w], acc[w][r]);
                     }
                 }
-                let magnitude = if sign_trick {
-                    ops.map(|o| v::_mm512_abs_epi8(o))
-                } else {
-                    ops
-                };
+                continue;
+            }
+            for w in 0..W {
+                let panel = Q8Operands::of::<VNNI>(p, lay, t.panel + w, b, q);
                 for r in 0..XR {
-                    let row = t.r0 + r;
-                    let xs = xq.q.as_ptr().add(row * k + b * QK) as *const i32;
-                    let (mut s0, mut s1) = (v::_mm512_setzero_si512(), v::_mm512_setzero_si512());
+                    let mut c = [v::_mm512_setzero_si512(); 2];
                     for i in 0..8 {
-                        // operand i pairs with x bytes 4i..4i + 4 (Q4: low nibbles are
-                        // elements 0..16, high ones 16..32, so operand i is elements 4i..)
-                        let mut xv = v::_mm512_set1_epi32(*xs.add(i));
+                        let mut xv = x.group(r, i);
                         if sign_trick {
-                            let negative = v::_mm512_movepi8_mask(ops[i]);
+                            let negative = v::_mm512_movepi8_mask(panel.ops[i]);
                             xv = v::_mm512_mask_sub_epi8(xv, negative, v::_mm512_setzero_si512(), xv);
                         }
-                        if i % 2 == 0 {
-                            s0 = dot4_512::<VNNI>(s0, magnitude[i], xv);
-                        } else {
-                            s1 = dot4_512::<VNNI>(s1, magnitude[i], xv);
-                        }
+                        c[i % 2] = dot4_512::<VNNI>(c[i % 2], panel.magnitude[i], xv);
                     }
-                    let mut s = v::_mm512_add_epi32(s0, s1);
-                    let sum = *xq.sum.get_unchecked(row * nb + b);
-                    match q {
-                        QType::Q8_0 | QType::IQ4_NL if !sign_trick => {
-                            s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum))
-                        }
-                        QType::Q4_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(8 * sum)),
-                        QType::Q5_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(16 * sum)),
-                        _ => {}
-                    }
-                    let scale = v::_mm512_mul_ps(d, v::_mm512_set1_ps(*xq.d.get_unchecked(row * nb + b)));
-                    acc[w][r] = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s), acc[w][r]);
-                    if q.with_min() {
-                        acc[w][r] =
-                            v::_mm512_fmadd_ps(m, v::_mm512_set1_ps(*xq.s.get_unchecked(row * nb + b)), acc[w][r]);
-                    }
+                    acc[w][r] = x.scaled(r, c, q, sign_trick, &panel, acc[w][r]);
                 }
             }
         }
         for w in 0..W {
             for r in 0..XR {
                 v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[w][r]);
+            }
+        }
+    }
+
+    /// One panel block's q8 operands: `ops` (the 8 groups as `vpdpbusd`'s
+    /// unsigned operands, or the signed codes for the sign trick), the
+    /// unsigned operands the products take (`magnitude`: |code| for the sign
+    /// trick, else `ops`), and the rows' scales d and mins m.
+    struct Q8Operands {
+        ops: [v::__m512i; 8],
+        magnitude: [v::__m512i; 8],
+        d: v::__m512,
+        m: v::__m512,
+    }
+
+    impl Q8Operands {
+        #[inline(always)]
+        unsafe fn of<const VNNI: bool>(p: &[u8], lay: Layout, panel: usize, b: usize, q: QType) -> Q8Operands {
+            let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
+            let sign_trick = signed && !VNNI;
+            let base = p.as_ptr().add(lay.base(panel, b));
+            let (d, m) = scales_512(base, q);
+            let qh = if q.high_bits() {
+                v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
+            } else {
+                v::_mm512_setzero_si512()
+            };
+            let low = v::_mm512_set1_epi8(0x0f);
+            let mut ops = [v::_mm512_setzero_si512(); 8];
+            for (i, op) in ops.iter_mut().enumerate() {
+                let g = if q == QType::Q8_0 { i } else { i % 4 };
+                let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
+                *op = match q {
+                    QType::Q8_0 => raw,
+                    _ if i < 4 => v::_mm512_and_si512(raw, low),
+                    _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
+                };
+                if q.high_bits() {
+                    *op = v::_mm512_or_si512(*op, fifth_bits_512(qh, i));
+                }
+                if q == QType::IQ4_NL {
+                    *op = v::_mm512_shuffle_epi8(iq4_nl_bytes_512(), *op); // nibble -> its level
+                }
+                if signed && !sign_trick {
+                    *op = v::_mm512_xor_si512(*op, v::_mm512_set1_epi8(-128)); // code + 128: unsigned
+                }
+            }
+            let magnitude = if sign_trick {
+                ops.map(|o| v::_mm512_abs_epi8(o))
+            } else {
+                ops
+            };
+            Q8Operands { ops, magnitude, d, m }
+        }
+    }
+
+    /// The q8 x rows r0.. at one 32-block b.
+    struct Q8Block<'a> {
+        xq: &'a Q8Rows,
+        r0: usize,
+        k: usize,
+        nb: usize,
+        b: usize,
+    }
+
+    impl Q8Block<'_> {
+        /// Row r's x bytes 4i..4i + 4 broadcast: operand i's partner (Q4: low
+        /// nibbles are elements 0..16, high ones 16..32, so operand i is elements 4i..).
+        #[inline(always)]
+        unsafe fn group(&self, r: usize, i: usize) -> v::__m512i {
+            let xs = self.xq.q.as_ptr().add((self.r0 + r) * self.k + self.b * QK) as *const i32;
+            v::_mm512_set1_epi32(*xs.add(i))
+        }
+
+        /// `acc` plus row r's block sum scaled: the two chains added, the code
+        /// offset's correction, then acc + (d·d_x)·sum and (formats with a
+        /// min) + m·s_x.
+        #[inline(always)]
+        unsafe fn scaled(
+            &self,
+            r: usize,
+            chains: [v::__m512i; 2],
+            q: QType,
+            sign_trick: bool,
+            panel: &Q8Operands,
+            acc: v::__m512,
+        ) -> v::__m512 {
+            let at = (self.r0 + r) * self.nb + self.b;
+            let mut s = v::_mm512_add_epi32(chains[0], chains[1]);
+            let sum = *self.xq.sum.get_unchecked(at);
+            match q {
+                QType::Q8_0 | QType::IQ4_NL if !sign_trick => {
+                    s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(128 * sum))
+                }
+                QType::Q4_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(8 * sum)),
+                QType::Q5_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(16 * sum)),
+                _ => {}
+            }
+            let scale = v::_mm512_mul_ps(panel.d, v::_mm512_set1_ps(*self.xq.d.get_unchecked(at)));
+            let acc = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s), acc);
+            if q.with_min() {
+                v::_mm512_fmadd_ps(panel.m, v::_mm512_set1_ps(*self.xq.s.get_unchecked(at)), acc)
+            } else {
+                acc
             }
         }
     }

@@ -809,7 +809,7 @@ unsafe fn panels_range(
     path: Path,
 ) {
     let xr_max = crate::kernels::x_rows(path, xq.any(), lay.q);
-    let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.any());
+    let w = crate::kernels::panels_per_tile(path, n.min(xr_max), xq.any(), lay.q);
     let tiles = STRIPE.div_ceil(w) * n.div_ceil(xr_max);
     let chunk = crate::kernels::chunk_blocks(path, lay.q).filter(|_| tiles > 1 && n <= CHUNKED_ROWS);
     let chunked = chunk.is_some();
@@ -1113,13 +1113,15 @@ pub(crate) mod tests {
         }
     }
 
-    const SHAPES: [(usize, usize); 12] = [
+    const SHAPES: [(usize, usize); 14] = [
         (1, 1),
         (1, 19),
         (1, 70), // 5 panels: a tile of 4, then one of 1; on 2 threads stripe 0 split 2 + 2
         (2, 40),
         (2, 200), // 13 panels in 4 stripes: on 2 threads stripe 1 split 2 + 2
         (3, 16),
+        (3, 70),  // q8: tiles of 2 panels (x shared), then one of 1
+        (4, 200), // q8: tiles of 2 panels across split stripes
         (5, 33),
         (8, 9),
         (13, 70),
