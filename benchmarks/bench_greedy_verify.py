@@ -31,7 +31,12 @@ from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import markdown_table
 from specdec_rs.prompts import workloads
 
-SETTLE = 0.01  # seconds between generations (spinning threads settle)
+# seconds between timed runs: past the kernel workers' 2 ms spin (`rust/pool.rs`), so
+# one run's spinning worker never shares the two cores with the next run's, and
+# short: after 10-50 ms idle on the Intel host, products ran 1.5-2x slower for a
+# while (the weights evicted from the shared L3, the idle vCPU parked: wake-ups of
+# 10-30 ms), which a 10 ms settle put into random cells (BENCHMARKS.md)
+SETTLE = 0.003
 PATHS = ("one-hot rows", "argmaxes")
 
 

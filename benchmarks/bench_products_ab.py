@@ -37,7 +37,12 @@ from specdec_rs import _core as new
 
 SHAPES = [(576, 576), (192, 576), (1536, 576), (576, 1536)]
 SHAPES_K = [(1024, 1024), (256, 1024), (2816, 1024), (1024, 2816)]
-SETTLE = 0.01  # seconds after each call set (spinning workers stop)
+# seconds between timed runs: past the kernel workers' 2 ms spin (`rust/pool.rs`), so
+# one run's spinning worker never shares the two cores with the next run's, and
+# short: after 10-50 ms idle on the Intel host, products ran 1.5-2x slower for a
+# while (the weights evicted from the shared L3, the idle vCPU parked: wake-ups of
+# 10-30 ms), which a 10 ms settle put into random cells (BENCHMARKS.md)
+SETTLE = 0.003
 
 
 def load_before(so: Path) -> Any:
