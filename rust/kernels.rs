@@ -633,6 +633,15 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Whether `q`'s codes are int8 (Q8_0, IQ4_NL's levels), and whether the
+    /// q8 tiles then take |code| with the x byte given the code's sign (no
+    /// VNNI: `vpmaddubsw`'s pairs stay within 16 bits) instead of code + 128.
+    #[inline(always)]
+    const fn int8_codes(q: QType, vnni: bool) -> (bool, bool) {
+        let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL);
+        (signed, signed && !vnni)
+    }
+
     /// Σ over the 4 bytes of each lane of a (u8) · b (s8), added into `s`:
     /// `vpdpbusd`, or (without VNNI) `vpmaddubsw` then `vpmaddwd` by ones
     /// (no pair overflows 16 bits: a ≤ 255 only with |b| ≤ 127, see `q8_avx512`).
@@ -707,7 +716,7 @@ pub(crate) mod x86 {
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
         let mut acc = start_tile_512::<W, XR>(t, sums);
-        let sign_trick = matches!(q, QType::Q8_0 | QType::IQ4_NL) && !VNNI;
+        let (_, sign_trick) = int8_codes(q, VNNI);
         for b in t.b0..t.b1 {
             if t.lead {
                 prefetch_panels(p, lay, t, b);
@@ -766,8 +775,7 @@ pub(crate) mod x86 {
     impl Q8Operands {
         #[inline(always)]
         unsafe fn of<const VNNI: bool>(p: &[u8], lay: Layout, panel: usize, b: usize, q: QType) -> Q8Operands {
-            let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
-            let sign_trick = signed && !VNNI;
+            let (signed, sign_trick) = int8_codes(q, VNNI);
             let base = p.as_ptr().add(lay.base(panel, b));
             let (d, m) = scales_512(base, q);
             let qh = if q.high_bits() {
@@ -1192,8 +1200,7 @@ pub(crate) mod x86 {
         let mut acc = start_256::<XR>(t, w, half, sums);
         let low = v::_mm256_set1_epi8(0x0f);
         let flip = v::_mm256_set1_epi8(-128);
-        let signed = matches!(q, QType::Q8_0 | QType::IQ4_NL); // int8 codes
-        let sign_trick = signed && !VNNI;
+        let (signed, sign_trick) = int8_codes(q, VNNI);
         let table = v::_mm_loadu_si128(crate::quant::IQ4_NL_VALUES.as_ptr() as *const v::__m128i);
         let levels = v::_mm256_set_m128i(table, table);
         for b in t.b0..t.b1 {

@@ -412,6 +412,7 @@ def test_verify_greedy_reads_only_the_drafts_it_tests() -> None:
         (([1, 2, 3], np.eye(5)[[1]], [1, 2]), r"q_rows has shape \(1, 5\)"),
         (([1, 2, 3], np.eye(5, dtype=int)[[1, 2]], [1, 2]), "expected float rows"),
         (([1, 2, 7], np.eye(5)[[1, 2]], [1, 2]), r"p_argmax holds ids outside \[0, 5\)"),
+        (([7], np.zeros((0, 5)), []), r"p_argmax holds ids outside \[0, 5\)"),  # k = 0
         (([1, 2, 3], np.eye(5)[[1, 2]], [1, -2]), r"drafts holds ids outside \[0, 5\)"),
         (([1.5, 2, 3], np.eye(5)[[1, 2]], [1, 2]), "p_argmax has dtype float64"),
     ],

@@ -121,9 +121,9 @@ def verify_greedy(p_argmax: Any, q_rows: Any, drafts: Any) -> npt.NDArray[np.int
         raise ValueError(
             f"q_rows has shape {q.shape} and dtype {q.dtype}; expected float rows of shape ({k}, V)"
         )
-    vocab = q.shape[1] if k else None
+    vocab = q.shape[1]
     for name, ids in (("p_argmax", a), ("drafts", d)):
-        if ids.size and (int(ids.min()) < 0 or (vocab is not None and int(ids.max()) >= vocab)):
+        if ids.size and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
             raise ValueError(f"{name} holds ids outside [0, {vocab}): {ids.tolist()}")
     differs = np.flatnonzero(d != a[:k])
     kept = int(differs[0]) if len(differs) else k
