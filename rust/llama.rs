@@ -501,6 +501,14 @@ pub type Tables<'a> = [(&'a [f32], &'a [f32])];
 /// final norm of every row into `states` (N, hidden), then the LM head on
 /// the rows `rows` into `logits` (len(rows), vocab). One call for a
 /// forward: a step's Python is the embedding lookup and the rotary tables.
+///
+/// `panels`: empty (every row's whole vocabulary), or one entry per row of
+/// `rows`: None (its whole vocabulary) or the vocabulary panels (16 ids
+/// each, `quant::qlinear_panels`) whose logits the row needs, the rest of
+/// its row NaN: a grammar's masked rows read only the panels holding an
+/// allowed id. The rows with the whole vocabulary share one pass over the
+/// head; a row with panels listed reads those panels alone. Every logit
+/// computed is the same bits either way.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     x: &mut [f32],
@@ -508,6 +516,7 @@ pub fn forward(
     caches: &mut [Vec<Segment<'_>>],
     stack: &Stack<'_>,
     rows: &[usize],
+    panels: &[Option<&[usize]>],
     logits: &mut [f32],
     states: &mut [f32],
     threads: usize,
@@ -537,6 +546,13 @@ pub fn forward(
             stack.vocab
         )));
     }
+    if !panels.is_empty() && panels.len() != rows.len() {
+        return Err(bad(format!(
+            "{} lists of head panels for {} rows; expected none or one per row",
+            panels.len(),
+            rows.len()
+        )));
+    }
     for (i, ((w, s), segments)) in stack.layers.iter().zip(caches.iter_mut()).enumerate() {
         let Some(&(cos, sin)) = tables.get(s.rotary) else {
             return Err(bad(format!(
@@ -548,26 +564,67 @@ pub fn forward(
         layer(x, cos, sin, segments, w.clone(), *s, threads, path, act)?;
     }
     crate::rowwise::rms_norm(path, x, stack.norm, stack.eps, states, h);
-    let mut picked = vec![0.0f32; rows.len() * h];
-    for (i, &r) in rows.iter().enumerate() {
-        picked[i * h..(i + 1) * h].copy_from_slice(&states[r * h..(r + 1) * h]);
-    }
-    qlinear(
-        &picked,
-        stack.head.packed,
-        stack.head.q,
-        logits,
-        rows.len(),
-        h,
-        stack.vocab,
-        threads,
-        path,
-        act,
-    )?;
+    head(stack, states, rows, panels, logits, threads, path, act)?;
     if stack.softcap > 0.0 {
         let c = stack.softcap;
         for v in logits.iter_mut() {
             *v = c * (*v / c).tanh();
+        }
+    }
+    Ok(())
+}
+
+/// The LM head of `forward` on the final-normed `states` (N, hidden): the
+/// rows with their whole vocabulary in one product, each row with panels
+/// listed in a product of those panels alone (the rest of its row NaN).
+#[allow(clippy::too_many_arguments)]
+fn head(
+    stack: &Stack<'_>,
+    states: &[f32],
+    rows: &[usize],
+    panels: &[Option<&[usize]>],
+    logits: &mut [f32],
+    threads: usize,
+    path: Path,
+    act: Act,
+) -> crate::Result<()> {
+    let (h, vocab) = (stack.norm.len(), stack.vocab);
+    let listed = |i: usize| panels.get(i).copied().flatten();
+    let whole: Vec<usize> = (0..rows.len()).filter(|&i| listed(i).is_none()).collect();
+    let picked = |which: &[usize]| {
+        let mut out = vec![0.0f32; which.len() * h];
+        for (i, &w) in which.iter().enumerate() {
+            out[i * h..(i + 1) * h].copy_from_slice(&states[rows[w] * h..(rows[w] + 1) * h]);
+        }
+        out
+    };
+    let (w, q) = (stack.head.packed, stack.head.q);
+    if whole.len() == rows.len() {
+        qlinear(&picked(&whole), w, q, logits, rows.len(), h, vocab, threads, path, act)?;
+    } else if !whole.is_empty() {
+        let mut out = vec![0.0f32; whole.len() * vocab];
+        qlinear(
+            &picked(&whole),
+            w,
+            q,
+            &mut out,
+            whole.len(),
+            h,
+            vocab,
+            threads,
+            path,
+            act,
+        )?;
+        for (j, &i) in whole.iter().enumerate() {
+            logits[i * vocab..(i + 1) * vocab].copy_from_slice(&out[j * vocab..(j + 1) * vocab]);
+        }
+    }
+    for (i, &r) in rows.iter().enumerate() {
+        if let Some(list) = listed(i) {
+            let row = &mut logits[i * vocab..(i + 1) * vocab];
+            row.fill(f32::NAN);
+            let x = &states[r * h..(r + 1) * h];
+            crate::quant::qlinear_panels(x, w, q, row, 1, h, vocab, list, threads, path, act)?;
         }
     }
     Ok(())

@@ -730,24 +730,87 @@ pub fn qlinear(
     path: Path,
     act: Act,
 ) -> crate::Result<()> {
+    product("qlinear", x, p, q, out, n, k, m, None, threads, path, act)
+}
+
+/// `qlinear` on the output panels `panels` only (each of 16 outputs: panel
+/// i is outputs 16i..16i + 16; strictly increasing, below ⌈m / 16⌉): those
+/// outputs of every x row get exactly the bits `qlinear` gives them (the
+/// same sums in the same order), the others are not written. An LM head
+/// whose rows are masked (a grammar's allowed tokens) reads only the
+/// panels that hold an allowed token. Threads take equal shares of the
+/// listed panels (at least `PANELS_PER_PART` each).
+#[allow(clippy::too_many_arguments)]
+pub fn qlinear_panels(
+    x: &[f32],
+    p: &[u8],
+    q: QType,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    panels: &[usize],
+    threads: usize,
+    path: Path,
+    act: Act,
+) -> crate::Result<()> {
+    let count = m.div_ceil(PANEL);
+    if let Some(i) = (0..panels.len()).find(|&i| panels[i] >= count || (i > 0 && panels[i] <= panels[i - 1])) {
+        return Err(SpecError::Invalid(format!(
+            "qlinear_panels: panels[{i}] = {} after {:?}; expected strictly increasing panel indices \
+             below {count} (= ⌈m / {PANEL}⌉, m = {m})",
+            panels[i],
+            i.checked_sub(1).map(|j| panels[j])
+        )));
+    }
+    product(
+        "qlinear_panels",
+        x,
+        p,
+        q,
+        out,
+        n,
+        k,
+        m,
+        Some(panels),
+        threads,
+        path,
+        act,
+    )
+}
+
+/// The fewest listed panels a thread of `qlinear_panels` takes: a few
+/// panels cost less than waking a second thread.
+const PANELS_PER_PART: usize = 8;
+
+/// `qlinear` (`panels` None: every panel) or `qlinear_panels`.
+#[allow(clippy::too_many_arguments)]
+fn product(
+    what: &str,
+    x: &[f32],
+    p: &[u8],
+    q: QType,
+    out: &mut [f32],
+    n: usize,
+    k: usize,
+    m: usize,
+    panels: Option<&[usize]>,
+    threads: usize,
+    path: Path,
+    act: Act,
+) -> crate::Result<()> {
     if !path_available(path) {
         return Err(SpecError::Invalid(format!(
-            "qlinear: this CPU cannot run the {} path (its best is {})",
+            "{what}: this CPU cannot run the {} path (its best is {})",
             path.name(),
             best_path().name()
         )));
     }
     q.row_bytes(k)?;
-    check_len("qlinear", x.len(), n * k, "x", "n · k")?;
-    check_len(
-        "qlinear",
-        p.len(),
-        q.packed_len(m, k)?,
-        "w",
-        "the packed length (see pack)",
-    )?;
-    check_len("qlinear", out.len(), n * m, "out", "n · m")?;
-    check_threads("qlinear", threads)?;
+    check_len(what, x.len(), n * k, "x", "n · k")?;
+    check_len(what, p.len(), q.packed_len(m, k)?, "w", "the packed length (see pack)")?;
+    check_len(what, out.len(), n * m, "out", "n · m")?;
+    check_threads(what, threads)?;
     let act = if q.blocked() || q.kquant() { act } else { Act::F32 };
     let q8 = act == Act::Q8;
     let quantized = (q8 && q.blocked()).then(|| Q8Rows::of(x, n, k, q.with_min(), path.vector()));
@@ -758,17 +821,41 @@ pub fn qlinear(
     };
     let lay = Layout::of(q, k);
     let ptr = SharedOut(out.as_mut_ptr());
-    let (panels, stripes) = (m.div_ceil(PANEL), m.div_ceil(PANEL * STRIPE));
-    let parts = threads.min(stripes).max(1);
-    // equal shares of panels: a stripe may be split between two parts (9
-    // stripes on 2 threads: 18 panels each, not 4 and 5 stripes)
-    let job = |part: usize| {
-        let (lo, hi) = (part * panels / parts, (part + 1) * panels / parts);
-        // SAFETY: each part writes only the columns of its panels lo..hi
-        // (rows below m) of `out`, which holds n · m entries (checked above).
-        unsafe { panels_range(x, xq, p, lay, ptr, n, m, lo, hi, path) };
-    };
-    run_parts(threads, parts, &job);
+    match panels {
+        None => {
+            let (panels, stripes) = (m.div_ceil(PANEL), m.div_ceil(PANEL * STRIPE));
+            let parts = threads.min(stripes).max(1);
+            // equal shares of panels: a stripe may be split between two parts (9
+            // stripes on 2 threads: 18 panels each, not 4 and 5 stripes)
+            let job = |part: usize| {
+                let (lo, hi) = (part * panels / parts, (part + 1) * panels / parts);
+                // SAFETY: each part writes only the columns of its panels lo..hi
+                // (rows below m) of `out`, which holds n · m entries (checked above).
+                unsafe { panels_range(x, xq, p, lay, ptr, n, m, lo, hi, path) };
+            };
+            run_parts(threads, parts, &job);
+        }
+        Some(list) => {
+            let parts = threads.min(list.len() / PANELS_PER_PART).max(1);
+            let job = |part: usize| {
+                let share = &list[part * list.len() / parts..(part + 1) * list.len() / parts];
+                // each run of consecutive panels in one walk
+                let mut i = 0;
+                while i < share.len() {
+                    let mut j = i + 1;
+                    while j < share.len() && share[j] == share[j - 1] + 1 {
+                        j += 1;
+                    }
+                    // SAFETY: the listed panels are distinct and below ⌈m / 16⌉
+                    // (checked by `qlinear_panels`), so the parts write disjoint
+                    // columns (rows below m) of `out`, which holds n · m entries.
+                    unsafe { panels_range(x, xq, p, lay, ptr, n, m, share[i], share[j - 1] + 1, path) };
+                    i = j;
+                }
+            };
+            run_parts(threads, parts, &job);
+        }
+    }
     Ok(())
 }
 
@@ -1216,6 +1303,89 @@ pub(crate) mod tests {
                 }
             }
         }
+    }
+
+    /// `qlinear_panels` writes the listed panels' outputs with `qlinear`'s
+    /// bits (single panels, runs across stripes, the padded last panel,
+    /// shares split between threads) and nothing else.
+    #[test]
+    fn listed_panels_get_the_whole_products_bits_and_nothing_else_is_written() {
+        let m = 16 * 23 + 5; // 24 panels, the last holding 5 rows
+        let lists: [&[usize]; 5] = [
+            &[0],
+            &[23],
+            &[2, 3, 4, 5, 6, 9, 17, 18, 23],
+            &(0..24).collect::<Vec<_>>(),
+            &[1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21],
+        ];
+        for act in [Act::F32, Act::Q8] {
+            for q in [QType::Q4_1, QType::Q8_0, QType::Q4_K, QType::F16] {
+                for n in [1, 3, 5, 17] {
+                    let k = if q.kquant() { 256 } else { 64 };
+                    let (x, w) = (data(n * k, 5), weight(q, m, k, 6));
+                    let packed = pack(&w, q, m, k).unwrap();
+                    let mut all = vec![0.0f32; n * m];
+                    qlinear(&x, &packed, q, &mut all, n, k, m, 1, best_path(), act).unwrap();
+                    for list in lists {
+                        for (threads, path) in runs() {
+                            let mut got = vec![f32::NAN; n * m];
+                            qlinear_panels(&x, &packed, q, &mut got, n, k, m, list, threads, path, act).unwrap();
+                            for r in 0..n {
+                                for o in 0..m {
+                                    let (g, a) = (got[r * m + o], all[r * m + o]);
+                                    if list.contains(&(o / PANEL)) {
+                                        assert_eq!(g.to_bits(), a.to_bits(), "{q:?} n {n} {list:?} {path:?} {act:?}");
+                                    } else {
+                                        assert!(g.is_nan(), "{q:?} output {o} of an unlisted panel written");
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn panel_lists_out_of_order_or_range_are_errors() {
+        let (n, k, m) = (1, 64, 40); // 3 panels
+        let (x, w) = (data(n * k, 1), weight(QType::Q4_1, m, k, 2));
+        let packed = pack(&w, QType::Q4_1, m, k).unwrap();
+        let mut out = vec![0.0f32; n * m];
+        for list in [&[3usize][..], &[1, 1], &[2, 0]] {
+            let e = qlinear_panels(
+                &x,
+                &packed,
+                QType::Q4_1,
+                &mut out,
+                n,
+                k,
+                m,
+                list,
+                1,
+                best_path(),
+                Act::F32,
+            );
+            assert!(
+                matches!(e, Err(SpecError::Invalid(ref s)) if s.contains("strictly increasing")),
+                "{list:?}: {e:?}"
+            );
+        }
+        qlinear_panels(
+            &x,
+            &packed,
+            QType::Q4_1,
+            &mut out,
+            n,
+            k,
+            m,
+            &[],
+            2,
+            best_path(),
+            Act::F32,
+        )
+        .unwrap();
     }
 
     #[test]

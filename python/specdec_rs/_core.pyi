@@ -25,6 +25,7 @@ __all__ = [
     "layer_profile",
     "layer_profile_totals",
     "pack_rows",
+    "panel_rows",
     "read_bandwidth",
     "pack_weight",
     "quantize_q8",
@@ -139,6 +140,7 @@ class LlamaStack:
         path: str | None = None,
         activations: str = "f32",
         local: tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]] | None = None,
+        panels: list[list[int] | None] | None = None,
     ) -> tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]: ...
 
 @final
@@ -212,6 +214,7 @@ def quantize_q8(
     npt.NDArray[np.int8], npt.NDArray[np.float32], npt.NDArray[np.float32], npt.NDArray[np.int32]
 ]: ...
 def pack_rows() -> int: ...
+def panel_rows() -> int: ...
 def layer_profile(on: bool) -> None: ...
 def layer_profile_totals() -> list[tuple[str, float]]: ...
 def read_bandwidth(bytes: int, threads: int, repeats: int = 5) -> float: ...

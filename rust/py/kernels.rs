@@ -252,6 +252,13 @@ pub(super) fn pack_rows() -> usize {
     crate::quant::PANEL * crate::quant::STRIPE
 }
 
+/// Output rows of one panel: `LlamaStack.forward`'s `panels` and
+/// `qlinear_panels` name panels of this many outputs.
+#[pyfunction]
+pub(super) fn panel_rows() -> usize {
+    crate::quant::PANEL
+}
+
 /// Rows `rows` (int64) of a packed weight, in the file's row-major layout:
 /// (len(rows), row bytes) uint8.
 #[pyfunction]

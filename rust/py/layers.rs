@@ -294,8 +294,11 @@ impl LlamaStack {
     /// (causal) or, for one sequence, (n, past + n) uint8; the logits of
     /// rows `rows`; `local` the (cos, sin) of the layers that take rotary
     /// table 1 (Gemma 3's sliding layers). Returns (logits (len(rows),
-    /// vocab), the final-normed states (N, hidden)).
-    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32", local=None))]
+    /// vocab), the final-normed states (N, hidden)). `panels`: None, or one
+    /// entry per row of `rows`: None (its whole vocabulary) or the sorted
+    /// vocabulary panels (16 ids each) whose logits that row needs, the rest
+    /// of its row NaN (`llama::forward`).
+    #[pyo3(signature = (x, cos, sin, keys, values, pasts, lengths, mask, rows, threads, path=None, activations="f32", local=None, panels=None))]
     #[allow(clippy::too_many_arguments)]
     fn forward<'py>(
         &self,
@@ -313,8 +316,11 @@ impl LlamaStack {
         path: Option<&str>,
         activations: &str,
         local: Option<(PyReadonlyArray2<'py, f32>, PyReadonlyArray2<'py, f32>)>,
+        panels: Option<Vec<Option<Vec<usize>>>>,
     ) -> PyResult<Arrays2<'py>> {
         let (path, act) = (path_of(path)?, act_of(activations)?);
+        let panels = panels.unwrap_or_default();
+        let panels: Vec<Option<&[usize]>> = panels.iter().map(|p| p.as_deref()).collect();
         let (mut keys, mut values) = (
             CacheArray::all(&keys, "LlamaStack.forward: keys")?,
             CacheArray::all(&values, "LlamaStack.forward: values")?,
@@ -395,6 +401,7 @@ impl LlamaStack {
                 &mut caches,
                 &stack,
                 &rows,
+                &panels,
                 &mut logits,
                 &mut states,
                 threads,

@@ -209,6 +209,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::dequantize_transposed, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::quantize_q8, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::pack_rows, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::panel_rows, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::layer_profile, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::layer_profile_totals, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::read_bandwidth, m)?)?;

@@ -70,6 +70,7 @@ from specdec_rs.runner.stack import CHUNK
 from specdec_rs.structured.constraint import GrammarDeadEnd
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import PreTrainedModel
 
@@ -517,11 +518,16 @@ class BatchEngine:
         if chains or pieces:
             decoders = [work[i][0] for i in chains] + [d for d, _ in pieces]
             blocks = [work[i][1].block for i in chains] + [t for _, t in pieces]  # no None
+            walks = [work[i][1].walk for i in chains]
             logits, states = self.forward_blocks(
                 blocks,  # type: ignore[arg-type]
                 [d.cache for d in decoders],
                 hidden=any(d.wants_hidden for d in decoders),
                 read=len(chains),
+                allowed=[
+                    w.allowed if w is not None and Decoder.masked_head else None for w in walks
+                ]
+                + [None] * len(pieces),
             )
             places = chains + list(range(len(work), len(work) + len(pieces)))
             for j, (i, d) in enumerate(zip(places, decoders, strict=True)):
@@ -539,13 +545,17 @@ class BatchEngine:
         *,
         hidden: bool,
         read: int | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[list[torch.Tensor], list[torch.Tensor] | None]:
         """blocks[s] (n_s,) after caches[s], each cache grown by n_s: logits
         (n_s, V) of the first `read` blocks (default all; the rest's are not
         computed where the path can skip them) and (when `hidden`) hidden
         states (n_s, H) of every block, in one forward over all rows
-        (`runner.batch`, by `self.backend`)."""
-        return self.backend.forward_blocks(blocks, caches, hidden=hidden, read=read)
+        (`runner.batch`, by `self.backend`; `allowed`: a grammar's masks of
+        each block, see `Backend.forward_blocks`)."""
+        return self.backend.forward_blocks(
+            blocks, caches, hidden=hidden, read=read, allowed=allowed
+        )
 
     def profile(self, ks: Iterable[int], **options: Any) -> ForwardProfile:
         """T(B, n) of this engine's forward for n in `ks` (`profile.profile_forward`)."""

@@ -95,7 +95,11 @@ class Decoder:
     the prompt out of the cache for the caller to run in pieces beside
     other rows' rounds (`prefill_piece`, then `prefilled_piece` after the
     forward); the first round waits until `prefill_left` is 0.
+    Under a grammar a lone round's GGUF head computes only the panels of
+    the ids its masks allow (`masked_head`; the same bits where read).
     """
+
+    masked_head = True  # False: every round's head over the whole vocabulary (A/B, tests)
 
     def __init__(
         self,
@@ -292,7 +296,7 @@ class Decoder:
         """The target forward of a pending round, alone: logits (n, V) and
         (for drafters that read them) hidden states (n, H). A batch runs
         many rounds' blocks in one forward instead (`specdec_rs.engine`)."""
-        proposal = pending.proposal
+        proposal, walk = pending.proposal, pending.walk
         if pending.block is not None:
             return runner.forward_with_hidden(
                 self.target,
@@ -300,6 +304,7 @@ class Decoder:
                 self.cache,
                 keep=len(pending.block),
                 hidden=self.wants_hidden,
+                allowed=walk.allowed if walk is not None and self.masked_head else None,
             )
         tokens = proposal.tokens.to(self.device)
         parents = proposal.parents

@@ -29,6 +29,7 @@ from specdec_rs.runner.lone import forward_with_hidden
 from specdec_rs.runner.stack import batchable, stack_of
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import PreTrainedModel
 
@@ -47,11 +48,16 @@ class Backend(Protocol):
         *,
         hidden: bool,
         read: int | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> Blocks:
         """Logits (n_s, V) float32 of each block and, when `hidden`, its last
         hidden states (n_s, H); each cache grows by its block's length.
         read: only the first `read` blocks' logits are wanted (`StackRows`
-        computes no others: their entries are (0, V); default all)."""
+        computes no others: their entries are (0, V); default all).
+        allowed[s]: None, or (r_s, V) bool, the ids at which block s's first
+        r_s logits rows will be read (a grammar's masks): a GGUF model's
+        head computes only what they need there, so those rows' other
+        logits are unspecified (mask them); other backends compute them all."""
 
 
 def backend_of(target: Any) -> Backend:
@@ -96,11 +102,15 @@ class EachRow:
         *,
         hidden: bool,
         read: int | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> Blocks:
         """See `Backend.forward_blocks` (every block's logits are computed)."""
         logits, states = [], []
-        for block, cache in zip(blocks, caches, strict=True):
-            lg, st = forward_with_hidden(self.target, block, cache, keep=len(block), hidden=hidden)
+        masks = [None] * len(blocks) if allowed is None else allowed
+        for block, cache, mask in zip(blocks, caches, masks, strict=True):
+            lg, st = forward_with_hidden(
+                self.target, block, cache, keep=len(block), hidden=hidden, allowed=mask
+            )
             logits.append(lg)
             states.append(st)
         return logits, (states if hidden else None)  # type: ignore[return-value]
@@ -121,6 +131,7 @@ class StackRows:
         *,
         hidden: bool,
         read: int | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> Blocks:
         """See `Backend.forward_blocks`."""
         stack = stack_of(self.target, caches[0])
@@ -128,7 +139,7 @@ class StackRows:
             return self._by_layer(blocks, caches, hidden=hidden)
         lengths = [len(b) for b in blocks]
         heads = sum(lengths[: len(blocks) if read is None else read])
-        every, normed = stack.forward(blocks, caches, rows=range(heads))
+        every, normed = stack.forward(blocks, caches, rows=range(heads), allowed=allowed)
         out_logits, out_states, start = [], [], 0
         for n in lengths:
             out_logits.append(every[min(start, heads) : min(start + n, heads)])
@@ -190,6 +201,7 @@ class LlamaRows:
         *,
         hidden: bool,
         read: int | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> Blocks:
         """See `Backend.forward_blocks` (every block's logits are computed)."""
         import torch

@@ -19,6 +19,7 @@ from specdec_rs.runner.stack import stack_of
 from specdec_rs.trees import tree_depths, tree_mask
 
 if TYPE_CHECKING:
+    import numpy as np
     import torch
     from transformers import PreTrainedModel
     from transformers.cache_utils import Cache
@@ -40,15 +41,25 @@ def forward(model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: in
 
 
 def forward_with_hidden(
-    model: PreTrainedModel, tokens: torch.Tensor, cache: Cache, keep: int, *, hidden: bool = True
+    model: PreTrainedModel,
+    tokens: torch.Tensor,
+    cache: Cache,
+    keep: int,
+    *,
+    hidden: bool = True,
+    allowed: np.ndarray | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """`forward`, plus the last hidden states of all n positions (n, H) in the
-    model's dtype when `hidden` (the input of the LM head; no extra pass)."""
+    model's dtype when `hidden` (the input of the LM head; no extra pass).
+    `allowed` (r, V) bool: the ids at which the logits of the block's first
+    r positions will be read (a grammar's masks; with keep = n); a GGUF
+    model's head then computes only what they need, so the other logits of
+    those rows are unspecified: mask them (`structured.masked_logits`)."""
     stack = _stack(model, cache)
     if stack is not None:  # a GGUF model: the whole forward in one Rust call
         n = len(tokens)
         wanted = range(n - keep, n) if keep else range(n)
-        logits, states = stack.forward([tokens], [cache], rows=wanted)
+        logits, states = stack.forward([tokens], [cache], rows=wanted, allowed=[allowed])
         return logits, (states if hidden else None)
     ids = tokens.to(device_of(model)).unsqueeze(0)
     return logits_and_hidden(model, hidden, keep, input_ids=ids, use_cache=True, cache=cache)

@@ -26,6 +26,7 @@ import numpy as np
 from specdec_rs import _core
 
 CHUNK = 256  # positions of one call when a long block runs alone (the attention's scratch)
+DENSE_PANELS = 0.5  # a row needing more of the head's panels than this reads them all
 
 if TYPE_CHECKING:
     import torch
@@ -80,17 +81,48 @@ class Stack:
         rows: Sequence[int] | None = None,
         positions: torch.Tensor | None = None,
         mask: np.ndarray | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """blocks[s] (n_s,) after caches[s]; each cache grows by n_s.
         (logits (len(rows), V) float32 of the rows `rows` of the N = Σ n_s
         (default: every row), the final-normed states (N, H)). `positions`
         (N,): the rows' positions (default: each block's after its cache);
-        `mask` (n, past + n) uint8: one sequence's attention (a tree's)."""
+        `mask` (n, past + n) uint8: one sequence's attention (a tree's).
+        `allowed[s]`: None, or (r_s, V) bool, the ids at which the logits
+        of block s's first r_s positions will be read (a grammar's masks);
+        the head computes those rows on the panels holding an allowed id
+        only (`head_panels`), and their other logits are unspecified (NaN
+        where a panel was skipped): mask them (`structured.masked_logits`).
+        The logits computed are the same bits either way."""
 
         block = blocks[0].reshape(-1)
         if len(blocks) == 1 and mask is None and positions is None and len(block) > CHUNK:
             return self._chunked(block, caches[0], rows)
-        return self._call(blocks, caches, rows, positions, mask)
+        panels = None
+        if allowed is not None and any(a is not None for a in allowed):
+            lengths = [len(b) for b in blocks]
+            wanted = range(sum(lengths)) if rows is None else rows
+            panels = self._panels(allowed, lengths, wanted)
+        return self._call(blocks, caches, rows, positions, mask, panels)
+
+    def _panels(
+        self,
+        allowed: Sequence[np.ndarray | None],
+        lengths: Sequence[int],
+        wanted: Sequence[int],
+    ) -> list[list[int] | None]:
+        """Per wanted row: its head panels (`head_panels`) where its block's
+        masks cover it, else None (the whole vocabulary)."""
+        if len(allowed) != len(lengths):
+            raise ValueError(f"allowed has {len(allowed)} entries for {len(lengths)} blocks")
+        lists = [None if a is None else head_panels(a, self.head.out_features) for a in allowed]
+        starts = np.cumsum([0, *lengths])
+        out: list[list[int] | None] = []
+        for w in wanted:
+            s = int(np.searchsorted(starts, w, side="right")) - 1
+            mine, j = lists[s], int(w - starts[s])
+            out.append(mine[j] if mine is not None and j < len(mine) else None)
+        return out
 
     def _chunked(
         self, block: torch.Tensor, cache: Any, rows: Sequence[int] | None
@@ -120,8 +152,9 @@ class Stack:
         rows: Sequence[int] | None,
         positions: torch.Tensor | None,
         mask: np.ndarray | None,
+        panels: list[list[int] | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Rust call over the blocks (see `forward`)."""
+        """One Rust call over the blocks (see `forward`; `panels`: `head_panels`)."""
         import torch
 
         lengths = [len(b) for b in blocks]
@@ -148,6 +181,8 @@ class Stack:
             values += v
         n_rows = len(ids)
         wanted = list(range(n_rows)) if rows is None else [int(r) for r in rows]
+        if panels is not None:  # rows past the masks' read their whole vocabulary
+            panels = panels[: len(wanted)] + [None] * (len(wanted) - len(panels))
         threads = self.head.threads
         logits, states = self.stack.forward(
             x.numpy(),
@@ -162,6 +197,7 @@ class Stack:
             threads,
             activations=self.head.activations,
             local=local,
+            panels=panels,
         )
         for cache, n in zip(caches, lengths, strict=True):
             for layer in cache.layers[: self.depth]:
@@ -241,6 +277,35 @@ class RotaryTable:
             self.cos = cos[0].float().contiguous().numpy()
             self.sin = sin[0].float().contiguous().numpy()
         return self.cos[positions], self.sin[positions]
+
+
+def head_panels(allowed: np.ndarray, head_rows: int) -> list[list[int] | None]:
+    """Per row of `allowed` (r, V) bool: the LM head's panels (of
+    `_core.panel_rows()` ids) holding an allowed id, sorted; or None where
+    that is more than `DENSE_PANELS` of the head's panels (the row then
+    shares the whole head's pass with the other rows)."""
+    size = _core.panel_rows()
+    count = -(-head_rows // size)
+    if allowed.ndim != 2 or allowed.dtype != np.bool_ or allowed.shape[1] > count * size:
+        raise ValueError(
+            f"allowed is {allowed.dtype} {allowed.shape}; expected (rows, V) bool with V at most "
+            f"the head's {head_rows} rows"
+        )
+    rows, width = allowed.shape
+    if width % size or not allowed.flags.c_contiguous:
+        padded = np.zeros((rows, -(-width // size) * size), dtype=bool)
+        padded[:, :width] = allowed
+        allowed = padded
+    # a panel's 16 flags are two 8-byte words: it is needed where either is nonzero
+    words = allowed.view(np.uint64).reshape(rows, -1, size // 8)
+    needed = words[:, :, 0] != 0
+    for w in range(1, size // 8):
+        needed |= words[:, :, w] != 0
+    out: list[list[int] | None] = []
+    for row in needed:
+        listed = np.flatnonzero(row)
+        out.append(None if len(listed) > DENSE_PANELS * count else listed.tolist())
+    return out
 
 
 def stack_of(model: Any, cache: Any) -> Stack | None:
