@@ -410,7 +410,9 @@ pub(crate) mod x86 {
                 v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(c))
             }
             QType::IQ4_NL => v::_mm512_mul_ps(d, v::_mm512_permutexvar_ps(nib, iq4_nl_levels_512())),
-            _ => v::_mm512_add_ps(v::_mm512_mul_ps(d, v::_mm512_cvtepi32_ps(nib)), m),
+            // d·q + m in one fused operation: gguf-py's product then sum, the same
+            // bits (d·q is exact: quant.rs's module docs)
+            _ => v::_mm512_fmadd_ps(d, v::_mm512_cvtepi32_ps(nib), m),
         }
     }
 
@@ -929,7 +931,7 @@ pub(crate) mod x86 {
                 let upper = v::_mm256_castsi256_ps(v::_mm256_cmpgt_epi32(nib, v::_mm256_set1_epi32(7)));
                 v::_mm256_mul_ps(d, v::_mm256_blendv_ps(low, high, upper))
             }
-            _ => v::_mm256_add_ps(v::_mm256_mul_ps(d, v::_mm256_cvtepi32_ps(nib)), m),
+            _ => v::_mm256_fmadd_ps(d, v::_mm256_cvtepi32_ps(nib), m), // as code_value_512
         }
     }
 
