@@ -568,6 +568,10 @@ pub(crate) mod x86 {
         let wide = q == QType::Q8_0; // a byte per element: 8 groups, one pass
         let (groups, passes) = if wide { (8, 1) } else { (4, 2) };
         let nibble = v::_mm512_set1_epi32(0x0f0f_0f0f);
+        // Q4_0, Q4_1, IQ4_NL: a code's value is a 16-entry table's, looked up by
+        // `vpermps` from the group shifted to the code's nibble (the lookup reads
+        // an index's low 4 bits: no mask, no conversion)
+        let table = nibble_table_512(q);
         for b in t.b0..t.b1 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
@@ -586,10 +590,12 @@ pub(crate) mod x86 {
                     // Q8_0: elements 4·group + 0..4; else 16·pass + 4·group + 0..4 (low, then high nibbles)
                     let first = 16 * pass + 4 * group;
                     let mut held = [v::_mm512_setzero_si512(); W];
+                    let mut g_of = [v::_mm512_setzero_si512(); W];
                     let mut fifth = [v::_mm512_setzero_si512(); W];
                     for w in 0..W {
                         let g = v::_mm512_loadu_si512(bases[w].add(lay.qs + group * GROUP) as *const v::__m512i);
-                        held[w] = match (wide, pass) {
+                        g_of[w] = g;
+                        held[w] = match (wide || table.is_some(), pass) {
                             (true, _) => g,
                             (false, 0) => v::_mm512_and_si512(g, nibble),
                             _ => v::_mm512_and_si512(v::_mm512_srli_epi32::<4>(g), nibble),
@@ -610,6 +616,13 @@ pub(crate) mod x86 {
                                     _ => v::_mm512_srai_epi32::<24>(h),
                                 };
                                 v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(c), d[w])
+                            } else if let Some(table) = table {
+                                let index = nibble_512(g_of[w], 8 * byte + 4 * pass);
+                                let code = v::_mm512_permutexvar_ps(index, table);
+                                match q {
+                                    QType::Q4_1 => v::_mm512_fmadd_ps(d[w], code, m[w]), // as code_value_512
+                                    _ => v::_mm512_mul_ps(d[w], code),
+                                }
                             } else {
                                 let mut c = lane_byte_512(h, byte);
                                 if q.high_bits() {
@@ -632,6 +645,40 @@ pub(crate) mod x86 {
                     }
                 }
             }
+        }
+    }
+
+    /// The values of a 4-bit code of `q` (Q4_0: c − 8; Q4_1: c; IQ4_NL: its
+    /// levels) as 16 float32 lanes, or None (the other formats).
+    #[inline(always)]
+    unsafe fn nibble_table_512(q: QType) -> Option<v::__m512> {
+        const PLAIN: [f32; 16] = [
+            0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
+        ];
+        const CENTRED: [f32; 16] = [
+            -8.0, -7.0, -6.0, -5.0, -4.0, -3.0, -2.0, -1.0, 0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0,
+        ];
+        match q {
+            QType::Q4_0 => Some(v::_mm512_loadu_ps(CENTRED.as_ptr())),
+            QType::Q4_1 => Some(v::_mm512_loadu_ps(PLAIN.as_ptr())),
+            QType::IQ4_NL => Some(iq4_nl_levels_512()),
+            _ => None,
+        }
+    }
+
+    /// Each lane of `g` shifted right by `shift` (a multiple of 4 below 32, by
+    /// an immediate): the nibble there in the lane's low 4 bits.
+    #[inline(always)]
+    unsafe fn nibble_512(g: v::__m512i, shift: usize) -> v::__m512i {
+        match shift {
+            0 => g,
+            4 => v::_mm512_srli_epi32::<4>(g),
+            8 => v::_mm512_srli_epi32::<8>(g),
+            12 => v::_mm512_srli_epi32::<12>(g),
+            16 => v::_mm512_srli_epi32::<16>(g),
+            20 => v::_mm512_srli_epi32::<20>(g),
+            24 => v::_mm512_srli_epi32::<24>(g),
+            _ => v::_mm512_srli_epi32::<28>(g),
         }
     }
 

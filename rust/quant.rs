@@ -1398,7 +1398,18 @@ pub(crate) mod tests {
     /// Q4_1 and Q5_1 and minima m of every magnitude and sign.
     #[test]
     fn a_fused_code_product_and_sum_rounds_as_the_separate_ones() {
-        let ms = [0.0f32, -0.0, 1.0, -3.75, 1e-8, -2.5e-5, 0.1, 7.0e3, -6.5e4, f32::INFINITY];
+        let ms = [
+            0.0f32,
+            -0.0,
+            1.0,
+            -3.75,
+            1e-8,
+            -2.5e-5,
+            0.1,
+            7.0e3,
+            -6.5e4,
+            f32::INFINITY,
+        ];
         for bits in 0..=u16::MAX {
             let d = half(&bits.to_le_bytes(), 0);
             for q in 0..32 {
