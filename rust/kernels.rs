@@ -651,7 +651,7 @@ pub(crate) mod x86 {
     /// The values of a 4-bit code of `q` (Q4_0: c − 8; Q4_1: c; IQ4_NL: its
     /// levels) as 16 float32 lanes, or None (the other formats).
     #[inline(always)]
-    unsafe fn nibble_table_512(q: QType) -> Option<v::__m512> {
+    pub(crate) unsafe fn nibble_table_512(q: QType) -> Option<v::__m512> {
         const PLAIN: [f32; 16] = [
             0.0, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0, 11.0, 12.0, 13.0, 14.0, 15.0,
         ];
@@ -669,7 +669,7 @@ pub(crate) mod x86 {
     /// Each lane of `g` shifted right by `shift` (a multiple of 4 below 32, by
     /// an immediate): the nibble there in the lane's low 4 bits.
     #[inline(always)]
-    unsafe fn nibble_512(g: v::__m512i, shift: usize) -> v::__m512i {
+    pub(crate) unsafe fn nibble_512(g: v::__m512i, shift: usize) -> v::__m512i {
         match shift {
             0 => g,
             4 => v::_mm512_srli_epi32::<4>(g),

@@ -16,7 +16,12 @@
 //!   of qh[32c + l] as its bits 4 and 5. w = (d · sc_t) · (q − 32).
 //!
 //! Each weight is gguf-py's float32 value: the scale's product, then the
-//! code's product, then (Q4_K, Q5_K) the min's product subtracted.
+//! code's product, then (Q4_K, Q5_K) the min's product subtracted. The
+//! vector paths take the code's product and the subtraction as one fused
+//! operation, which rounds to the same bits: d · sc has at most 17
+//! significant bits (a float16's 11, a 6-bit scale) and is exact, and times
+//! a code below 32 at most 22: exact too, so rounding (d · sc) · q − min
+//! once is rounding the separate subtraction (checked for every float16 d).
 //!
 //! **q8 activations** (`Act::Q8`): x quantized per 256 as ggml's q8_K
 //! (`q8::Q8KRows`), and per super-block the exact integer sums of
@@ -447,7 +452,7 @@ pub(crate) mod x86 {
             let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(32));
             v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c))
         } else {
-            v::_mm256_sub_ps(v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c)), min)
+            v::_mm256_fmsub_ps(scale, v::_mm256_cvtepi32_ps(c), min) // exact product: the module docs
         }
     }
 
@@ -582,7 +587,7 @@ pub(crate) mod x86 {
             let c = v::_mm256_sub_epi32(c, v::_mm256_set1_epi32(32));
             v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c))
         } else {
-            v::_mm256_sub_ps(v::_mm256_mul_ps(scale, v::_mm256_cvtepi32_ps(c)), min)
+            v::_mm256_fmsub_ps(scale, v::_mm256_cvtepi32_ps(c), min) // as `element`
         }
     }
 
@@ -637,6 +642,18 @@ pub(crate) mod x86 {
         (low, high)
     }
 
+    /// `quad_codes_512`'s group of a Q4_K quad, shifted to the sub-block's
+    /// nibbles but not masked (`vpermps` reads each byte's low 4 bits).
+    #[inline(always)]
+    unsafe fn q4_k_group_512(base: *const u8, lay: Layout, sub: usize, quad: usize) -> v::__m512i {
+        let g = v::_mm512_loadu_si512(base.add(lay.qs + (4 * (sub / 2) + quad) * GROUP) as *const v::__m512i);
+        if sub % 2 == 1 {
+            v::_mm512_srli_epi32::<4>(g)
+        } else {
+            g
+        }
+    }
+
     /// Element `byte` of a quad (`quad_codes_512`) as `element` gives it, on 16 rows.
     #[inline(always)]
     unsafe fn quad_value_512(
@@ -655,7 +672,7 @@ pub(crate) mod x86 {
             let c = v::_mm512_sub_epi32(c, v::_mm512_set1_epi32(32));
             v::_mm512_mul_ps(scale, v::_mm512_cvtepi32_ps(c))
         } else {
-            v::_mm512_sub_ps(v::_mm512_mul_ps(scale, v::_mm512_cvtepi32_ps(c)), min)
+            v::_mm512_fmsub_ps(scale, v::_mm512_cvtepi32_ps(c), min) // as `element`
         }
     }
 
@@ -708,6 +725,9 @@ pub(crate) mod x86 {
         let (k, q) = (lay.k, kformat(F));
         let xp = x.as_ptr().add(t.r0 * k);
         let mut acc = start_512::<XR>(t, w, sums);
+        // Q4_K: a code's float32 value from a 16-entry table by `vpermps`, which
+        // reads the index's low 4 bits (no mask, no conversion; the same value)
+        let plain = crate::kernels::x86::nibble_table_512(QType::Q4_1).unwrap_or(v::_mm512_setzero_ps());
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
             lead(p, base, lay, t, w, b);
@@ -716,10 +736,19 @@ pub(crate) mod x86 {
                 for quad in 0..4 {
                     // elements 16·sub + 4·quad + 0..4: one group's codes, shifted
                     // into each byte's low bits once (`element`'s values, 16 lanes)
-                    let (low, high) = quad_codes_512(q, base, lay, sub, quad);
+                    let (low, high) = if q == QType::Q4_K {
+                        (q4_k_group_512(base, lay, sub, quad), v::_mm512_setzero_si512())
+                    } else {
+                        quad_codes_512(q, base, lay, sub, quad)
+                    };
                     for byte in 0..4 {
                         let e = 16 * sub + 4 * quad + byte;
-                        let wv = quad_value_512(q, low, high, byte, scale, min);
+                        let wv = if q == QType::Q4_K {
+                            let code = v::_mm512_permutexvar_ps(crate::kernels::x86::nibble_512(low, 8 * byte), plain);
+                            v::_mm512_fmsub_ps(scale, code, min) // as `element`
+                        } else {
+                            quad_value_512(q, low, high, byte, scale, min)
+                        };
                         for r in 0..XR {
                             let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK_K + e));
                             acc[r] = v::_mm512_fmadd_ps(wv, xv, acc[r]);
@@ -1092,6 +1121,29 @@ mod tests {
     use crate::linear::tests::data;
     use crate::quant::tests::{assert_every_path, weight};
     use crate::quant::{pack, Act};
+
+    /// The module docs' claim: (d · sc) · q is exact for every float16 d, scale
+    /// sc < 64 and code q < 32, so the fused subtraction of a min rounds as the
+    /// separate one.
+    #[test]
+    fn a_k_quant_codes_product_is_exact_so_its_fused_subtraction_rounds_the_same() {
+        for bits in 0..=u16::MAX {
+            let d = crate::quant::half(&bits.to_le_bytes(), 0);
+            if !d.is_finite() {
+                continue; // inf · 0 is NaN either way, inf · q (q > 0) inf
+            }
+            for sc in [0u32, 1, 2, 3, 5, 17, 31, 32, 33, 47, 62, 63] {
+                let scale = d * sc as f32;
+                for q in 0..32u32 {
+                    let product = scale * q as f32;
+                    assert_eq!(product as f64, d as f64 * sc as f64 * q as f64, "d {d} sc {sc} q {q}");
+                    for min in [0.0f32, 1.5, -2.0e-3, 7.0e4] {
+                        assert_eq!(scale.mul_add(q as f32, -min).to_bits(), (product - min).to_bits());
+                    }
+                }
+            }
+        }
+    }
 
     /// The documented q8 order, from the row-major super-blocks and the q8_K rows.
     fn reference_q8(x: &[f32], q: QType, w: &[u8], n: usize, k: usize, m: usize) -> Vec<f32> {
