@@ -572,6 +572,14 @@ pub(crate) mod x86 {
         // `vpermps` from the group shifted to the code's nibble (the lookup reads
         // an index's low 4 bits: no mask, no conversion)
         let table = nibble_table_512(q);
+        // Q8_0: per byte j, the `vpshufb` control moving each lane's byte j to its
+        // top byte and zeroing the three below (an index with its high bit set);
+        // the shuffle indexes within 128 bits: lane i's byte j is byte 4·(i mod 4) + j
+        let top_byte: [v::__m512i; 4] = std::array::from_fn(|j| {
+            let lanes: [i32; 16] =
+                std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]));
+            v::_mm512_loadu_si512(lanes.as_ptr() as *const v::__m512i)
+        });
         for b in t.b0..t.b1 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
@@ -583,6 +591,9 @@ pub(crate) mod x86 {
             for w in 0..W {
                 bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
                 (d[w], m[w]) = scales_512(bases[w], q);
+                if wide {
+                    d[w] = v::_mm512_mul_ps(d[w], v::_mm512_set1_ps(TWO_TO_MINUS_24));
+                }
                 qh[w] = qh_512(bases[w], lay);
             }
             for pass in 0..passes {
@@ -609,13 +620,10 @@ pub(crate) mod x86 {
                         for w in 0..W {
                             let h = held[w];
                             let wv = if wide {
-                                let c = match byte {
-                                    0 => v::_mm512_srai_epi32::<24>(v::_mm512_slli_epi32::<24>(h)),
-                                    1 => v::_mm512_srai_epi32::<24>(v::_mm512_slli_epi32::<16>(h)),
-                                    2 => v::_mm512_srai_epi32::<24>(v::_mm512_slli_epi32::<8>(h)),
-                                    _ => v::_mm512_srai_epi32::<24>(h),
-                                };
-                                v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(c), d[w])
+                                // the code's byte at the top of its lane, zeros below: c·2^24,
+                                // converted exactly; times d·2^-24 (exact) it is d·c, exact
+                                let top = v::_mm512_shuffle_epi8(h, top_byte[byte]);
+                                v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(top), d[w])
                             } else if let Some(table) = table {
                                 let index = nibble_512(g_of[w], 8 * byte + 4 * pass);
                                 let code = v::_mm512_permutexvar_ps(index, table);
@@ -647,6 +655,10 @@ pub(crate) mod x86 {
             }
         }
     }
+
+    /// 2^-24: a Q8_0 block's scale times this, times the code converted from
+    /// the top byte of its lane (c·2^24), is d·c exactly (`grouped_512`).
+    const TWO_TO_MINUS_24: f32 = 1.0 / 16_777_216.0;
 
     /// The values of a 4-bit code of `q` (Q4_0: c − 8; Q4_1: c; IQ4_NL: its
     /// levels) as 16 float32 lanes, or None (the other formats).
