@@ -206,18 +206,41 @@ def test_batch_rows_keep_their_tokens_with_the_masked_head(
     assert len(rows[True]) == 3 and rows[True] == rows[False]
 
 
+def dropping(allowed: np.ndarray, head_rows: int) -> list[list[int] | None]:
+    """`head_panels` with a defect: each list's last panel left out."""
+    lists = head_panels(allowed, head_rows)
+    return [None if p is None else p[:-1] if len(p) > 1 else p for p in lists]
+
+
+ACROSS_PANELS = "(ab|a|b|x|y|z|0|1|2|3|4|5|6|7|8|9)+c"  # allowed ids in panels 0-2
+
+
 def test_a_panel_left_out_is_caught_not_sampled_around(
     target: Any, tok: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Power: a panel list that drops an allowed id's panel leaves NaN
     where the grammar allows an id, and the sampler's checks refuse it."""
-
-    def dropping(allowed: np.ndarray, head_rows: int) -> list[list[int] | None]:
-        lists = head_panels(allowed, head_rows)
-        return [None if p is None else p[:-1] if len(p) > 1 else p for p in lists]
-
     monkeypatch.setattr(stack_module, "head_panels", dropping)
-    grammar = Grammar.regex("(ab|a|b|x|y|z|0|1|2|3|4|5|6|7|8|9)+c")  # ids across panels 0-2
+    grammar = Grammar.regex(ACROSS_PANELS)
     with pytest.raises(ValueError, match="NaN"):
         for seed in range(4):
             constrained(target, None, tok, grammar, temperature=0.8, seed=seed)
+
+
+def test_a_panel_left_out_in_a_batch_fails_its_rows(
+    target: Any, tok: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Power, batch rounds: the rows whose masks lost a panel fail with the
+    NaN error; a row without a grammar beside them is unaffected."""
+    monkeypatch.setattr(stack_module, "head_panels", dropping)
+    grammars = [Grammar.regex(ACROSS_PANELS), None, Grammar.regex(ACROSS_PANELS)]
+    requests = [
+        sd.Request([1, 2, 3 + i], 20, temperature=0.8, seed=i, eos_token_id=[0], grammar=g)
+        for i, g in enumerate(grammars)
+    ]
+    out = sd.generate_batch(
+        target, sd.PromptLookup, [], max_new_tokens=1, k=3, requests=requests, tokenizer=tok
+    )
+    assert out.rows[0].result is None and "NaN" in str(out.rows[0].error)
+    assert out.rows[2].result is None and "NaN" in str(out.rows[2].error)
+    assert out.rows[1].result is not None and len(out.rows[1].result.tokens) > 0
