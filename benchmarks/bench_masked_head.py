@@ -28,14 +28,12 @@ from typing import Any
 import numpy as np
 import specdec_rs as sd
 from bench_forward import host
-from bench_structured import SCHEMAS
+from bench_structured import SCHEMAS, workload
 from specdec_rs import models
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.measure.report import write_results
 from specdec_rs.measure.tables import markdown_table
-from specdec_rs.prompts import workloads
 from specdec_rs.runner import stack as stack_module
-from specdec_rs.structured import Grammar
 
 SETTLE = 0.003  # seconds between timed runs (see bench_greedy_verify.py)
 METHODS = ("none", "prompt-lookup", "suffix")
@@ -74,15 +72,7 @@ def main() -> None:
     machine = host()
     print(machine, flush=True)
     target, tokenizer = models.load_smollm2(activations=args.activations)
-    grammars = {name: Grammar.json_schema(schema) for name, _, schema in SCHEMAS}
-    prompts = {
-        name: workloads.encode(
-            tokenizer,
-            f"Describe {what} as a JSON object with the fields "
-            f"{', '.join(schema['properties'])}. Answer with the JSON only.",
-        )
-        for name, what, schema in SCHEMAS
-    }
+    grammars, prompts = workload(tokenizer)
     # one drafter per method and path: both paths' drafters learn the same outputs
     made = {(m, p): sd.drafters.from_spec(m, None, None) for m in METHODS[1:] for p in PATHS}
     first = SCHEMAS[0][0]  # warm-up: the grammar's tokenizer, the first forwards

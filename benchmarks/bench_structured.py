@@ -440,12 +440,8 @@ def k_of(k: str, drafter: Any) -> Any:
     return 4 if drafter is None else measured_policy(drafter)
 
 
-def run(
-    max_new: int, temperatures: list[float], seed: int, k: str = "4", activations: str = "f32"
-) -> dict[str, Any]:
-    import jsonschema
-
-    target, tokenizer = models.load_smollm2(activations=activations)
+def workload(tokenizer: Any) -> tuple[dict[str, Grammar], dict[str, Any]]:
+    """Per schema name: its grammar, and its chat prompt's ids."""
     grammars = {name: Grammar.json_schema(schema) for name, _, schema in SCHEMAS}
     prompts = {
         name: workloads.encode(
@@ -455,6 +451,16 @@ def run(
         )
         for name, what, schema in SCHEMAS
     }
+    return grammars, prompts
+
+
+def run(
+    max_new: int, temperatures: list[float], seed: int, k: str = "4", activations: str = "f32"
+) -> dict[str, Any]:
+    import jsonschema
+
+    target, tokenizer = models.load_smollm2(activations=activations)
+    grammars, prompts = workload(tokenizer)
     drafters = {m: drafter_for(m) for m in METHODS}
     # warm-up: the tokenizer's preparation for grammars and the first forwards
     sd.generate(

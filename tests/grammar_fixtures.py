@@ -21,3 +21,16 @@ def tiny_tokenizer() -> Any:
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     tok.decoder = decoders.ByteLevel()
     return PreTrainedTokenizerFast(tokenizer_object=tok, eos_token="<eos>")
+
+
+# a schema whose every value is bounded (an integer, an array of enums, an enum)
+SCHEMA = {
+    "type": "object",
+    "properties": {
+        "a": {"type": "integer", "minimum": 0, "maximum": 99},
+        "b": {"type": "array", "items": {"enum": ["x", "y", "ab"]}, "maxItems": 3},
+        "c": {"enum": [1, 2.5, "z"]},
+    },
+    "required": ["a", "b", "c"],
+    "additionalProperties": False,
+}

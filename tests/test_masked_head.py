@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specdec_rs as sd
-from grammar_fixtures import tiny_tokenizer
+from grammar_fixtures import SCHEMA, tiny_tokenizer
 from specdec_rs import _core, models, runner
 from specdec_rs.generation.decoder import Decoder
 from specdec_rs.runner import stack as stack_module
@@ -24,16 +24,6 @@ pytest.importorskip("llguidance")
 
 P = _core.panel_rows()
 V = 40 * P  # the tokenizer's 34 pieces, then ids it lacks: masks allow 3 of 40 panels at most
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": 0, "maximum": 99},
-        "b": {"type": "array", "items": {"enum": ["x", "y", "ab"]}, "maxItems": 3},
-        "c": {"enum": [1, 2.5, "z"]},
-    },
-    "required": ["a", "b", "c"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module", params=["f32", "q8"])

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 import specdec_rs as sd
-from grammar_fixtures import PIECES, tiny_tokenizer
+from grammar_fixtures import PIECES, SCHEMA, tiny_tokenizer
 from specdec_rs.models import tiny_llama
 from specdec_rs.structured import Grammar, GrammarDeadEnd, bind
 
@@ -22,16 +22,6 @@ jsonschema = pytest.importorskip("jsonschema")
 
 V = 48  # the tokenizer's 34 pieces and 14 ids it lacks (a padded LM head)
 ID = {p: i for i, p in enumerate(PIECES)}
-SCHEMA = {
-    "type": "object",
-    "properties": {
-        "a": {"type": "integer", "minimum": 0, "maximum": 99},
-        "b": {"type": "array", "items": {"enum": ["x", "y", "ab"]}, "maxItems": 3},
-        "c": {"enum": [1, 2.5, "z"]},
-    },
-    "required": ["a", "b", "c"],
-    "additionalProperties": False,
-}
 
 
 @pytest.fixture(scope="module")
