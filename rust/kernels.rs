@@ -657,7 +657,8 @@ pub(crate) mod x86 {
     }
 
     /// 2^-24: a Q8_0 block's scale times this, times the code converted from
-    /// the top byte of its lane (c·2^24), is d·c exactly (`grouped_512`).
+    /// the top byte of its lane (c·2^24), is d·c exactly (`grouped_512`,
+    /// `grouped_256`).
     const TWO_TO_MINUS_24: f32 = 1.0 / 16_777_216.0;
 
     /// The values of a 4-bit code of `q` (Q4_0: c − 8; Q4_1: c; IQ4_NL: its
@@ -1146,6 +1147,14 @@ pub(crate) mod x86 {
         let wide = q == QType::Q8_0;
         let (groups, passes) = if wide { (8, 1) } else { (4, 2) };
         let nibble = v::_mm256_set1_epi32(0x0f0f_0f0f);
+        // Q8_0 as in `grouped_512`: the code's byte at the top of its lane (c·2^24,
+        // converted exactly) times d·2^-24 (exact) is d·c
+        let d24 = v::_mm256_mul_ps(d, v::_mm256_set1_ps(TWO_TO_MINUS_24));
+        let top_byte: [v::__m256i; 4] = std::array::from_fn(|j| {
+            let lanes: [i32; 8] =
+                std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]));
+            v::_mm256_loadu_si256(lanes.as_ptr() as *const v::__m256i)
+        });
         for pass in 0..passes {
             for group in 0..groups {
                 let first = 16 * pass + 4 * group;
@@ -1163,13 +1172,8 @@ pub(crate) mod x86 {
                 for byte in 0..4 {
                     let e = first + byte;
                     let wv = if wide {
-                        let c = match byte {
-                            0 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<24>(h)),
-                            1 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<16>(h)),
-                            2 => v::_mm256_srai_epi32::<24>(v::_mm256_slli_epi32::<8>(h)),
-                            _ => v::_mm256_srai_epi32::<24>(h),
-                        };
-                        v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(c), d)
+                        let top = v::_mm256_shuffle_epi8(h, top_byte[byte]);
+                        v::_mm256_mul_ps(v::_mm256_cvtepi32_ps(top), d24)
                     } else {
                         let mut c = lane_byte_256(h, byte);
                         if q.high_bits() {
