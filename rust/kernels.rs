@@ -572,6 +572,8 @@ pub(crate) mod x86 {
         // `vpermps` from the group shifted to the code's nibble (the lookup reads
         // an index's low 4 bits: no mask, no conversion)
         let table = nibble_table_512(q);
+        // (not in tiles of 3-4 panels: their operands and the two tables spill registers)
+        let tables5 = if W <= 2 { five_bit_tables_512(q) } else { None };
         // Q8_0: per byte j, the `vpshufb` control moving each lane's byte j to its
         // top byte and zeroing the three below (an index with its high bit set);
         // the shuffle indexes within 128 bits: lane i's byte j is byte 4·(i mod 4) + j
@@ -606,7 +608,7 @@ pub(crate) mod x86 {
                     for w in 0..W {
                         let g = v::_mm512_loadu_si512(bases[w].add(lay.qs + group * GROUP) as *const v::__m512i);
                         g_of[w] = g;
-                        held[w] = match (wide || table.is_some(), pass) {
+                        held[w] = match (wide || table.is_some() || tables5.is_some(), pass) {
                             (true, _) => g,
                             (false, 0) => v::_mm512_and_si512(g, nibble),
                             _ => v::_mm512_and_si512(v::_mm512_srli_epi32::<4>(g), nibble),
@@ -624,6 +626,19 @@ pub(crate) mod x86 {
                                 // converted exactly; times d·2^-24 (exact) it is d·c, exact
                                 let top = v::_mm512_shuffle_epi8(h, top_byte[byte]);
                                 v::_mm512_mul_ps(v::_mm512_cvtepi32_ps(top), d[w])
+                            } else if let Some((low, high)) = tables5 {
+                                // Q5: bits 0-3 the nibble, bit 4 the fifth bit (bit `byte` of
+                                // `fifth`), the rest ignored by the 32-entry lookup
+                                let index = v::_mm512_ternarylogic_epi32::<0xE4>(
+                                    nibble_512(g_of[w], 8 * byte + 4 * pass),
+                                    fifth_at_bit4_512(fifth[w], byte),
+                                    v::_mm512_set1_epi32(0x0f),
+                                );
+                                let code = v::_mm512_permutex2var_ps(low, index, high);
+                                match q {
+                                    QType::Q5_1 => v::_mm512_fmadd_ps(d[w], code, m[w]), // as code_value_512
+                                    _ => v::_mm512_mul_ps(d[w], code),
+                                }
                             } else if let Some(table) = table {
                                 let index = nibble_512(g_of[w], 8 * byte + 4 * pass);
                                 let code = v::_mm512_permutexvar_ps(index, table);
@@ -676,6 +691,32 @@ pub(crate) mod x86 {
             QType::Q4_1 => Some(v::_mm512_loadu_ps(PLAIN.as_ptr())),
             QType::IQ4_NL => Some(iq4_nl_levels_512()),
             _ => None,
+        }
+    }
+
+    /// The values of a 5-bit code of `q` (Q5_0: c − 16; Q5_1: c) as two
+    /// 16-lane tables (codes 0..16, 16..32), or None (the other formats).
+    #[inline(always)]
+    unsafe fn five_bit_tables_512(q: QType) -> Option<(v::__m512, v::__m512)> {
+        let first = match q {
+            QType::Q5_0 => -16.0f32,
+            QType::Q5_1 => 0.0,
+            _ => return None,
+        };
+        let low: [f32; 16] = std::array::from_fn(|i| first + i as f32);
+        let high: [f32; 16] = std::array::from_fn(|i| first + 16.0 + i as f32);
+        Some((v::_mm512_loadu_ps(low.as_ptr()), v::_mm512_loadu_ps(high.as_ptr())))
+    }
+
+    /// Bit `byte` (0..4) of each lane of `fifth` moved to bit 4 (the other
+    /// bits are not cleared: the 32-entry lookup reads bits 0-4 only).
+    #[inline(always)]
+    unsafe fn fifth_at_bit4_512(fifth: v::__m512i, byte: usize) -> v::__m512i {
+        match byte {
+            0 => v::_mm512_slli_epi32::<4>(fifth),
+            1 => v::_mm512_slli_epi32::<3>(fifth),
+            2 => v::_mm512_slli_epi32::<2>(fifth),
+            _ => v::_mm512_slli_epi32::<1>(fifth),
         }
     }
 
