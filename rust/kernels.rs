@@ -697,7 +697,7 @@ pub(crate) mod x86 {
     /// The values of a 5-bit code of `q` (Q5_0: c − 16; Q5_1: c) as two
     /// 16-lane tables (codes 0..16, 16..32), or None (the other formats).
     #[inline(always)]
-    unsafe fn five_bit_tables_512(q: QType) -> Option<(v::__m512, v::__m512)> {
+    pub(crate) unsafe fn five_bit_tables_512(q: QType) -> Option<(v::__m512, v::__m512)> {
         let first = match q {
             QType::Q5_0 => -16.0f32,
             QType::Q5_1 => 0.0,

@@ -654,6 +654,31 @@ pub(crate) mod x86 {
         }
     }
 
+    /// A Q5_K quad's groups, neither masked: the codes' group as
+    /// `q4_k_group_512`, and the fifth bits' group shifted so that element
+    /// 4·quad + byte's bit is bit 8·byte (`quad_codes_512` masks them).
+    #[inline(always)]
+    unsafe fn q5_k_quad_512(base: *const u8, lay: Layout, sub: usize, quad: usize) -> (v::__m512i, v::__m512i) {
+        let h = v::_mm512_loadu_si512(base.add(lay.qh + (sub / 2) * GROUP) as *const v::__m512i);
+        let common = 4 * (sub % 2) + quad; // high_shift(Q5_K, j) = 8·byte + j / 4
+        (
+            q4_k_group_512(base, lay, sub, quad),
+            v::_mm512_srl_epi32(h, count(common)),
+        )
+    }
+
+    /// Bit 8·byte of each lane of `h` (`q5_k_quad_512`) moved to bit 4, the
+    /// other bits not cleared.
+    #[inline(always)]
+    unsafe fn fifth_bit_at_4_512(h: v::__m512i, byte: usize) -> v::__m512i {
+        match byte {
+            0 => v::_mm512_slli_epi32::<4>(h),
+            1 => v::_mm512_srli_epi32::<4>(h),
+            2 => v::_mm512_srli_epi32::<12>(h),
+            _ => v::_mm512_srli_epi32::<20>(h),
+        }
+    }
+
     /// Element `byte` of a quad (`quad_codes_512`) as `element` gives it, on 16 rows.
     #[inline(always)]
     unsafe fn quad_value_512(
@@ -728,6 +753,10 @@ pub(crate) mod x86 {
         // Q4_K: a code's float32 value from a 16-entry table by `vpermps`, which
         // reads the index's low 4 bits (no mask, no conversion; the same value)
         let plain = crate::kernels::x86::nibble_table_512(QType::Q4_1).unwrap_or(v::_mm512_setzero_ps());
+        // Q5_K: a 32-entry table (`vpermt2ps`), the index's nibble and fifth bit
+        // merged by one `vpternlogd` (bits above 4 are not read)
+        let (low5, high5) = crate::kernels::x86::five_bit_tables_512(QType::Q5_1)
+            .unwrap_or((v::_mm512_setzero_ps(), v::_mm512_setzero_ps()));
         for b in t.b0..t.b1 {
             let base = p.as_ptr().add(lay.base(t.panel + w, b));
             lead(p, base, lay, t, w, b);
@@ -736,15 +765,24 @@ pub(crate) mod x86 {
                 for quad in 0..4 {
                     // elements 16·sub + 4·quad + 0..4: one group's codes, shifted
                     // into each byte's low bits once (`element`'s values, 16 lanes)
-                    let (low, high) = if q == QType::Q4_K {
-                        (q4_k_group_512(base, lay, sub, quad), v::_mm512_setzero_si512())
-                    } else {
-                        quad_codes_512(q, base, lay, sub, quad)
+                    let (low, high) = match q {
+                        QType::Q4_K => (q4_k_group_512(base, lay, sub, quad), v::_mm512_setzero_si512()),
+                        QType::Q5_K => q5_k_quad_512(base, lay, sub, quad),
+                        _ => quad_codes_512(q, base, lay, sub, quad),
                     };
                     for byte in 0..4 {
                         let e = 16 * sub + 4 * quad + byte;
+                        let nibble = crate::kernels::x86::nibble_512(low, 8 * byte);
                         let wv = if q == QType::Q4_K {
-                            let code = v::_mm512_permutexvar_ps(crate::kernels::x86::nibble_512(low, 8 * byte), plain);
+                            let code = v::_mm512_permutexvar_ps(nibble, plain);
+                            v::_mm512_fmsub_ps(scale, code, min) // as `element`
+                        } else if q == QType::Q5_K {
+                            let index = v::_mm512_ternarylogic_epi32::<0xE4>(
+                                nibble,
+                                fifth_bit_at_4_512(high, byte),
+                                v::_mm512_set1_epi32(0x0f),
+                            );
+                            let code = v::_mm512_permutex2var_ps(low5, index, high5);
                             v::_mm512_fmsub_ps(scale, code, min) // as `element`
                         } else {
                             quad_value_512(q, low, high, byte, scale, min)
