@@ -523,7 +523,7 @@ unsafe fn combine_lanes(part: *const f32, count: usize, d: usize, o: *mut f32) {
         o.fill(0.0); // attends to nothing (a padded row): zeros
         return;
     }
-    let mut acc = [0.0f32; DMAX];
+    // the weighted sums are taken in `o` itself (every entry written by the first chunk seen)
     let mut sum = 0.0f32;
     let mut first = true;
     for c in 0..count {
@@ -536,13 +536,13 @@ unsafe fn combine_lanes(part: *const f32, count: usize, d: usize, o: *mut f32) {
         if first {
             sum = *p.add(1) * w;
             for i in 0..d {
-                acc[i] = a[i] * w;
+                o[i] = a[i] * w;
             }
             first = false;
         } else {
             sum = w.mul_add(*p.add(1), sum);
             for i in 0..d {
-                acc[i] = w.mul_add(a[i], acc[i]);
+                o[i] = w.mul_add(a[i], o[i]);
             }
         }
     }
@@ -551,8 +551,8 @@ unsafe fn combine_lanes(part: *const f32, count: usize, d: usize, o: *mut f32) {
         return;
     }
     let inv = 1.0 / sum;
-    for i in 0..d {
-        o[i] = acc[i] * inv;
+    for v in o.iter_mut() {
+        *v *= inv;
     }
 }
 
@@ -975,16 +975,11 @@ mod x86 {
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
         let scores = buf.scores.as_mut_ptr();
-        // query groups of at most QB (sizes balanced); with QB or more queries
-        // (the FMAs, not the cache's reads, bound the scores) a group of fewer
-        // than QB takes two key blocks a step, so that its sums (queries ×
-        // blocks) cover the FMA latency
+        // query groups of at most QB (sizes balanced); a group of fewer than QB
+        // takes two key blocks a step, so that its sums (queries × blocks) cover
+        // the FMA latency (each score still one chain over d in order)
         let groups = t.len.div_ceil(QB);
-        let step = if t.len >= QB && t.len / groups < QB {
-            KT_BLOCKS
-        } else {
-            1
-        };
+        let step = if t.len / groups < QB { KT_BLOCKS } else { 1 };
         let mut b = b0;
         while b < b1 {
             let nb = step.min(b1 - b);
