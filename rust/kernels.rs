@@ -574,14 +574,9 @@ pub(crate) mod x86 {
         let table = nibble_table_512(q);
         // (not in tiles of 3-4 panels: their operands and the two tables spill registers)
         let tables5 = if W <= 2 { five_bit_tables_512(q) } else { None };
-        // Q8_0: per byte j, the `vpshufb` control moving each lane's byte j to its
-        // top byte and zeroing the three below (an index with its high bit set);
-        // the shuffle indexes within 128 bits: lane i's byte j is byte 4·(i mod 4) + j
-        let top_byte: [v::__m512i; 4] = std::array::from_fn(|j| {
-            let lanes: [i32; 16] =
-                std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]));
-            v::_mm512_loadu_si512(lanes.as_ptr() as *const v::__m512i)
-        });
+        // Q8_0: per byte j, the control moving each lane's byte j to its top (`top_byte_control`)
+        let top_byte: [v::__m512i; 4] =
+            std::array::from_fn(|j| v::_mm512_loadu_si512(top_byte_control::<16>(j).as_ptr() as *const v::__m512i));
         for b in t.b0..t.b1 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
@@ -603,11 +598,10 @@ pub(crate) mod x86 {
                     // Q8_0: elements 4·group + 0..4; else 16·pass + 4·group + 0..4 (low, then high nibbles)
                     let first = 16 * pass + 4 * group;
                     let mut held = [v::_mm512_setzero_si512(); W];
-                    let mut g_of = [v::_mm512_setzero_si512(); W];
                     let mut fifth = [v::_mm512_setzero_si512(); W];
                     for w in 0..W {
                         let g = v::_mm512_loadu_si512(bases[w].add(lay.qs + group * GROUP) as *const v::__m512i);
-                        g_of[w] = g;
+                        // unmasked where a byte shuffle or a table lookup reads it
                         held[w] = match (wide || table.is_some() || tables5.is_some(), pass) {
                             (true, _) => g,
                             (false, 0) => v::_mm512_and_si512(g, nibble),
@@ -630,7 +624,7 @@ pub(crate) mod x86 {
                                 // Q5: bits 0-3 the nibble, bit 4 the fifth bit (bit `byte` of
                                 // `fifth`), the rest ignored by the 32-entry lookup
                                 let index = v::_mm512_ternarylogic_epi32::<0xE4>(
-                                    nibble_512(g_of[w], 8 * byte + 4 * pass),
+                                    nibble_512(h, 8 * byte + 4 * pass),
                                     fifth_at_bit4_512(fifth[w], byte),
                                     v::_mm512_set1_epi32(0x0f),
                                 );
@@ -640,7 +634,7 @@ pub(crate) mod x86 {
                                     _ => v::_mm512_mul_ps(d[w], code),
                                 }
                             } else if let Some(table) = table {
-                                let index = nibble_512(g_of[w], 8 * byte + 4 * pass);
+                                let index = nibble_512(h, 8 * byte + 4 * pass);
                                 let code = v::_mm512_permutexvar_ps(index, table);
                                 match q {
                                     QType::Q4_1 => v::_mm512_fmadd_ps(d[w], code, m[w]), // as code_value_512
@@ -669,6 +663,13 @@ pub(crate) mod x86 {
                 }
             }
         }
+    }
+
+    /// The `vpshufb` control of L lanes moving each lane's byte j to its top
+    /// byte and zeroing the three below (an index with its high bit set); the
+    /// shuffle indexes within 128 bits, where lane i's byte j is byte 4·(i mod 4) + j.
+    fn top_byte_control<const L: usize>(j: usize) -> [i32; L] {
+        std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]))
     }
 
     /// 2^-24: a Q8_0 block's scale times this, times the code converted from
@@ -1191,11 +1192,8 @@ pub(crate) mod x86 {
         // Q8_0 as in `grouped_512`: the code's byte at the top of its lane (c·2^24,
         // converted exactly) times d·2^-24 (exact) is d·c
         let d24 = v::_mm256_mul_ps(d, v::_mm256_set1_ps(TWO_TO_MINUS_24));
-        let top_byte: [v::__m256i; 4] = std::array::from_fn(|j| {
-            let lanes: [i32; 8] =
-                std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]));
-            v::_mm256_loadu_si256(lanes.as_ptr() as *const v::__m256i)
-        });
+        let top_byte: [v::__m256i; 4] =
+            std::array::from_fn(|j| v::_mm256_loadu_si256(top_byte_control::<8>(j).as_ptr() as *const v::__m256i));
         for pass in 0..passes {
             for group in 0..groups {
                 let first = 16 * pass + 4 * group;

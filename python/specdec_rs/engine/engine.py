@@ -518,15 +518,13 @@ class BatchEngine:
         if chains or pieces:
             decoders = [work[i][0] for i in chains] + [d for d, _ in pieces]
             blocks = [work[i][1].block for i in chains] + [t for _, t in pieces]  # no None
-            walks = [work[i][1].walk for i in chains]
+            walks = [(work[i][0], work[i][1].walk) for i in chains]
             logits, states = self.forward_blocks(
                 blocks,  # type: ignore[arg-type]
                 [d.cache for d in decoders],
                 hidden=any(d.wants_hidden for d in decoders),
                 read=len(chains),
-                allowed=[
-                    w.allowed if w is not None and Decoder.masked_head else None for w in walks
-                ]
+                allowed=[w.allowed if w is not None and d.masked_head else None for d, w in walks]
                 + [None] * len(pieces),
             )
             places = chains + list(range(len(work), len(work) + len(pieces)))

@@ -98,12 +98,7 @@ class Stack:
         block = blocks[0].reshape(-1)
         if len(blocks) == 1 and mask is None and positions is None and len(block) > CHUNK:
             return self._chunked(block, caches[0], rows)
-        panels = None
-        if allowed is not None and any(a is not None for a in allowed):
-            lengths = [len(b) for b in blocks]
-            wanted = range(sum(lengths)) if rows is None else rows
-            panels = self._panels(allowed, lengths, wanted)
-        return self._call(blocks, caches, rows, positions, mask, panels)
+        return self._call(blocks, caches, rows, positions, mask, allowed)
 
     def _panels(
         self,
@@ -152,9 +147,9 @@ class Stack:
         rows: Sequence[int] | None,
         positions: torch.Tensor | None,
         mask: np.ndarray | None,
-        panels: list[list[int] | None] | None = None,
+        allowed: Sequence[np.ndarray | None] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """One Rust call over the blocks (see `forward`; `panels`: `head_panels`)."""
+        """One Rust call over the blocks (see `forward`)."""
         import torch
 
         lengths = [len(b) for b in blocks]
@@ -181,8 +176,9 @@ class Stack:
             values += v
         n_rows = len(ids)
         wanted = list(range(n_rows)) if rows is None else [int(r) for r in rows]
-        if panels is not None:  # rows past the masks' read their whole vocabulary
-            panels = panels[: len(wanted)] + [None] * (len(wanted) - len(panels))
+        panels = None
+        if allowed is not None and any(a is not None for a in allowed):
+            panels = self._panels(allowed, lengths, wanted)
         threads = self.head.threads
         logits, states = self.stack.forward(
             x.numpy(),
