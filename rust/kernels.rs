@@ -19,9 +19,10 @@
 #![allow(clippy::needless_range_loop)]
 
 use crate::q8::{f16_to_f32, Q8Rows};
-use crate::quant::{code, value, Layout, Path, QType, Quantized, Sums, GROUP, PANEL, QK, STRIPE, WMAX, XMAX};
+use crate::quant::{code, value, x_index, Layout, Path, QType, Quantized, Sums, GROUP, PANEL, QK, STRIPE, WMAX, XMAX};
 
-/// A tile: x rows r0..r0 + xr against panels panel..panel + w.
+/// A tile: x rows r0..r0 + xr against panels panel..panel + w (float32
+/// x: as `quant::interleave` lays them, `quant::x_index`).
 #[derive(Clone, Copy)]
 pub(crate) struct Tile {
     pub r0: usize,
@@ -203,6 +204,32 @@ fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, pat
     }
 }
 
+/// One pass's xr rows of k (`rows`, row-major) side by side into `to`:
+/// element j of row r at j·xr + r (`quant::interleave`).
+pub(crate) fn interleave_rows(rows: &[f32], k: usize, xr: usize, to: &mut [f32], path: Path) {
+    assert!(rows.len() == xr * k && to.len() == xr * k && (1..=PANEL).contains(&xr));
+    let mut done = 0;
+    #[cfg(target_arch = "x86_64")]
+    if path.avx512() {
+        // SAFETY: the path is available (callers take it from best_path); the
+        // lengths are checked above.
+        done = unsafe { x86::interleave_rows_512(rows, k, xr, to) };
+    }
+    let _ = path;
+    // the columns left (all of them without AVX-512), in chunks whose stores stay in L1
+    for j0 in (done..k).step_by(INTERLEAVE_CHUNK) {
+        let j1 = (j0 + INTERLEAVE_CHUNK).min(k);
+        for (r, row) in rows.chunks_exact(k).enumerate() {
+            for (j, &v) in row[j0..j1].iter().enumerate() {
+                to[(j0 + j) * xr + r] = v;
+            }
+        }
+    }
+}
+
+/// Columns the scalar `interleave_rows` moves at a time (its stores: at most 16 KB).
+const INTERLEAVE_CHUNK: usize = 256;
+
 /// Element j of a panel's 16 rows as float32 (gguf-py's values), on `path`.
 pub(crate) fn panel_values(p: &[u8], lay: Layout, panel: usize, j: usize, path: Path, out: &mut [f32; PANEL]) {
     #[cfg(target_arch = "x86_64")]
@@ -240,7 +267,7 @@ fn f32_portable(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         for j in 0..k {
             panel_values(p, lay, t.panel + w, j, Path::Portable, &mut col);
             for (r, a) in acc.iter_mut().enumerate().take(t.xr) {
-                let xv = x[(t.r0 + r) * k + j];
+                let xv = x[t.r0 * k + x_index(t.xr, k, r, j)];
                 for (l, v) in a.iter_mut().enumerate() {
                     *v = col[l].mul_add(xv, *v);
                 }
@@ -481,6 +508,26 @@ pub(crate) mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+    /// `interleave_rows`'s first ⌊k/16⌋·16 columns: 16 columns of a row
+    /// at a time, scattered xr apart; the number of columns done.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn interleave_rows_512(rows: &[f32], k: usize, xr: usize, to: &mut [f32]) -> usize {
+        let steps = v::_mm512_mullo_epi32(
+            v::_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+            v::_mm512_set1_epi32(xr as i32),
+        );
+        let whole = k / PANEL * PANEL;
+        for j0 in (0..whole).step_by(PANEL) {
+            let out = to.as_mut_ptr().add(j0 * xr);
+            for r in 0..xr {
+                let values = v::_mm512_loadu_ps(rows.as_ptr().add(r * k + j0));
+                let at = v::_mm512_add_epi32(steps, v::_mm512_set1_epi32(r as i32));
+                v::_mm512_i32scatter_ps::<4>(out, at, values);
+            }
+        }
+        whole
+    }
+
     pub(super) unsafe fn f32_avx512(x: &[f32], p: &[u8], lay: Layout, t: Tile, sums: &mut Sums) {
         by_format!(lay.q, F => f32_format_512::<F>(x, p, lay, t, sums))
     }
@@ -526,7 +573,7 @@ pub(crate) mod x86 {
                     let at = p.as_ptr().add(lay.base(t.panel + w, j));
                     let wv = float_value_512(q, at);
                     for r in 0..XR {
-                        acc[w][r] = v::_mm512_fmadd_ps(wv, v::_mm512_set1_ps(*xp.add(r * k + j)), acc[w][r]);
+                        acc[w][r] = v::_mm512_fmadd_ps(wv, v::_mm512_set1_ps(*xp.add(x_index(XR, k, r, j))), acc[w][r]);
                     }
                 }
             }
@@ -575,8 +622,14 @@ pub(crate) mod x86 {
         // (not in tiles of 3-4 panels: their operands and the two tables spill registers)
         let tables5 = if W <= 2 { five_bit_tables_512(q) } else { None };
         // Q8_0: per byte j, the control moving each lane's byte j to its top (`top_byte_control`)
-        let top_byte: [v::__m512i; 4] =
-            std::array::from_fn(|j| v::_mm512_loadu_si512(top_byte_control::<16>(j).as_ptr() as *const v::__m512i));
+        // (a loop, not `array::from_fn`: its closure has no AVX-512 and called the
+        // load out of line, 4-5% of a float32 tile's time, for every format)
+        let mut top_byte = [v::_mm512_setzero_si512(); 4];
+        if wide {
+            for (j, control) in top_byte.iter_mut().enumerate() {
+                *control = v::_mm512_loadu_si512(top_byte_control::<16>(j).as_ptr() as *const v::__m512i);
+            }
+        }
         for b in t.b0..t.b1 {
             let mut bases = [p.as_ptr(); W];
             let mut d = [v::_mm512_setzero_ps(); W];
@@ -655,7 +708,7 @@ pub(crate) mod x86 {
                                 code_value_512(q, c, d[w], m[w])
                             };
                             for r in 0..XR {
-                                let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK + e));
+                                let xv = v::_mm512_set1_ps(*xp.add(x_index(XR, k, r, b * QK + e)));
                                 acc[w][r] = v::_mm512_fmadd_ps(wv, xv, acc[w][r]);
                             }
                         }
@@ -1143,7 +1196,7 @@ pub(crate) mod x86 {
                 }
                 let (d, m) = scales_256(base, q, half);
                 let qh = qh_256(base, lay, half);
-                grouped_256::<F, XR>(xp.add(b * QK), k, base.add(32 * half), lay, (d, m, qh), &mut acc);
+                grouped_256::<F, XR>(xp, k, b, base.add(32 * half), lay, (d, m, qh), &mut acc);
             }
         } else {
             let size = q.block().1;
@@ -1151,7 +1204,7 @@ pub(crate) mod x86 {
                 let at = p.as_ptr().add(lay.base(t.panel + w, j) + 8 * size * half);
                 let wv = float_value_256(q, at);
                 for r in 0..XR {
-                    acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(r * k + j)), acc[r]);
+                    acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*xp.add(x_index(XR, k, r, j))), acc[r]);
                 }
             }
         }
@@ -1172,14 +1225,15 @@ pub(crate) mod x86 {
         }
     }
 
-    /// `grouped_512` on one half (8 rows) of a panel's block: `x` at the
-    /// block's first element of x row 0 (rows k apart), `at` the block's
+    /// `grouped_512` on one half (8 rows) of a panel's block b: `x` the
+    /// pass's XR x rows (`quant::x_index`), `at` the block's
     /// bytes moved to the half's 32 bytes of each group; the half's scales,
     /// mins and qh words (`scales_256`, `qh_256`).
     #[inline(always)]
     unsafe fn grouped_256<const F: u8, const XR: usize>(
         x: *const f32,
         k: usize,
+        b: usize,
         at: *const u8,
         lay: Layout,
         (d, m, qh): (v::__m256, v::__m256, v::__m256i),
@@ -1192,8 +1246,12 @@ pub(crate) mod x86 {
         // Q8_0 as in `grouped_512`: the code's byte at the top of its lane (c·2^24,
         // converted exactly) times d·2^-24 (exact) is d·c
         let d24 = v::_mm256_mul_ps(d, v::_mm256_set1_ps(TWO_TO_MINUS_24));
-        let top_byte: [v::__m256i; 4] =
-            std::array::from_fn(|j| v::_mm256_loadu_si256(top_byte_control::<8>(j).as_ptr() as *const v::__m256i));
+        let mut top_byte = [v::_mm256_setzero_si256(); 4];
+        if wide {
+            for (j, control) in top_byte.iter_mut().enumerate() {
+                *control = v::_mm256_loadu_si256(top_byte_control::<8>(j).as_ptr() as *const v::__m256i);
+            }
+        }
         for pass in 0..passes {
             for group in 0..groups {
                 let first = 16 * pass + 4 * group;
@@ -1228,7 +1286,8 @@ pub(crate) mod x86 {
                         code_value_256(q, c, d, m)
                     };
                     for r in 0..XR {
-                        acc[r] = v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*x.add(r * k + e)), acc[r]);
+                        acc[r] =
+                            v::_mm256_fmadd_ps(wv, v::_mm256_set1_ps(*x.add(x_index(XR, k, r, b * QK + e))), acc[r]);
                     }
                 }
             }

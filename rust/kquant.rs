@@ -531,7 +531,7 @@ pub(crate) mod x86 {
                         let e = 16 * sub + 4 * quad + byte;
                         let wv = quad_value_256(q, low, high, byte, scale, min);
                         for r in 0..XR {
-                            let xv = v::_mm256_set1_ps(*xp.add(r * k + b * QK_K + e));
+                            let xv = v::_mm256_set1_ps(*xp.add(crate::quant::x_index(XR, k, r, b * QK_K + e)));
                             acc[r] = v::_mm256_fmadd_ps(wv, xv, acc[r]);
                         }
                     }
@@ -788,7 +788,7 @@ pub(crate) mod x86 {
                             quad_value_512(q, low, high, byte, scale, min)
                         };
                         for r in 0..XR {
-                            let xv = v::_mm512_set1_ps(*xp.add(r * k + b * QK_K + e));
+                            let xv = v::_mm512_set1_ps(*xp.add(crate::quant::x_index(XR, k, r, b * QK_K + e)));
                             acc[r] = v::_mm512_fmadd_ps(wv, xv, acc[r]);
                         }
                     }
