@@ -392,13 +392,22 @@ pub fn layer(
     }
     // attention
     let mut laps = crate::probe::Laps::start();
-    let mut xn = vec![0.0f32; n * h];
-    crate::rowwise::rms_norm(path, x, w.attn_norm, s.eps, &mut xn, h);
-    laps.lap(0);
+    let mut buffers = BUFFERS.with_borrow_mut(std::mem::take);
+    let Buffers {
+        xn,
+        qkv,
+        att,
+        o,
+        gu,
+        gated,
+    } = &mut buffers;
     let row = qd + 2 * kvd;
-    let mut qkv = vec![0.0f32; n * row];
-    w.qkv.apply(&xn, &mut qkv, n, h, row, threads, path, act)?;
-    extras(&mut qkv, w.extras, s, path);
+    let (xn, qkv, att) = (sized(xn, n * h), sized(qkv, n * row), sized(att, n * qd));
+    let (o, gu, gated) = (sized(o, n * h), sized(gu, n * 2 * s.inter), sized(gated, n * s.inter));
+    crate::rowwise::rms_norm(path, x, w.attn_norm, s.eps, xn, h);
+    laps.lap(0);
+    w.qkv.apply(xn, qkv, n, h, row, threads, path, act)?;
+    extras(qkv, w.extras, s, path);
     laps.lap(1);
     let mut at = 0;
     for g in segments.iter_mut() {
@@ -416,42 +425,55 @@ pub fn layer(
         at += g.n;
     }
     laps.lap(2);
-    let mut att = vec![0.0f32; n * qd];
-    crate::attention::attention(&qkv, &mut att, segments, s, threads, path);
+    crate::attention::attention(qkv, att, segments, s, threads, path);
     laps.lap(3);
-    let mut o = vec![0.0f32; n * h];
-    qlinear(&att, w.o.packed, w.o.q, &mut o, n, qd, h, threads, path, act)?;
+    qlinear(att, w.o.packed, w.o.q, o, n, qd, h, threads, path, act)?;
     let post = w.extras.post_norms;
-    add_normed(x, &o, post.map(|p| p.0), &mut xn, s.eps, path, h);
+    add_normed(x, o, post.map(|p| p.0), xn, s.eps, path, h);
     laps.lap(4);
     // MLP
-    crate::rowwise::rms_norm(path, x, w.ffn_norm, s.eps, &mut xn, h);
+    crate::rowwise::rms_norm(path, x, w.ffn_norm, s.eps, xn, h);
     laps.lap(0);
-    let mut gu = vec![0.0f32; n * 2 * s.inter];
-    w.gate_up.apply(&xn, &mut gu, n, h, 2 * s.inter, threads, path, act)?;
+    w.gate_up.apply(xn, gu, n, h, 2 * s.inter, threads, path, act)?;
     laps.lap(5);
-    let mut gated = vec![0.0f32; n * s.inter];
     if s.gelu {
-        crate::rowwise::gelu_mul(path, &gu, &mut gated, s.inter);
+        crate::rowwise::gelu_mul(path, gu, gated, s.inter);
     } else {
-        crate::rowwise::silu_mul(path, &gu, &mut gated, s.inter);
+        crate::rowwise::silu_mul(path, gu, gated, s.inter);
     }
     laps.lap(6);
-    qlinear(
-        &gated,
-        w.down.packed,
-        w.down.q,
-        &mut o,
-        n,
-        s.inter,
-        h,
-        threads,
-        path,
-        act,
-    )?;
-    add_normed(x, &o, post.map(|p| p.1), &mut xn, s.eps, path, h);
+    qlinear(gated, w.down.packed, w.down.q, o, n, s.inter, h, threads, path, act)?;
+    add_normed(x, o, post.map(|p| p.1), xn, s.eps, path, h);
     laps.lap(7);
+    BUFFERS.with_borrow_mut(|kept| *kept = buffers);
     Ok(())
+}
+
+/// A layer's intermediate rows (normed x, q|k|v, attention, the output
+/// projections, gate|up, the gated rows), kept by the calling thread from
+/// layer to layer and call to call: each is written whole before it is
+/// read, so none is zeroed (zeroed per layer, they cost 0.5 MB of writes
+/// a layer at 17 positions).
+#[derive(Default)]
+struct Buffers {
+    xn: Vec<f32>,
+    qkv: Vec<f32>,
+    att: Vec<f32>,
+    o: Vec<f32>,
+    gu: Vec<f32>,
+    gated: Vec<f32>,
+}
+
+thread_local! {
+    static BUFFERS: std::cell::RefCell<Buffers> = std::cell::RefCell::new(Buffers::default());
+}
+
+/// The first `len` values of `v`, grown (never shrunk) to hold them.
+fn sized(v: &mut Vec<f32>, len: usize) -> &mut [f32] {
+    if v.len() < len {
+        v.resize(len, 0.0);
+    }
+    &mut v[..len]
 }
 
 /// x += o, or x += RMSNorm(o)·w where the layer post-norms (`norm`), the

@@ -971,8 +971,14 @@ unsafe fn panels_range(
                             let first = (panel + i) * PANEL;
                             let rows = PANEL.min(m - first);
                             for (r, lanes) in s.iter().enumerate().take(xr) {
-                                let o = std::slice::from_raw_parts_mut(out.at((r0 + r) * m + first), rows);
-                                o.copy_from_slice(&lanes[..rows]);
+                                let at = out.at((r0 + r) * m + first);
+                                if rows == PANEL {
+                                    // a whole panel's row: a fixed-size copy, inlined (a
+                                    // slice's length sent each 64 bytes through memmove)
+                                    *(at as *mut [f32; PANEL]) = *lanes;
+                                } else {
+                                    std::slice::from_raw_parts_mut(at, rows).copy_from_slice(&lanes[..rows]);
+                                }
                             }
                         }
                     }
