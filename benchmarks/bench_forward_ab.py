@@ -18,6 +18,7 @@ import statistics
 import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import specdec_rs.runner.stack as stack_module
 import torch
@@ -40,6 +41,18 @@ def load_build(path: str) -> ModuleType:
     return load_module(path, "specdec_rs._core")
 
 
+def stacks_of(target: Any, before: ModuleType) -> dict[str, stack_module.Stack]:
+    """`target`'s stack built on the current extension ("after") and on `before`."""
+    stacks = {"after": stack_module.Stack(target)}
+    current = stack_module._core
+    stack_module._core = before  # type: ignore[assignment]
+    try:
+        stacks["before"] = stack_module.Stack(target)
+    finally:
+        stack_module._core = current
+    return stacks
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="the other build's _core extension file")
@@ -60,13 +73,7 @@ def main() -> None:
         context = context_ids(int(target.config.vocab_size), args.context)
     else:
         context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
-    stacks = {"after": stack_module.Stack(target)}
-    current = stack_module._core
-    stack_module._core = before  # type: ignore[assignment]
-    try:
-        stacks["before"] = stack_module.Stack(target)
-    finally:
-        stack_module._core = current
+    stacks = stacks_of(target, before)
     times: dict[tuple[str, int], list[float]] = {(b, n): [] for b in stacks for n in ns}
     logits: dict[tuple[str, int], torch.Tensor] = {}
     with torch.inference_mode():

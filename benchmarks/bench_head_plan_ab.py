@@ -26,7 +26,7 @@ import numpy as np
 import specdec_rs as sd
 import specdec_rs.runner.stack as stack_module
 import torch
-from bench_forward_ab import load_build
+from bench_forward_ab import load_build, stacks_of
 from bench_structured import SCHEMAS, drafter_for, workload
 from specdec_rs import models, runner
 from specdec_rs.prompts import workloads
@@ -71,13 +71,7 @@ def main() -> None:
     before = load_build(args.before)
     target, tokenizer = models.load_smollm2()
     calls = recorded_forwards(target, tokenizer, args.max_new_tokens)
-    stacks = {"after": stack_module.Stack(target)}
-    current = stack_module._core
-    stack_module._core = before  # type: ignore[assignment]
-    try:
-        stacks["before"] = stack_module.Stack(target)
-    finally:
-        stack_module._core = current
+    stacks = stacks_of(target, before)
     context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     times: dict[tuple[str, int], list[float]] = defaultdict(list)
     same = True
