@@ -207,7 +207,7 @@ fn kquant_tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, pat
 /// One pass's xr rows of k (`rows`, row-major) side by side into `to`:
 /// element j of row r at j·xr + r (`quant::interleave`).
 pub(crate) fn interleave_rows(rows: &[f32], k: usize, xr: usize, to: &mut [f32], path: Path) {
-    assert!(rows.len() == xr * k && to.len() == xr * k && (1..=PANEL).contains(&xr));
+    assert!(rows.len() == xr * k && to.len() == xr * k && (1..=XMAX).contains(&xr));
     let mut done = 0;
     #[cfg(target_arch = "x86_64")]
     if path.avx512() {

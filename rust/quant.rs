@@ -1013,6 +1013,7 @@ impl XPasses {
     }
 }
 
+/// n x rows in passes of at most `most` (`XPasses`).
 pub(crate) fn x_passes(n: usize, most: usize) -> XPasses {
     XPasses {
         count: n.div_ceil(most),
@@ -1023,9 +1024,9 @@ pub(crate) fn x_passes(n: usize, most: usize) -> XPasses {
 /// A float32 pass of at least this many x rows reads them interleaved
 /// (`interleave`): a tile then reaches its rows' values of one element
 /// from one address by constant offsets. Row-major, the addresses of 9 or
-/// more rows spill the general registers (SmolLM2's forward over 9 and 17
-/// positions took 1.17x and 1.22x the time); at 8 rows (a tile of two
-/// panels) the copy cost more than it saved (0.94x).
+/// more rows spill the general registers (SmolLM2's float32 forward over 9
+/// and 17 positions took 1.20x and 1.25x the time); at 8 rows (a tile of
+/// two panels) the copy cost more than it saved (0.94x).
 pub(crate) const INTERLEAVED_ROWS: usize = 9;
 
 /// Where element j of row r of a float32 pass of xr rows is, from the
@@ -1500,9 +1501,6 @@ pub(crate) mod tests {
         .unwrap();
     }
 
-    /// The module docs' claim: fma(d, q, m) is d·q then + m, bit for bit,
-    /// for every float16 d (infinities and NaNs included), every code q of
-    /// Q4_1 and Q5_1 and minima m of every magnitude and sign.
     #[test]
     fn x_rows_pass_in_the_fewest_balanced_passes() {
         assert_eq!(x_passes(0, 16).count, 0);
@@ -1520,6 +1518,9 @@ pub(crate) mod tests {
         assert_eq!((passes.rows(0), passes.rows(1)), (9, 8));
     }
 
+    /// The module docs' claim: fma(d, q, m) is d·q then + m, bit for bit,
+    /// for every float16 d (infinities and NaNs included), every code q of
+    /// Q4_1 and Q5_1 and minima m of every magnitude and sign.
     #[test]
     fn a_fused_code_product_and_sum_rounds_as_the_separate_ones() {
         let ms = [
