@@ -621,13 +621,13 @@ pub(crate) mod x86 {
         let table = nibble_table_512(q);
         // (not in tiles of 3-4 panels: their operands and the two tables spill registers)
         let tables5 = if W <= 2 { five_bit_tables_512(q) } else { None };
-        // Q8_0: per byte j, the control moving each lane's byte j to its top (`top_byte_control`)
+        // Q8_0: per byte j, the control moving each lane's byte j to its top (`TOP_BYTE_16`)
         // (a loop, not `array::from_fn`: its closure has no AVX-512 and called the
         // load out of line, 4-5% of a float32 tile's time, for every format)
         let mut top_byte = [v::_mm512_setzero_si512(); 4];
         if wide {
-            for (j, control) in top_byte.iter_mut().enumerate() {
-                *control = v::_mm512_loadu_si512(top_byte_control::<16>(j).as_ptr() as *const v::__m512i);
+            for (control, bytes) in top_byte.iter_mut().zip(&TOP_BYTE_16) {
+                *control = v::_mm512_loadu_si512(bytes.as_ptr() as *const v::__m512i);
             }
         }
         for b in t.b0..t.b1 {
@@ -721,9 +721,31 @@ pub(crate) mod x86 {
     /// The `vpshufb` control of L lanes moving each lane's byte j to its top
     /// byte and zeroing the three below (an index with its high bit set); the
     /// shuffle indexes within 128 bits, where lane i's byte j is byte 4·(i mod 4) + j.
-    fn top_byte_control<const L: usize>(j: usize) -> [i32; L] {
-        std::array::from_fn(|i| i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]))
+    const fn top_byte_control<const L: usize>(j: usize) -> [i32; L] {
+        let mut control = [0i32; L];
+        let mut i = 0;
+        while i < L {
+            control[i] = i32::from_le_bytes([0x80, 0x80, 0x80, (4 * (i % 4) + j) as u8]);
+            i += 1;
+        }
+        control
     }
+
+    /// `top_byte_control` of 16 and of 8 lanes for bytes 0..4, built at
+    /// compile time: the tiles load them from memory (built at run time,
+    /// the AVX2 tile called the builder for every block).
+    static TOP_BYTE_16: [[i32; 16]; 4] = [
+        top_byte_control(0),
+        top_byte_control(1),
+        top_byte_control(2),
+        top_byte_control(3),
+    ];
+    static TOP_BYTE_8: [[i32; 8]; 4] = [
+        top_byte_control(0),
+        top_byte_control(1),
+        top_byte_control(2),
+        top_byte_control(3),
+    ];
 
     /// 2^-24: a Q8_0 block's scale times this, times the code converted from
     /// the top byte of its lane (c·2^24), is d·c exactly (`grouped_512`,
@@ -1248,8 +1270,8 @@ pub(crate) mod x86 {
         let d24 = v::_mm256_mul_ps(d, v::_mm256_set1_ps(TWO_TO_MINUS_24));
         let mut top_byte = [v::_mm256_setzero_si256(); 4];
         if wide {
-            for (j, control) in top_byte.iter_mut().enumerate() {
-                *control = v::_mm256_loadu_si256(top_byte_control::<8>(j).as_ptr() as *const v::__m256i);
+            for (control, bytes) in top_byte.iter_mut().zip(&TOP_BYTE_8) {
+                *control = v::_mm256_loadu_si256(bytes.as_ptr() as *const v::__m256i);
             }
         }
         for pass in 0..passes {

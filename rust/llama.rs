@@ -632,8 +632,8 @@ fn head(
             return Ok(());
         }
         let x = picked(which);
-        if which.len() == rows.len() && union.is_none() && lists.iter().all(Option::is_none) {
-            // every row, whole, in order: straight into the logits
+        if union.is_none() && lists.iter().all(Option::is_none) {
+            // every row whole (`which` is then every row, in order): straight into the logits
             return qlinear(&x, w, q, logits, which.len(), h, vocab, threads, path, act);
         }
         let mut out = vec![0.0f32; which.len() * vocab];
@@ -940,8 +940,6 @@ mod tests {
         assert!(e.to_string().contains("size 0"), "{e}");
     }
 
-    /// A step's shapes and a layer's weight count are checked in the core,
-    /// each error naming what is wrong and what was expected.
     #[test]
     fn the_head_plan_shares_passes_where_they_read_less() {
         let (dense, sparse, other): (Vec<usize>, Vec<usize>, Vec<usize>) =
@@ -961,6 +959,8 @@ mod tests {
         assert_eq!(plan.whole, vec![0, 1]);
     }
 
+    /// A step's shapes and a layer's weight count are checked in the core,
+    /// each error naming what is wrong and what was expected.
     #[test]
     fn bad_step_shapes_and_weight_counts_are_shape_errors() {
         let s = Shape::llama(16, 2, 1, 8, 24, 1e-5);
