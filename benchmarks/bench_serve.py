@@ -14,7 +14,10 @@ the first) at p50 and p95 over the requests, the mean acceptance length
 its /metrics); the speedup is the throughput over the off server's at the
 same C, same run. --prefill-chunks 0 64 runs each server at each
 `--prefill-chunk` (0: a joining request prefills alone, stalling the
-batch), so the chunked prefill's TTFT and throughput are a same-run ratio.
+batch), so the chunked prefill's TTFT and throughput are a same-run ratio;
+--prefill-orders shortest fifo likewise for `--prefill-order`; and
+--before-package DIR runs each speculating mode twice, the second from the
+specdec_rs package in DIR (the code before a change), in the same run.
 
 --trace RATE replays traffic instead of closed-loop concurrency
 (`serve_trace`: Poisson arrivals at RATE sessions per second, mixed code and
@@ -37,10 +40,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -56,6 +60,7 @@ class Setting:
     workload: str
     mode: str  # "off", "fixed", "goodput"
     prefill_chunk: int | None  # the server's --prefill-chunk (None: its default)
+    prefill_order: str | None  # the server's --prefill-order (None: its default)
     concurrency: int
     requests: int
     tokens: int
@@ -67,6 +72,7 @@ class Setting:
     tpot_p95_ms: float
     mean_acceptance_length: float | None
     rounds_by_k: dict[str, float]
+    ttft_p50_runs_ms: tuple[float, ...] = ()  # every repeat's TTFT p50 (the run above is one)
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -77,27 +83,41 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[at]
 
 
+POLICY_COUNTERS = ("probes", "switches")  # specdec:goodput_<name>_total
+
+
 class Server:
     """A `specdec serve` process on a free port."""
 
     def __init__(
-        self, mode: str, k: int, max_batch: int, extra: list[str], chunk: int | None = None
+        self,
+        mode: str,
+        k: int,
+        max_batch: int,
+        extra: list[str],
+        chunk: int | None = None,
+        order: str | None = None,
+        package: Path | None = None,
     ):
         argv = [sys.executable, "-m", "specdec_rs", "serve", "--port", "0", "--log-level"]
         argv += ["warning", "--max-batch", str(max_batch), "--max-queue", "1000", *extra]
         if chunk is not None:
             argv += ["--prefill-chunk", str(chunk)]
-        self.chunk = chunk
+        if order is not None:
+            argv += ["--prefill-order", order]
+        self.chunk, self.order = chunk, order
         if mode == "off":
             argv += ["--drafter", "none"]
         elif mode == "fixed":
             argv += ["--drafter", "prompt-lookup", "--k", str(k)]
         else:
             argv += ["--drafter", "prompt-lookup"]
-        self.mode = mode
+        self.mode = mode if package is None else f"{mode} (before)"
         # every server on the same kernel threads: a thread count measured while another
         # server starts beside it could differ (each server chooses its own at load)
         env = {**os.environ}
+        if package is not None:  # its specdec_rs ahead of the installed one
+            env["PYTHONPATH"] = os.pathsep.join([str(package), env.get("PYTHONPATH", "")])
         env.setdefault("SPECDEC_KERNEL_THREADS", "2" if (os.cpu_count() or 1) >= 2 else "1")
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
         assert self.proc.stdout is not None
@@ -117,7 +137,7 @@ class Server:
                 head, value = line.rsplit(" ", 1)
                 k = head.split('k="')[1].split('"')[0]
                 by_k[k] = by_k.get(k, 0.0) + float(value)
-            for name in ("probes", "switches"):
+            for name in POLICY_COUNTERS:
                 if line.startswith(f"specdec:goodput_{name}_total{{"):
                     policy[name] = float(line.rsplit(" ", 1)[1])
         return by_k, policy
@@ -157,6 +177,7 @@ def measure(
         workload,
         server.mode,
         server.chunk,
+        server.order,
         c,
         len(rows),
         tokens,
@@ -182,13 +203,13 @@ def median_setting(runs: list[Run]) -> Run:
 
 def table(settings: list[Setting]) -> str:
     off = {
-        (s.workload, s.concurrency, s.prefill_chunk): s.tokens_per_second
+        (s.workload, s.concurrency, s.prefill_chunk, s.prefill_order): s.tokens_per_second
         for s in settings
         if s.mode == "off"
     }
     rows = []
     for s in settings:
-        base = off.get((s.workload, s.concurrency, s.prefill_chunk))
+        base = off.get((s.workload, s.concurrency, s.prefill_chunk, s.prefill_order))
         gamma = gamma_shares(s.rounds_by_k)
         rows.append(
             [
@@ -196,9 +217,11 @@ def table(settings: list[Setting]) -> str:
                 str(s.concurrency),
                 s.mode,
                 "default" if s.prefill_chunk is None else str(s.prefill_chunk),
+                "default" if s.prefill_order is None else s.prefill_order,
                 f"{s.tokens_per_second:.1f}",
                 f"{s.tokens_per_second / base:.2f}x" if base else "",
                 f"{s.ttft_p50_ms:.0f} / {s.ttft_p95_ms:.0f}",
+                f"{statistics.median(s.ttft_p50_runs_ms):.0f}" if s.ttft_p50_runs_ms else "",
                 f"{s.tpot_p50_ms:.1f} / {s.tpot_p95_ms:.1f}",
                 fmt(s.mean_acceptance_length, ".2f"),
                 gamma,
@@ -209,9 +232,11 @@ def table(settings: list[Setting]) -> str:
         "C",
         "speculation",
         "prefill chunk",
+        "prefill order",
         "tokens/s",
         "vs off",
         "TTFT p50 / p95 ms",
+        "TTFT p50, median of runs",
         "TPOT p50 / p95 ms",
         "accept len",
         "rounds by γ",
@@ -292,7 +317,7 @@ def trace_table(settings: list[TraceSetting]) -> str:
             f"{s.goodput_rps:.3f}",
             fmt(s.mean_acceptance_length, ".2f"),
             gamma_shares(s.rounds_by_k),
-            " / ".join(f"{s.policy[k]:.0f}" for k in ("probes", "switches")) if s.policy else "",
+            " / ".join(f"{s.policy.get(k, 0):.0f}" for k in POLICY_COUNTERS) if s.policy else "",
         ]
         for s in settings
     ]
@@ -340,9 +365,11 @@ def run_levels(servers: list[Server], args: argparse.Namespace) -> tuple[list[An
                     runs[id(server)].append(measure(server, workload, prompts, args, c))
             for server in servers:
                 s = median_setting(runs[id(server)])
+                s = replace(s, ttft_p50_runs_ms=tuple(r.ttft_p50_ms for r in runs[id(server)]))
                 settings.append(s)
                 print(
-                    f"{workload} C={c} {s.mode} chunk {s.prefill_chunk}: "
+                    f"{workload} C={c} {s.mode} chunk {s.prefill_chunk} "
+                    f"order {s.prefill_order}: "
                     f"{s.tokens_per_second:.1f} tokens/s, "
                     f"TTFT p50 {s.ttft_p50_ms:.0f} ms, TPOT p50 {s.tpot_p50_ms:.1f} ms",
                     flush=True,
@@ -367,6 +394,20 @@ def main() -> None:
         default=None,
         help="run every mode at each --prefill-chunk (default: the server's own)",
     )
+    ap.add_argument(
+        "--prefill-orders",
+        nargs="+",
+        choices=["shortest", "fifo"],
+        default=None,
+        help="run every mode and chunk at each --prefill-order (default: the server's own)",
+    )
+    ap.add_argument(
+        "--before-package",
+        type=Path,
+        default=None,
+        help="also run each non-off mode from the specdec_rs package in this folder (e.g. a "
+        "worktree's python/ with the extension copied in): the code before a change, same run",
+    )
     ap.add_argument("--server-args", default="", help="more flags for every server")
     ap.add_argument("--trace", type=float, default=None, help="replay traffic: sessions per s")
     ap.add_argument("--sessions", type=int, default=48, help="sessions in the trace")
@@ -381,7 +422,20 @@ def main() -> None:
     args = ap.parse_args()
     extra = args.server_args.split()
     chunks: list[int | None] = [None] if args.prefill_chunks is None else args.prefill_chunks
-    servers = [Server(m, args.k, args.max_batch, extra, c) for c in chunks for m in args.modes]
+    orders: list[str | None] = [None] if args.prefill_orders is None else args.prefill_orders
+
+    def packages(mode: str) -> list[Path | None]:
+        """The installed package, and for a speculating mode the one before the change."""
+        before = args.before_package
+        return [None] if before is None or mode == "off" else [None, before]
+
+    servers = [
+        Server(m, args.k, args.max_batch, extra, c, o, package)
+        for c in chunks
+        for o in orders
+        for m in args.modes
+        for package in packages(m)
+    ]
     try:
         if args.trace is not None:
             settings, text = run_trace(servers, args)

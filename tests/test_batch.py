@@ -699,6 +699,97 @@ def test_rows_prefilled_in_chunks_equal_the_request_alone(
     assert sum(s.prefill for s in out.steps) == sum(len(p) - 1 for p in long_prompts())
 
 
+class Ordering(BatchEngine):
+    """The engine, recording the request ids of each round's prefill pieces, in order."""
+
+    def _prefill_pieces(self, prefilling: Any, ready: Any) -> Any:
+        pieces = super()._prefill_pieces(prefilling, ready)
+        self.order = [*getattr(self, "order", []), [row.id for _, row, _ in pieces]]
+        return pieces
+
+
+@pytest.mark.parametrize(("order", "first"), [("shortest", [1, 0, 2]), ("fifo", [0, 1, 2])])
+def test_the_prefill_order_picks_which_prompts_go_first(
+    gguf: Any, order: str, first: list[int]
+) -> None:
+    """Prompts of 40, 3 and 300 tokens join at once (the first round's budget
+    takes all of the two short ones): "shortest" prefills the 3-token prompt
+    first, "fifo" the oldest request; either way each row's tokens equal
+    the request alone."""
+    rs = chunked_requests(0.8)[:3]
+    engine = Ordering(gguf, sd.PromptLookup, max_batch=3, k=2, prefill_chunk=7, prefill_order=order)
+    out = engine.run(rs)
+    assert engine.order[0] == first
+    for r, f in zip(rs, out.rows, strict=True):
+        assert f.result is not None and f.result.tokens == alone(gguf, r, 2).tokens
+
+
+def test_prefill_rank_orders_a_burst_shortest_first_and_ages_the_rest() -> None:
+    """`prefill_rank`: rows that waited alike go fewest tokens left first
+    (ties to the older request); a row being prefilled keeps its turn over
+    an equal one that waited for it; a long prompt that has waited twice
+    its length goes before a short one that just joined; "fifo" is the
+    request order."""
+    from specdec_rs.engine.scheduler import prefill_rank
+
+    def ranked(order: str, rows: list[tuple[int, int, int]]) -> list[int]:
+        return [r[0] for r in sorted(rows, key=lambda r: prefill_rank(order, *r))]
+
+    burst = [(0, 300, 0), (1, 3, 0), (2, 40, 0), (3, 3, 0)]  # (id, left, waited)
+    assert ranked("shortest", burst) == [1, 3, 2, 0]
+    assert ranked("fifo", burst) == [0, 1, 2, 3]
+    assert ranked("shortest", [(0, 84, 0), (1, 100, 16)]) == [0, 1]
+    assert ranked("shortest", [(0, 300, 600), (1, 8, 0)]) == [0, 1]
+    assert ranked("shortest", [(0, 300, 580), (1, 8, 0)]) == [1, 0]
+
+
+def test_an_unknown_prefill_order_is_a_value_error(gguf: Any) -> None:
+    with pytest.raises(ValueError, match="prefill_order.*fifo"):
+        BatchEngine(gguf, None, prefill_order="longest")
+
+
+def prefilled_at(rank: Any, rounds: int = 400) -> int | None:
+    """Rounds of 8 prompt tokens, a 200-token prompt waiting at the start
+    and an 8-token one joining every round, ranked by `rank(id, left,
+    waited)` as the engine does: the round the long prompt finishes (None:
+    not within `rounds`)."""
+    rows = {0: [200, 0]}  # id: [left, waited]
+    for t in range(rounds):
+        rows[t + 1] = [8, 0]
+        budget, took = 8, {}
+        for rid in sorted(rows, key=lambda r: rank(r, *rows[r])):
+            if budget == 0:
+                break
+            took[rid] = min(budget, rows[rid][0])
+            budget -= took[rid]
+        given = sum(took.values())
+        for rid in list(rows):
+            rows[rid][1] += given - took.get(rid, 0)
+            rows[rid][0] -= took.get(rid, 0)
+            if rows[rid][0] == 0:
+                del rows[rid]
+                if rid == 0:
+                    return t
+    return None
+
+
+def test_a_long_prompt_is_not_starved_by_later_short_ones() -> None:
+    """Short prompts joining as fast as the rounds prefill them (an
+    overloaded queue that grows without bound): under "shortest" the long
+    prompt's key falls by half of every piece it waits for, so it waits at
+    most 2 x 200 tokens (50 rounds), then keeps its turn: done by round 75
+    (73, deterministic); ranked by the tokens left alone (the power check:
+    no aging) it is never done while they keep coming; "fifo" finishes it
+    first (its own 25 rounds)."""
+    from specdec_rs.engine.scheduler import prefill_rank
+
+    shortest = prefilled_at(lambda rid, left, waited: prefill_rank("shortest", rid, left, waited))
+    assert shortest is not None and shortest <= 75
+    assert prefilled_at(lambda rid, left, waited: (left, rid)) is None
+    fifo = prefilled_at(lambda rid, left, waited: prefill_rank("fifo", rid, left, waited))
+    assert fifo is not None and fifo <= 25
+
+
 def test_the_chunk_identity_check_catches_pieces_from_the_wrong_offset(
     gguf: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -760,7 +851,7 @@ def test_chunked_prefill_with_a_draft_model_and_hidden_states(gguf: Any, tiny: A
     prefill), early exit (the target's cache), and a drafter that reads the
     target's hidden states of the prompt (they reach it in pieces, the same
     values as one prefill's)."""
-    seen: dict[str, list[Any]] = {"batch": [], "alone": []}
+    seen: dict[str, dict[int, Any]] = {"batch": {}, "alone": {}}  # by prompt length
 
     class ReadsHidden(sd.PromptLookup):
         needs_target_hidden = True
@@ -770,7 +861,7 @@ def test_chunked_prefill_with_a_draft_model_and_hidden_states(gguf: Any, tiny: A
             self.where = where
 
         def start(self, seq: Any, cache: Any, hidden: Any) -> None:
-            seen[self.where].append(None if hidden is None else hidden.clone())
+            seen[self.where][len(seq)] = None if hidden is None else hidden.clone()
             super().start(seq, cache, hidden)
 
         def update(self, seq: Any, num_accepted: int, hidden: Any) -> None:
@@ -785,7 +876,9 @@ def test_chunked_prefill_with_a_draft_model_and_hidden_states(gguf: Any, tiny: A
             temperature=0.8, seed=r.seed, eos_token_id=[],
         )  # fmt: skip
         assert f.result is not None and f.result.tokens == solo.tokens
-    for b, a in zip(seen["batch"], seen["alone"], strict=True):
+    assert sorted(seen["batch"]) == sorted(seen["alone"]) == sorted(len(r.prompt) for r in rs)
+    for length, b in seen["batch"].items():  # rows start in the prefill order, not by id
+        a = seen["alone"][length]
         assert (b is None) == (a is None) and (b is None or torch.equal(b, a))
     for factory in (lambda: sd.DraftModel(tiny), lambda: sd.EarlyExit(gguf, 1)):
         rows = BatchEngine(gguf, factory, max_batch=3, k=2, prefill_chunk=8).run(rs)

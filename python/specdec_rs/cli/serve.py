@@ -3,7 +3,8 @@
 specdec serve [--model PATH] [--drafter prompt-lookup] [--drafters SPEC,SPEC]
               [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--max-queue 64]
               [--k K] [--served-model-name NAME] [--drain-timeout S] [--api-key KEY]
-              [--max-body-mb 8] [--prefill-chunk 64] [--prefix-cache-mb 256]
+              [--max-body-mb 8] [--prefill-chunk 64] [--prefill-order shortest]
+              [--prefix-cache-mb 256]
               [--log-level info]
 """
 
@@ -79,6 +80,13 @@ def add_parsers(sub: Any, parents: list[argparse.ArgumentParser]) -> None:
         "target (0: a joining request prefills alone, stalling the batch; default: 64)",
     )
     s.add_argument(
+        "--prefill-order",
+        default=None,
+        choices=["shortest", "fifo"],
+        help="which joining prompts prefill first: the shortest, aged by how long each has "
+        "waited (default), or the oldest request",
+    )
+    s.add_argument(
         "--prefix-cache-mb",
         type=float,
         default=None,
@@ -115,6 +123,7 @@ def options(args: argparse.Namespace) -> ServerOptions:
         api_key=api_key,
         max_body_mb=args.max_body_mb,
         **({} if args.prefill_chunk is None else {"prefill_chunk": args.prefill_chunk}),
+        **({} if args.prefill_order is None else {"prefill_order": args.prefill_order}),
         **({} if args.prefix_cache_mb is None else {"prefix_cache_mb": args.prefix_cache_mb}),
     ).check()
 

@@ -25,11 +25,14 @@ Rows finish independently; queued requests join between rounds
 A joining request's prompt is prefilled in chunks inside the rounds (on a
 GGUF target): each round's forward carries, beside the running rows'
 blocks, at most `prefill_chunk` prompt tokens of the rows still
-prefilling (oldest first, each piece after its row's cache; their logits
-are not computed), so a join no longer stalls the batch and several
-prompts prefill in one round. A row's values do not depend on the
-chunking or on the rows beside it (the kernels' fixed order), so its
-output is the same bits as alone. prefill_chunk=0, and targets of other
+prefilling (each piece after its row's cache; their logits are not
+computed), so a join no longer stalls the batch and several prompts
+prefill in one round. Which rows take the round's prompt tokens is
+`prefill_order`: by default the fewest prompt tokens left first, aged by
+how long each has waited (`scheduler.prefill_rank`), else the oldest.
+A row's values depend neither on the chunking, nor on the order, nor on
+the rows beside it (the kernels' fixed order), so its output is the same
+bits as alone. prefill_chunk=0, and targets of other
 paths, prefill each request alone when it joins.
 
 With a `PrefixCache` (GGUF targets), a joining row first copies the
@@ -56,7 +59,13 @@ from specdec_rs.engine.requests import (
     Request,
     named_factories,
 )
-from specdec_rs.engine.scheduler import Row, Scheduler, default_cache_positions
+from specdec_rs.engine.scheduler import (
+    PREFILL_ORDERS,
+    Row,
+    Scheduler,
+    default_cache_positions,
+    prefill_rank,
+)
 from specdec_rs.generation.decoder import Decoder, Pending
 from specdec_rs.generation.inputs import check_drafter, shared_vocab
 from specdec_rs.generation.loop import Run
@@ -81,6 +90,7 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 1024  # the most rows one engine may hold
 PREFILL_CHUNK = 64  # prompt tokens a batch round prefills beside its running rows (by default)
+PREFILL_ORDER = "shortest"  # which prefilling rows take them first (`scheduler.prefill_rank`)
 MAX_PREFILL_CHUNK = 1 << 20
 
 
@@ -165,6 +175,10 @@ class BatchEngine:
     alone as it joins). Only a GGUF target prefills in chunks (`chunked`).
     prefix_cache: a `generation.PrefixCache` the rows read prompts' prefixes
     from and store their sequences in (a GGUF target's; None: none).
+    prefill_order: which rows still prefilling take a round's prompt
+    tokens first: "shortest" (default; the fewest tokens left, aged by the
+    wait, `scheduler.prefill_rank`) or "fifo" (the oldest request). Rows'
+    outputs do not depend on it.
     """
 
     def __init__(
@@ -184,6 +198,7 @@ class BatchEngine:
         tokenizer: Any = None,
         prefill_chunk: int | None = None,
         prefix_cache: PrefixCache | None = None,
+        prefill_order: str = PREFILL_ORDER,
     ):
         models.check_model(target, "target")
         if drafter_factory is not None:
@@ -218,6 +233,7 @@ class BatchEngine:
                 prefill_chunk, "prefill_chunk", minimum=0, maximum=MAX_PREFILL_CHUNK
             )
         )
+        self.prefill_order = _checks.choice(prefill_order, "prefill_order", PREFILL_ORDERS)
         # the prefill in the rounds only where a row's bits cannot depend on it
         self.chunked = self.prefill_chunk > 0 and self.backend.name == "gguf"
         self.prefix = checked_prefix(prefix_cache, target)
@@ -479,12 +495,19 @@ class BatchEngine:
         self, prefilling: list[tuple[int, Row]], ready: list[tuple[int, Row]]
     ) -> list[tuple[int, Row, torch.Tensor]]:
         """(slot, row, the prompt tokens it prefills this round) of the rows
-        still prefilling, oldest request first, at most `prefill_chunk`
-        tokens in all (a whole `CHUNK` when no row decodes: nobody waits),
-        each piece at most `CHUNK` (the Rust forward's block)."""
+        still prefilling, in `prefill_order` (`scheduler.prefill_rank`), at
+        most `prefill_chunk` tokens in all (a whole `CHUNK` when no row
+        decodes: nobody waits), each piece at most `CHUNK` (the Rust
+        forward's block). Each row left waiting counts the tokens others took."""
         budget = self.prefill_chunk if ready else max(self.prefill_chunk, CHUNK)
+        order = sorted(
+            prefilling,
+            key=lambda sr: prefill_rank(
+                self.prefill_order, sr[1].id, sr[1].decoder.prefill_left, sr[1].waited
+            ),
+        )
         pieces = []
-        for slot, row in sorted(prefilling, key=lambda sr: sr[1].id):
+        for slot, row in order:
             if budget <= 0:
                 break
             try:
@@ -495,6 +518,10 @@ class BatchEngine:
             if len(piece):  # empty: the prefix cache gave the rest of the prompt
                 pieces.append((slot, row, piece))
                 budget -= len(piece)
+        given = sum(len(piece) for _, _, piece in pieces)
+        took = {row.id: len(piece) for _, row, piece in pieces}
+        for _, row in prefilling:
+            row.waited += given - took.get(row.id, 0)
         return pieces
 
     def _settle(

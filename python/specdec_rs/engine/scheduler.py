@@ -26,12 +26,40 @@ if TYPE_CHECKING:
 @dataclass
 class Row:
     """A slot's request: its id, decoder and loop state; `fixed_k` is its
-    own γ (0 without a drafter; None: the engine's)."""
+    own γ (0 without a drafter; None: the engine's); `waited`: the prompt
+    tokens the engine prefilled for other rows while this one's prompt
+    was still being prefilled (`prefill_rank`)."""
 
     id: int
     decoder: Decoder
     run: Run
     fixed_k: int | None
+    waited: int = 0
+
+
+PREFILL_ORDERS = ("shortest", "fifo")
+# "shortest": a token prefilled for others while a row waits counts as this much of its own
+AGING = 0.5
+
+
+def prefill_rank(order: str, rid: int, left: int, waited: int) -> tuple[float, int, int]:
+    """The sort key of a row still prefilling (smallest first) under the
+    prefill order `order`, for a row of request id `rid` with `left` > 0
+    prompt tokens to prefill, having waited while `waited` tokens were
+    prefilled for others.
+
+    "fifo": the oldest request first. "shortest": the fewest tokens left
+    first, aged: left − `AGING`·waited, ties to the fewer left, then the
+    older request. Rows that joined together have waited alike, so a burst
+    is prefilled shortest remaining prompt first (which minimises the mean
+    time to first token); a row being prefilled keeps its turn (its key
+    falls by its whole piece a round, a waiting row's by half the pieces),
+    so equal prompts are finished one by one rather than in turns; and a
+    long prompt's key falls as it waits, so a stream of later short prompts
+    cannot starve it (it waits at most 1 / `AGING` times its own length)."""
+    if order == "fifo":
+        return (0.0, 0, rid)
+    return (left - AGING * waited, left, rid)
 
 
 class Scheduler:

@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from specdec_rs import _checks, drafters
 from specdec_rs.engine import BatchEngine
 from specdec_rs.engine.build import engine_for
-from specdec_rs.engine.engine import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK
+from specdec_rs.engine.engine import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK, PREFILL_ORDER
+from specdec_rs.engine.scheduler import PREFILL_ORDERS
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.serve.app import Served, build_app, prompt_char_limit
 from specdec_rs.serve.worker import EngineWorker
@@ -60,7 +61,9 @@ class ServerOptions:
     an empty key is refused, never taken as none); max_body_mb: the largest
     request body (a larger one is a 413); prefill_chunk: the most prompt
     tokens a batch round prefills beside the running rows (0: a joining
-    request prefills alone, stalling the batch); prefix_cache_mb: the
+    request prefills alone, stalling the batch); prefill_order: which
+    prompts prefill first ("shortest", aged by their wait, or "fifo";
+    `BatchEngine`); prefix_cache_mb: the
     prefix cache's size (0: none; a GGUF target's only)."""
 
     host: str = "127.0.0.1"
@@ -76,6 +79,7 @@ class ServerOptions:
     api_key: str | None = None
     max_body_mb: float = DEFAULT_BODY_MB
     prefill_chunk: int = PREFILL_CHUNK
+    prefill_order: str = PREFILL_ORDER
     prefix_cache_mb: float = DEFAULT_PREFIX_CACHE_MB
 
     def check(self) -> ServerOptions:
@@ -103,6 +107,7 @@ class ServerOptions:
             )
         _checks.real(self.max_body_mb, "--max-body-mb", above=0.0, maximum=MAX_BODY_MB)
         _checks.integer(self.prefill_chunk, "--prefill-chunk", minimum=0, maximum=MAX_PREFILL_CHUNK)
+        _checks.choice(self.prefill_order, "--prefill-order", PREFILL_ORDERS)
         _checks.real(self.prefix_cache_mb, "--prefix-cache-mb", minimum=0.0, maximum=1 << 20)
         return self
 
@@ -152,6 +157,7 @@ def build_served(target: Any, tokenizer: Any, options: ServerOptions) -> Served:
         k=options.k,
         max_batch=options.max_batch,
         prefill_chunk=options.prefill_chunk,
+        prefill_order=options.prefill_order,
         prefix_cache=prefix_cache(target, options.prefix_cache_mb),
     )
     engine, built = made.engine, made.drafters
