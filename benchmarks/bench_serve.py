@@ -447,7 +447,7 @@ def main() -> None:
     print(text)
     if args.out is not None:
         record = {
-            "args": vars(args) | {"out": str(args.out)},
+            "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
             "settings": [asdict(s) for s in settings],
         }
         write_results(args.out, record, text)
