@@ -7,7 +7,11 @@ default is f16) and each context L:
 
 1. v(n) = T(n) / T(1) for n new positions after L cached ones (logits for
    all n, as a verification forward needs), the cache cut back after each;
-   beside it llama.cpp's own v(n) on the same file, host and threads
+   and ours again back to back (runs of one n with no pause between the
+   forwards, as a decoding loop runs them: on a host whose shared cache
+   others use while ours idles, the pause below lengthens T(1) and so
+   flatters v(n); `bench_settle.py`);
+   beside the first, llama.cpp's own v(n) on the same file, host and threads
    (llama-cpp-python, `logits_all`, the same positions evaluated and
    removed from its cache), interleaved position count by position count.
 2. The breakdown of T(n): the layer's phases measured inside the one Rust
@@ -131,6 +135,28 @@ class Ours:
         start = time.perf_counter()
         head.product(x)
         return {"total": total, "calls": self.calls, "head": time.perf_counter() - start, **phases}
+
+    def back_to_back(self, ns: list[int], repeats: int, run: int = 10) -> dict[int, float]:
+        """Median seconds of a forward over each n in runs of `run` forwards
+        of that n with no pause between them (as a decoding loop runs one
+        shape: target only n = 1, speculation n = γ + 1; its own work between
+        two forwards is shorter than the kernel workers' spin), the runs of
+        the n in turn `repeats` times, no profiling; each run's first
+        forward warms up."""
+        g = torch.Generator().manual_seed(0)
+        blocks = {n: torch.randint(0, self.vocab, (n,), generator=g) for n in ns}
+        times: dict[int, list[float]] = {n: [] for n in ns}
+        with torch.inference_mode():
+            for _ in range(repeats):
+                for n in ns:
+                    for i in range(run):
+                        start = time.perf_counter()
+                        runner.forward(self.model, blocks[n], self.cache, keep=n)
+                        seconds = time.perf_counter() - start
+                        runner.crop(self.cache, self.length)
+                        if i:
+                            times[n].append(seconds)
+        return {n: statistics.median(t) for n, t in times.items()}
 
 
 class LlamaCpp:
@@ -285,9 +311,12 @@ def main() -> None:
                         if other is not None:
                             theirs[n].append(other)
             t = {n: statistics.median(s["total"] for s in samples[n]) for n in ns}
+            steady = ours.back_to_back(ns, args.repeats)
             row: dict[str, Any] = {
                 "ms": {n: t[n] * 1e3 for n in ns},
                 "v": {n: t[n] / t[1] for n in ns},
+                "back to back ms": {n: steady[n] * 1e3 for n in ns},
+                "back to back v": {n: steady[n] / steady[1] for n in ns},
                 "breakdown": {
                     n: breakdown(
                         ours,
@@ -309,6 +338,8 @@ def main() -> None:
             table = [
                 ["ours ms", *[f"{row['ms'][n]:.2f}" for n in ns]],
                 ["ours v(n)", *[f"{row['v'][n]:.2f}" for n in ns]],
+                ["ours ms, back to back", *[f"{row['back to back ms'][n]:.2f}" for n in ns]],
+                ["ours v(n), back to back", *[f"{row['back to back v'][n]:.2f}" for n in ns]],
             ]
             if anchor is not None:
                 table += [
