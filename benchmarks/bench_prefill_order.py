@@ -39,17 +39,6 @@ WAYS = (("alone at the join", 0, "fifo"), ("chunks, fifo", None, "fifo"),
         ("chunks, shortest", None, "shortest"))  # fmt: skip
 
 
-def prompt_ids(tokenizer: Any, workload: str, n: int) -> list[torch.Tensor]:
-    out = []
-    for text in workloads.prompts(workload)[:n]:
-        chat = [{"role": "user", "content": text}]
-        ids = tokenizer.apply_chat_template(
-            chat, add_generation_prompt=True, tokenize=True, return_dict=True
-        )["input_ids"]
-        out.append(torch.tensor(ids))
-    return out
-
-
 def one_run(
     model: Any, prompts: list[torch.Tensor], chunk: int, order: str, max_tokens: int
 ) -> dict[str, float]:
@@ -100,7 +89,7 @@ def main() -> None:
     chunked = args.chunk if args.chunk is not None else PREFILL_CHUNK
     rows, record = [], []
     for workload in args.workloads:
-        prompts = prompt_ids(tokenizer, workload, args.requests)
+        prompts = workloads.prompt_set(tokenizer, workload, args.requests)
         runs: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in WAYS}
         g = torch.Generator().manual_seed(0)
         for _ in range(args.repeats):

@@ -60,6 +60,7 @@ from specdec_rs.engine.requests import (
     named_factories,
 )
 from specdec_rs.engine.scheduler import (
+    PREFILL_ORDER,
     PREFILL_ORDERS,
     Row,
     Scheduler,
@@ -90,7 +91,6 @@ if TYPE_CHECKING:
 
 MAX_ROWS = 1024  # the most rows one engine may hold
 PREFILL_CHUNK = 64  # prompt tokens a batch round prefills beside its running rows (by default)
-PREFILL_ORDER = "shortest"  # which prefilling rows take them first (`scheduler.prefill_rank`)
 MAX_PREFILL_CHUNK = 1 << 20
 
 

@@ -38,6 +38,7 @@ class Row:
 
 
 PREFILL_ORDERS = ("shortest", "fifo")
+PREFILL_ORDER = "shortest"  # the default (`BatchEngine`, `specdec serve`)
 # "shortest": a token prefilled for others while a row waits counts as this much of its own
 AGING = 0.5
 

@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 from specdec_rs import _checks, drafters
 from specdec_rs.engine import BatchEngine
 from specdec_rs.engine.build import engine_for
-from specdec_rs.engine.engine import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK, PREFILL_ORDER
-from specdec_rs.engine.scheduler import PREFILL_ORDERS
+from specdec_rs.engine.engine import MAX_PREFILL_CHUNK, MAX_ROWS, PREFILL_CHUNK
+from specdec_rs.engine.scheduler import PREFILL_ORDER, PREFILL_ORDERS
 from specdec_rs.policy.base import MAX_K
 from specdec_rs.serve.app import Served, build_app, prompt_char_limit
 from specdec_rs.serve.worker import EngineWorker
