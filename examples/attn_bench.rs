@@ -2,21 +2,22 @@
 //! 3 key-value heads of 64): n new positions after `past` cached ones, the
 //! best of 20 runs.
 //!
-//!     cargo run --release --example attn_bench -- PAST N THREADS [PATH] [CACHE] [cold]
+//!     cargo run --release --example attn_bench -- PAST N THREADS [PATH] [CACHE] [cold] [q8]
 //!     cargo run --release --example attn_bench -- 2048 1 2
 //!     cargo run --release --example attn_bench -- 2048 1 2 Avx2
 //!     cargo run --release --example attn_bench -- 2048 1 2 best f16
 //!
 //! PATH names an instruction path (`quant::Path`, as Debug prints it;
 //! "best" or none: the host's best); CACHE the stored type, f32 (default),
-//! f16 or q8_0; "cold": each run reads another copy of the caches, so that none
+//! f16 or q8_0; "q8": q8 activations (with a q8_0 cache, the scores by
+//! integer block products); "cold": each run reads another copy of the caches, so that none
 //! is in the last-level cache (as in a forward, where the weights stream
 //! between the layers' attention), else the same copy (warm where it fits).
 
 use _core::attention::attention;
 use _core::kv::Kv;
 use _core::llama::{Cache, Segment, Shape};
-use _core::quant::{best_path, path_available, Path};
+use _core::quant::{best_path, path_available, Act, Path};
 use std::time::Instant;
 
 fn main() {
@@ -30,6 +31,12 @@ fn main() {
             .expect("a path this host has"),
     };
     let (past, n, threads) = (args[0], args[1], args[2]);
+    // "q8": the activations' mode (a q8_0 cache's scores by integer block products)
+    let act = if raw.iter().any(|a| a == "q8") {
+        Act::Q8
+    } else {
+        Act::F32
+    };
     let layers = 30;
     let s = Shape::llama(576, 9, 3, 64, 1536, 1e-5);
     let d = 64;
@@ -107,13 +114,14 @@ fn main() {
                 },
                 mask: None,
             }];
-            attention(&qkv, &mut out, &segs, s, threads, path);
+            attention(&qkv, &mut out, &segs, s, threads, path, act);
         }
         best = best.min(t.elapsed().as_secs_f64());
     }
     println!(
-        "past {past} n {n} threads {threads} {path:?} {}: {:.3} ms (30 layers)",
+        "past {past} n {n} threads {threads} {path:?} {} {}: {:.3} ms (30 layers)",
         cache,
+        act.name(),
         best * 1e3
     );
 }

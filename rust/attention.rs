@@ -36,6 +36,12 @@
 //! positions, then computes what its path's causal row computes, bit for bit
 //! (`own_order_chunk`: each chunk run under the mask of each row's keys of
 //! that chunk in its own order, its s_c taken again by the row's lanes).
+//!
+//! With q8 activations and a q8_0 cache (`Act::Q8`), score_j is instead the
+//! integer block product of the quantized query and the key's codes, as
+//! llama.cpp computes it over a q8_0 key cache (`q8_scores`' module docs:
+//! the same bits on every path); the chunks, softmax and values are as
+//! above.
 
 // Index loops over lanes, keys and dimensions read like the order they document.
 #![allow(clippy::needless_range_loop)]
@@ -43,8 +49,11 @@
 use crate::kv::{Kv, Lanes, Stored, Q8};
 use crate::llama::{Segment, Shape};
 use crate::pool::SharedOut;
-use crate::quant::Path;
+use crate::quant::{Act, Path};
 use crate::rowwise::exp;
+use q8_scores::Q8Queries;
+
+mod q8_scores;
 
 /// Keys per block (the lanes of a score vector).
 const KB: usize = 16;
@@ -105,8 +114,17 @@ fn window_mask(seg: &Segment<'_>, window: usize) -> Option<Vec<u8>> {
 
 /// The attention of every segment: `qkv` (N, (heads + 2·kv) · d) the rows'
 /// queries (rotated), keys and values (already in the caches); `out` (N,
-/// heads · d).
-pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shape, threads: usize, path: Path) {
+/// heads · d). With q8 activations (`act`) a q8_0 cache's scores are
+/// integer block products of the quantized query (`q8_scores`).
+pub fn attention(
+    qkv: &[f32],
+    out: &mut [f32],
+    segments: &[Segment<'_>],
+    s: Shape,
+    threads: usize,
+    path: Path,
+    act: Act,
+) {
     let group = s.heads / s.kv_heads;
     // a sliding window (`Shape::window`) is a mask of the keys each row of a causal segment sees
     let windowed: Vec<Option<Vec<u8>>> = segments.iter().map(|seg| window_mask(seg, s.window)).collect();
@@ -176,6 +194,7 @@ pub fn attention(qkv: &[f32], out: &mut [f32], segments: &[Segment<'_>], s: Shap
             let t = Task {
                 seg: &segments[g],
                 mask: masks[g],
+                integer: act == Act::Q8 && matches!(segments[g].cache.kv, Kv::Q8 { .. }),
                 first,
                 kv,
                 q0,
@@ -222,6 +241,8 @@ struct Task<'a, 'b> {
     seg: &'a Segment<'b>,
     /// The segment's mask, or its sliding window's (None: causal).
     mask: Option<&'a [u8]>,
+    /// Scores by integer block products (q8 activations, a q8_0 cache: `q8_scores`).
+    integer: bool,
     first: usize,
     kv: usize,
     q0: usize,
@@ -365,6 +386,24 @@ unsafe fn chunk(
         }
         Kv::Q8 { keys: k, values: v } => {
             let head = Head::at(k.as_ptr() as *const Q8, v.as_ptr() as *const Q8, kv, capacity, d);
+            if let Some(q8) = &q.q8 {
+                // the scores first, by integer block products; the kernel then skips its own
+                let (b0, b1) = chunk_blocks(q, keys);
+                let total = t.seg.cache.past + t.seg.n;
+                let span = (b1 - b0) * KB;
+                let out = buf.scores.as_mut_ptr();
+                q8_scores::scores(
+                    head.keys as *const u8,
+                    d,
+                    total,
+                    (b0, b1),
+                    q8,
+                    t.s.scale,
+                    out,
+                    span,
+                    path,
+                );
+            }
             chunk_of(t, head, q, keys, at, off, buf, path)
         }
     }
@@ -449,6 +488,7 @@ unsafe fn own_order_chunk(
         }
     }
     let view = Queries {
+        q8: q.q8.clone(),
         rows: q.rows.clone(),
         qptr: q.qptr.clone(),
         limit: q.limit.clone(),
@@ -608,6 +648,9 @@ struct Queries {
     /// row that sees the first key, the keys past `run` it sees, ascending
     /// (empty for most: see `own_order_chunk`).
     extras: Vec<Vec<usize>>,
+    /// The queries quantized, where the scores are integer block products
+    /// (`Task::integer`): `chunk` writes the scores, the kernels skip theirs.
+    q8: Option<Q8Queries>,
 }
 
 fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
@@ -622,6 +665,7 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
         limit: vec![0; t.len],
         run: vec![0; t.len],
         extras: vec![Vec::new(); t.len],
+        q8: None,
     };
     for qi in 0..t.len {
         let flat = t.q0 + qi;
@@ -646,6 +690,10 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
                 .filter(|&j| allowed(mask, total, past, i, j))
                 .collect();
         }
+    }
+    if t.integer {
+        // SAFETY: each query pointer reaches its d values in `qkv`
+        q.q8 = Some(unsafe { Q8Queries::of(&q.qptr, d) });
     }
     q
 }
@@ -685,6 +733,17 @@ fn value_keys(q: &Queries, q0: usize, qn: usize, k0: usize, k1: usize) -> (usize
 fn chunk_blocks(q: &Queries, (k0, k1): (usize, usize)) -> (usize, usize) {
     let top = q.limit.iter().copied().max().unwrap_or(0).clamp(k0, k1);
     (k0 / KB, top.div_ceil(KB))
+}
+
+/// The key blocks b0..b1 whose scores a kernel computes: none where
+/// `chunk` wrote them (q8 queries against a q8_0 cache, `q8_scores`).
+#[inline(always)]
+fn unscored(q: &Queries, b0: usize, b1: usize) -> std::ops::Range<usize> {
+    if q.q8.is_some() {
+        b1..b1
+    } else {
+        b0..b1
+    }
 }
 
 /// Marks a query's partial as seeing no key of the chunk.
@@ -786,7 +845,7 @@ unsafe fn chunk_lanes<T: crate::kv::Stored>(
     let (b0, b1) = chunk_blocks(q, (k0, k1));
     let span = (b1 - b0) * KB;
     let scores = &mut buf.scores[..t.len * span];
-    for b in b0..b1 {
+    for b in unscored(q, b0, b1) {
         transpose(keys, d, b * KB, total, &mut buf.kt);
         for q0 in (0..t.len).step_by(QB) {
             let qn = QB.min(t.len - q0);
@@ -921,37 +980,44 @@ mod x86 {
             for lane in 0..KB {
                 r[lane] = T::load16(keys.add((j0 + lane) * T::row_len(d)), c0);
             }
-            // pairs of rows interleaved by 32, then 64 bits, then 128-bit quarters twice
-            let mut a = [v::_mm512_setzero_ps(); KB];
-            for k in 0..8 {
-                a[2 * k] = v::_mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-                a[2 * k + 1] = v::_mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-            }
-            let mut b = [v::_mm512_setzero_ps(); KB];
-            for k in 0..4 {
-                for h in 0..2 {
-                    let (x, y) = (v::_mm512_castps_pd(a[4 * k + h]), v::_mm512_castps_pd(a[4 * k + 2 + h]));
-                    b[4 * k + 2 * h] = v::_mm512_castpd_ps(v::_mm512_unpacklo_pd(x, y));
-                    b[4 * k + 2 * h + 1] = v::_mm512_castpd_ps(v::_mm512_unpackhi_pd(x, y));
-                }
-            }
-            // b[4k + m] holds, in 128-bit quarter q, rows 4k..4k+4 of column 4q + m
-            let mut c = [v::_mm512_setzero_ps(); KB];
-            for m in 0..4 {
-                let (p0, p1, p2, p3) = (b[m], b[4 + m], b[8 + m], b[12 + m]);
-                let lo01 = v::_mm512_shuffle_f32x4::<0x44>(p0, p1); // quarters 0,1 of p0, 0,1 of p1
-                let hi01 = v::_mm512_shuffle_f32x4::<0xee>(p0, p1); // quarters 2,3 of p0, 2,3 of p1
-                let lo23 = v::_mm512_shuffle_f32x4::<0x44>(p2, p3);
-                let hi23 = v::_mm512_shuffle_f32x4::<0xee>(p2, p3);
-                c[m] = v::_mm512_shuffle_f32x4::<0x88>(lo01, lo23); // column m: quarter 0 of each
-                c[4 + m] = v::_mm512_shuffle_f32x4::<0xdd>(lo01, lo23); // column 4 + m
-                c[8 + m] = v::_mm512_shuffle_f32x4::<0x88>(hi01, hi23);
-                c[12 + m] = v::_mm512_shuffle_f32x4::<0xdd>(hi01, hi23);
-            }
+            let c = transpose_16x16(r);
             for cc in 0..KB {
                 v::_mm512_storeu_ps(kt.as_mut_ptr().add((c0 + cc) * KB), c[cc]);
             }
         }
+    }
+
+    /// 16 rows of 16 lanes transposed by shuffles: t[c] lane l = lane c of r[l].
+    #[inline(always)]
+    pub(super) unsafe fn transpose_16x16(r: [v::__m512; KB]) -> [v::__m512; KB] {
+        // pairs of rows interleaved by 32, then 64 bits, then 128-bit quarters twice
+        let mut a = [v::_mm512_setzero_ps(); KB];
+        for k in 0..8 {
+            a[2 * k] = v::_mm512_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            a[2 * k + 1] = v::_mm512_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        let mut b = [v::_mm512_setzero_ps(); KB];
+        for k in 0..4 {
+            for h in 0..2 {
+                let (x, y) = (v::_mm512_castps_pd(a[4 * k + h]), v::_mm512_castps_pd(a[4 * k + 2 + h]));
+                b[4 * k + 2 * h] = v::_mm512_castpd_ps(v::_mm512_unpacklo_pd(x, y));
+                b[4 * k + 2 * h + 1] = v::_mm512_castpd_ps(v::_mm512_unpackhi_pd(x, y));
+            }
+        }
+        // b[4k + m] holds, in 128-bit quarter q, rows 4k..4k+4 of column 4q + m
+        let mut c = [v::_mm512_setzero_ps(); KB];
+        for m in 0..4 {
+            let (p0, p1, p2, p3) = (b[m], b[4 + m], b[8 + m], b[12 + m]);
+            let lo01 = v::_mm512_shuffle_f32x4::<0x44>(p0, p1); // quarters 0,1 of p0, 0,1 of p1
+            let hi01 = v::_mm512_shuffle_f32x4::<0xee>(p0, p1); // quarters 2,3 of p0, 2,3 of p1
+            let lo23 = v::_mm512_shuffle_f32x4::<0x44>(p2, p3);
+            let hi23 = v::_mm512_shuffle_f32x4::<0xee>(p2, p3);
+            c[m] = v::_mm512_shuffle_f32x4::<0x88>(lo01, lo23); // column m: quarter 0 of each
+            c[4 + m] = v::_mm512_shuffle_f32x4::<0xdd>(lo01, lo23); // column 4 + m
+            c[8 + m] = v::_mm512_shuffle_f32x4::<0x88>(hi01, hi23);
+            c[12 + m] = v::_mm512_shuffle_f32x4::<0xdd>(hi01, hi23);
+        }
+        c
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
@@ -980,7 +1046,7 @@ mod x86 {
         // the FMA latency (each score still one chain over d in order)
         let groups = t.len.div_ceil(QB);
         let step = if t.len / groups < QB { KT_BLOCKS } else { 1 };
-        let mut b = b0;
+        let mut b = unscored(q, b0, b1).start;
         while b < b1 {
             let nb = step.min(b1 - b);
             for k in 0..nb {
@@ -1295,7 +1361,7 @@ mod x86_avx2 {
         let (b0, b1) = chunk_blocks(q, (k0, k1));
         let span = (b1 - b0) * KB;
         let scores = buf.scores.as_mut_ptr();
-        for b in b0..b1 {
+        for b in unscored(q, b0, b1) {
             fetch_rows(keys, d, (b + AHEAD) * KB, KB);
             transpose16(keys, d, b * KB, total, &mut buf.kt);
             let row = scores.add((b - b0) * KB);
@@ -1738,7 +1804,7 @@ mod tests {
                                 mask,
                             }];
                             let mut out = vec![0.0f32; n * s.heads * d];
-                            attention(&qkv, &mut out, &seg, s, threads, path);
+                            attention(&qkv, &mut out, &seg, s, threads, path, Act::F32);
                             out.iter().map(|x| x.to_bits()).collect::<Vec<_>>()
                         };
                         let what = format!("d {d} past {past} {path:?} {threads} window {window}");
@@ -1767,6 +1833,86 @@ mod tests {
                     }
                 }
             }
+        }
+    }
+
+    /// q8 queries against a q8_0 cache (scores by integer block products,
+    /// `q8_scores`): the portable code's bits on every path and thread
+    /// count, causal, windowed and under a tree's mask, within a chunk and
+    /// across chunks; each causal row alone has its bits in the batch; and
+    /// another function than the float scores of the same cache, close to it.
+    #[test]
+    fn q8_queries_on_a_q8_cache_have_the_same_bits_everywhere() {
+        for (head_dim, past, capacity) in [
+            (64, 37, 64),
+            (32, 20, 32),
+            (128, CHUNK - 4, CHUNK + 16),
+            (64, 2 * CHUNK + 90, 3 * CHUNK),
+        ] {
+            let s = Shape::llama(0, 6, 2, head_dim, 0, 0.0);
+            let (d, n, rows) = (head_dim, 5, s.kv_heads * capacity);
+            let width = (s.heads + 2 * s.kv_heads) * d;
+            let qkv = values(n * width, 4);
+            let scaled = |x: Vec<f32>| -> Vec<f32> { x.iter().map(|v| v * 3.7).collect() };
+            let (k0, v0) = (scaled(values(rows * d, 5)), scaled(values(rows * d, 6)));
+            let w = Q8::row_len(d);
+            let (mut kq, mut vq) = (vec![0u8; rows * w], vec![0u8; rows * w]);
+            for r in 0..rows {
+                Kv::Q8 {
+                    keys: &mut kq,
+                    values: &mut vq,
+                }
+                .write(r, &k0[r * d..(r + 1) * d], &v0[r * d..(r + 1) * d]);
+            }
+            let total = past + n;
+            let mut tree = vec![0u8; n * total];
+            for i in 0..n {
+                tree[i * total..i * total + past + 1].fill(1);
+                tree[i * total + past + i] = 1;
+            }
+            #[allow(clippy::too_many_arguments)]
+            let run = |past: usize, m: usize, q: &[f32], mask: Option<&[u8]>, window: usize, path, threads, act| {
+                let (mut a, mut b) = (kq.clone(), vq.clone());
+                let kv = Kv::Q8 {
+                    keys: &mut a,
+                    values: &mut b,
+                };
+                let seg = [Segment {
+                    n: m,
+                    cache: Cache { kv, capacity, past },
+                    mask,
+                }];
+                let mut out = vec![0.0f32; m * s.heads * d];
+                attention(q, &mut out, &seg, Shape { window, ..s }, threads, path, act);
+                out
+            };
+            let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+            let row = s.heads * d;
+            for (mask, window) in [(None, 0), (None, 20), (Some(&tree[..]), 0)] {
+                let want = bits(&run(past, n, &qkv, mask, window, Path::Portable, 1, Act::Q8));
+                for path in Path::all().into_iter().filter(|p| path_available(*p)) {
+                    let what = format!("d {d} past {past} {path:?} window {window} mask {}", mask.is_some());
+                    for threads in [1, 2] {
+                        let got = bits(&run(past, n, &qkv, mask, window, path, threads, Act::Q8));
+                        assert_eq!(got, want, "{what}, {threads} threads");
+                    }
+                    if mask.is_none() && window == 0 {
+                        for i in 0..n {
+                            let alone = run(past + i, 1, &qkv[i * width..], None, 0, path, 1, Act::Q8);
+                            assert_eq!(bits(&alone), want[i * row..(i + 1) * row], "row {i} alone, {what}");
+                        }
+                    }
+                }
+            }
+            let float = run(past, n, &qkv, None, 0, Path::Portable, 1, Act::F32);
+            let int = run(past, n, &qkv, None, 0, Path::Portable, 1, Act::Q8);
+            let size = float.iter().fold(0.0f32, |a, v| a.max(v.abs()));
+            let error = float.iter().zip(&int).fold(0.0f32, |a, (x, y)| a.max((x - y).abs()));
+            println!("d {d} past {past}: largest change {error} of {size}");
+            assert!(
+                error > 0.0 && error < 0.02 * size,
+                "d {d} past {past}: {error} of {size}"
+            );
         }
     }
 
@@ -1800,7 +1946,13 @@ mod tests {
                     j = parents[j as usize];
                 }
             }
-            for cache in ["f32", "f16", "q8_0"] {
+            // q8 activations change the scores of a q8_0 cache only (`q8_scores`)
+            for (cache, act) in [
+                ("f32", Act::F32),
+                ("f16", Act::F32),
+                ("q8_0", Act::F32),
+                ("q8_0", Act::Q8),
+            ] {
                 if cache == "q8_0" && d % 32 != 0 {
                     continue;
                 }
@@ -1863,7 +2015,7 @@ mod tests {
                         mask,
                     }];
                     let mut out = vec![0.0f32; m * s.heads * d];
-                    attention(q, &mut out, &seg, s, threads, path);
+                    attention(q, &mut out, &seg, s, threads, path, act);
                     out
                 };
                 let (mut kb, mut vb) = store(&k0, &v0, s.kv_heads * capacity);
@@ -1891,7 +2043,7 @@ mod tests {
                             let same = got.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits());
                             assert!(
                                 same,
-                                "row {i}, past {past}, d {d}, {cache}, {path:?}, {threads} threads"
+                                "row {i}, past {past}, d {d}, {cache}, {act:?}, {path:?}, {threads} threads"
                             );
                         }
                     }
@@ -1995,6 +2147,7 @@ mod tests {
                 s,
                 threads,
                 path,
+                Act::F32,
             );
             out.iter().map(|x| x.to_bits()).collect()
         }

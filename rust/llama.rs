@@ -425,7 +425,7 @@ pub fn layer(
         at += g.n;
     }
     laps.lap(2);
-    crate::attention::attention(qkv, att, segments, s, threads, path);
+    crate::attention::attention(qkv, att, segments, s, threads, path, act);
     laps.lap(3);
     qlinear(att, w.o.packed, w.o.q, o, n, qd, h, threads, path, act)?;
     let post = w.extras.post_norms;

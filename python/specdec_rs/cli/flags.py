@@ -44,7 +44,8 @@ def model_parser(parser_class: type[argparse.ArgumentParser]) -> argparse.Argume
         default="f32",
         choices=("f32", "f16", "q8_0"),
         help="GGUF models' cached keys and values: f32, f16 (half the bytes a step reads "
-        "past a long context, llama.cpp's default) or q8_0 (0.53 of f16's); each another "
+        "past a long context, llama.cpp's default) or q8_0 (0.53 of f16's; with --activations "
+        "q8 its attention scores are integer block products, as llama.cpp's); each another "
         "target function",
     )
     model.add_argument(
