@@ -51,7 +51,7 @@ use crate::llama::{Segment, Shape};
 use crate::pool::SharedOut;
 use crate::quant::{Act, Path};
 use crate::rowwise::exp;
-use q8_scores::Q8Queries;
+use q8_scores::{Q8Queries, Q8View};
 
 mod q8_scores;
 
@@ -137,6 +137,27 @@ pub fn attention(
     // a task transposes its keys once for all its queries: split a head's
     // queries only when there are many (the threads then share the work)
     let spread = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
+    // with q8 activations, a q8_0 cache's queries quantized once, per
+    // segment and key-value head in task order (rows × the group's heads)
+    let width = (s.heads + 2 * s.kv_heads) * s.head_dim;
+    let mut quantized: Vec<Option<Q8Queries>> = Vec::new();
+    let mut first = 0;
+    for seg in segments {
+        let integer = act == Act::Q8 && matches!(seg.cache.kv, Kv::Q8 { .. });
+        for kv in 0..s.kv_heads {
+            quantized.push(integer.then(|| {
+                let rows: Vec<*const f32> = (0..seg.n * group)
+                    .map(|flat| {
+                        let (i, head) = (flat / group, kv * group + flat % group);
+                        qkv[(first + i) * width + head * s.head_dim..].as_ptr()
+                    })
+                    .collect();
+                // SAFETY: each pointer reaches its query's d values in `qkv`
+                unsafe { Q8Queries::of(&rows, s.head_dim) }
+            }));
+        }
+        first += seg.n;
+    }
     let mut heads = Vec::new();
     let (mut at, mut work) = (0, 0);
     for (g, seg) in segments.iter().enumerate() {
@@ -194,7 +215,7 @@ pub fn attention(
             let t = Task {
                 seg: &segments[g],
                 mask: masks[g],
-                integer: act == Act::Q8 && matches!(segments[g].cache.kv, Kv::Q8 { .. }),
+                q8: quantized[g * s.kv_heads + kv].as_ref(),
                 first,
                 kv,
                 q0,
@@ -241,8 +262,9 @@ struct Task<'a, 'b> {
     seg: &'a Segment<'b>,
     /// The segment's mask, or its sliding window's (None: causal).
     mask: Option<&'a [u8]>,
-    /// Scores by integer block products (q8 activations, a q8_0 cache: `q8_scores`).
-    integer: bool,
+    /// Its key-value head's queries quantized, where the scores are integer
+    /// block products (q8 activations, a q8_0 cache: `q8_scores`).
+    q8: Option<&'a Q8Queries>,
     first: usize,
     kv: usize,
     q0: usize,
@@ -488,7 +510,7 @@ unsafe fn own_order_chunk(
         }
     }
     let view = Queries {
-        q8: q.q8.clone(),
+        q8: q.q8,
         rows: q.rows.clone(),
         qptr: q.qptr.clone(),
         limit: q.limit.clone(),
@@ -639,7 +661,7 @@ fn pairwise(mut lanes: [f32; KB]) -> f32 {
 /// it may see (`limit`: past the last one; 0 for none) and of the run of
 /// keys from the first that it sees every one of (`run`: causal, `limit`;
 /// a tree's row, at least its past).
-struct Queries {
+struct Queries<'a> {
     rows: Vec<(usize, usize)>,
     qptr: Vec<*const f32>,
     limit: Vec<usize>,
@@ -650,10 +672,10 @@ struct Queries {
     extras: Vec<Vec<usize>>,
     /// The queries quantized, where the scores are integer block products
     /// (`Task::integer`): `chunk` writes the scores, the kernels skip theirs.
-    q8: Option<Q8Queries>,
+    q8: Option<Q8View<'a>>,
 }
 
-fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
+fn queries<'a>(qkv: &[f32], t: Task<'a, '_>) -> Queries<'a> {
     let s = t.s;
     let (d, group) = (s.head_dim, s.heads / s.kv_heads);
     let width = (s.heads + 2 * s.kv_heads) * d;
@@ -691,10 +713,7 @@ fn queries(qkv: &[f32], t: Task<'_, '_>) -> Queries {
                 .collect();
         }
     }
-    if t.integer {
-        // SAFETY: each query pointer reaches its d values in `qkv`
-        q.q8 = Some(unsafe { Q8Queries::of(&q.qptr, d) });
-    }
+    q.q8 = t.q8.map(|all| all.view(t.q0, t.len));
     q
 }
 
@@ -785,7 +804,7 @@ struct ValuePass<'a, T> {
     mask: Option<&'a [u8]>,
     total: usize,
     past: usize,
-    q: &'a Queries,
+    q: &'a Queries<'a>,
     at: &'a [*mut f32],
     off: usize,
 }
@@ -798,7 +817,7 @@ impl<'a, T> ValuePass<'a, T> {
     unsafe fn of(
         t: Task<'a, '_>,
         values: *const T,
-        q: &'a Queries,
+        q: &'a Queries<'a>,
         scores: *const f32,
         (k0, b1): (usize, usize),
         at: &'a [*mut f32],

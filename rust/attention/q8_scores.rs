@@ -41,13 +41,23 @@ use crate::quant::Path;
 /// Keys per block (the lanes of a score vector), as in the float kernels.
 const KB: usize = super::KB;
 
-/// A task's queries quantized per 32-block (`q8::Q8Rows`): `q` (queries,
-/// d) codes, `d` and `sum` (queries, d / 32) scales and code sums.
-#[derive(Clone)]
+/// Queries quantized per 32-block (`q8::Q8Rows`): `q` (queries, d) codes,
+/// `d` and `sum` (queries, d / 32) scales and code sums. `attention`
+/// quantizes each key-value head's queries once per call (its tasks take
+/// views of them).
 pub(super) struct Q8Queries {
     q: Vec<i8>,
     d: Vec<f32>,
     sum: Vec<i32>,
+    dim: usize,
+}
+
+/// Queries q0..q0 + len of a `Q8Queries` (a task's).
+#[derive(Clone, Copy)]
+pub(super) struct Q8View<'a> {
+    q: &'a [i8],
+    d: &'a [f32],
+    sum: &'a [i32],
     dim: usize,
 }
 
@@ -70,6 +80,19 @@ impl Q8Queries {
         }
     }
 
+    /// Queries q0..q0 + len.
+    pub(super) fn view(&self, q0: usize, len: usize) -> Q8View<'_> {
+        let (d, nb) = (self.dim, self.dim / Q8_BLOCK);
+        Q8View {
+            q: &self.q[q0 * d..(q0 + len) * d],
+            d: &self.d[q0 * nb..(q0 + len) * nb],
+            sum: &self.sum[q0 * nb..(q0 + len) * nb],
+            dim: d,
+        }
+    }
+}
+
+impl Q8View<'_> {
     fn len(&self) -> usize {
         self.d.len() / (self.dim / Q8_BLOCK)
     }
@@ -89,7 +112,7 @@ pub(super) unsafe fn scores(
     d: usize,
     total: usize,
     (b0, b1): (usize, usize),
-    q: &Q8Queries,
+    q: &Q8View<'_>,
     scale: f32,
     out: *mut f32,
     span: usize,
@@ -128,7 +151,7 @@ unsafe fn block_lanes(
     d: usize,
     j0: usize,
     lanes: usize,
-    q: &Q8Queries,
+    q: &Q8View<'_>,
     scale: f32,
     at: *mut f32,
     span: usize,
@@ -183,7 +206,7 @@ mod x86 {
         w: usize,
         d: usize,
         j0: usize,
-        q: &Q8Queries,
+        q: &Q8View<'_>,
         scale: f32,
         at: *mut f32,
         span: usize,
@@ -299,7 +322,7 @@ mod x86 {
         w: usize,
         d: usize,
         j0: usize,
-        q: &Q8Queries,
+        q: &Q8View<'_>,
         scale: f32,
         at: *mut f32,
         span: usize,
@@ -410,7 +433,8 @@ mod tests {
                 for n in [1, 3, 9] {
                     let queries = rows(n, d, 2 + n as u32);
                     let ptrs: Vec<*const f32> = (0..n).map(|i| queries[i * d..].as_ptr()).collect();
-                    let q = unsafe { Q8Queries::of(&ptrs, d) };
+                    let all = unsafe { Q8Queries::of(&ptrs, d) };
+                    let q = all.view(0, n);
                     let blocks = (0, total.div_ceil(KB));
                     let span = blocks.1 * KB;
                     let want: Vec<u32> = (0..n * span)
