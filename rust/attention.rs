@@ -133,10 +133,6 @@ pub fn attention(
         .zip(&windowed)
         .map(|(seg, w)| w.as_deref().or(seg.mask))
         .collect();
-    // tasks: (segment, its first row, kv head, first query, queries); a query is (row, head) in order
-    // a task transposes its keys once for all its queries: split a head's
-    // queries only when there are many (the threads then share the work)
-    let spread = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
     // with q8 activations, a q8_0 cache's queries quantized once, per
     // segment and key-value head in task order (rows × the group's heads)
     let width = (s.heads + 2 * s.kv_heads) * s.head_dim;
@@ -158,6 +154,10 @@ pub fn attention(
         }
         first += seg.n;
     }
+    // tasks: (segment, its first row, kv head, first query, queries); a query is (row, head) in order
+    // a task transposes its keys once for all its queries: split a head's
+    // queries only when there are many (the threads then share the work)
+    let spread = (2 * threads).div_ceil(segments.len() * s.kv_heads).max(1);
     let mut heads = Vec::new();
     let (mut at, mut work) = (0, 0);
     for (g, seg) in segments.iter().enumerate() {
