@@ -142,14 +142,14 @@ pub fn attention(
         let integer = act == Act::Q8 && matches!(seg.cache.kv, Kv::Q8 { .. });
         for kv in 0..s.kv_heads {
             quantized.push(integer.then(|| {
-                let rows: Vec<*const f32> = (0..seg.n * group)
-                    .map(|flat| {
-                        let (i, head) = (flat / group, kv * group + flat % group);
-                        qkv[(first + i) * width + head * s.head_dim..].as_ptr()
-                    })
-                    .collect();
-                // SAFETY: each pointer reaches its query's d values in `qkv`
-                unsafe { Q8Queries::of(&rows, s.head_dim) }
+                let d = s.head_dim;
+                let mut rows = Vec::with_capacity(seg.n * group * d);
+                for flat in 0..seg.n * group {
+                    let (i, head) = (flat / group, kv * group + flat % group);
+                    let at = (first + i) * width + head * d;
+                    rows.extend_from_slice(&qkv[at..at + d]);
+                }
+                Q8Queries::of(&rows, d)
             }));
         }
         first += seg.n;
@@ -671,7 +671,7 @@ struct Queries<'a> {
     /// (empty for most: see `own_order_chunk`).
     extras: Vec<Vec<usize>>,
     /// The queries quantized, where the scores are integer block products
-    /// (`Task::integer`): `chunk` writes the scores, the kernels skip theirs.
+    /// (`Task::q8`): `chunk` writes the scores, the kernels skip theirs.
     q8: Option<Q8View<'a>>,
 }
 
@@ -1336,27 +1336,36 @@ mod x86_avx2 {
                 for lane in 0..H {
                     r[lane] = T::load8(keys.add((j0 + H * h + lane) * T::row_len(d)), c0);
                 }
-                let mut a = [v::_mm256_setzero_ps(); H];
-                for k in 0..4 {
-                    a[2 * k] = v::_mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
-                    a[2 * k + 1] = v::_mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
-                }
-                let mut b = [v::_mm256_setzero_ps(); H];
-                for k in 0..2 {
-                    b[4 * k] = v::_mm256_shuffle_ps::<0x44>(a[4 * k], a[4 * k + 2]);
-                    b[4 * k + 1] = v::_mm256_shuffle_ps::<0xee>(a[4 * k], a[4 * k + 2]);
-                    b[4 * k + 2] = v::_mm256_shuffle_ps::<0x44>(a[4 * k + 1], a[4 * k + 3]);
-                    b[4 * k + 3] = v::_mm256_shuffle_ps::<0xee>(a[4 * k + 1], a[4 * k + 3]);
-                }
-                // b[m] (rows 0..4) and b[4 + m] (rows 4..8) hold columns m and 4 + m in their halves
-                for m in 0..4 {
-                    let lo = v::_mm256_permute2f128_ps::<0x20>(b[m], b[4 + m]);
-                    let hi = v::_mm256_permute2f128_ps::<0x31>(b[m], b[4 + m]);
-                    v::_mm256_storeu_ps(kt.as_mut_ptr().add((c0 + m) * KB + H * h), lo);
-                    v::_mm256_storeu_ps(kt.as_mut_ptr().add((c0 + 4 + m) * KB + H * h), hi);
+                let c = transpose_8x8(r);
+                for cc in 0..H {
+                    v::_mm256_storeu_ps(kt.as_mut_ptr().add((c0 + cc) * KB + H * h), c[cc]);
                 }
             }
         }
+    }
+
+    /// 8 rows of 8 lanes transposed by shuffles: t[c] lane l = lane c of r[l].
+    #[inline(always)]
+    pub(super) unsafe fn transpose_8x8(r: [v::__m256; H]) -> [v::__m256; H] {
+        let mut a = [v::_mm256_setzero_ps(); H];
+        for k in 0..4 {
+            a[2 * k] = v::_mm256_unpacklo_ps(r[2 * k], r[2 * k + 1]);
+            a[2 * k + 1] = v::_mm256_unpackhi_ps(r[2 * k], r[2 * k + 1]);
+        }
+        let mut b = [v::_mm256_setzero_ps(); H];
+        for k in 0..2 {
+            b[4 * k] = v::_mm256_shuffle_ps::<0x44>(a[4 * k], a[4 * k + 2]);
+            b[4 * k + 1] = v::_mm256_shuffle_ps::<0xee>(a[4 * k], a[4 * k + 2]);
+            b[4 * k + 2] = v::_mm256_shuffle_ps::<0x44>(a[4 * k + 1], a[4 * k + 3]);
+            b[4 * k + 3] = v::_mm256_shuffle_ps::<0xee>(a[4 * k + 1], a[4 * k + 3]);
+        }
+        // b[m] (rows 0..4) and b[4 + m] (rows 4..8) hold columns m and 4 + m in their halves
+        let mut t = [v::_mm256_setzero_ps(); H];
+        for m in 0..4 {
+            t[m] = v::_mm256_permute2f128_ps::<0x20>(b[m], b[4 + m]);
+            t[4 + m] = v::_mm256_permute2f128_ps::<0x31>(b[m], b[4 + m]);
+        }
+        t
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

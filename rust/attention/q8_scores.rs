@@ -62,16 +62,9 @@ pub(super) struct Q8View<'a> {
 }
 
 impl Q8Queries {
-    /// The query rows at `rows` (d values each) quantized.
-    ///
-    /// # Safety
-    /// Each pointer reaches d readable values.
-    pub(super) unsafe fn of(rows: &[*const f32], d: usize) -> Q8Queries {
-        let mut x = Vec::with_capacity(rows.len() * d);
-        for &r in rows {
-            x.extend_from_slice(std::slice::from_raw_parts(r, d));
-        }
-        let q = Q8Rows::of(&x, rows.len(), d, false, true);
+    /// The query rows `rows` (queries, d) quantized.
+    pub(super) fn of(rows: &[f32], d: usize) -> Q8Queries {
+        let q = Q8Rows::of(rows, rows.len() / d, d, false, true);
         Q8Queries {
             q: q.q,
             d: q.d,
@@ -287,31 +280,6 @@ mod x86 {
         }
     }
 
-    /// The 8 rows r (8 32-bit lanes each) transposed: t[k] lane l = lane k of r[l].
-    #[inline(always)]
-    unsafe fn transpose_8x8(r: [v::__m256i; 8]) -> [v::__m256i; 8] {
-        let mut a = [v::_mm256_setzero_si256(); 8];
-        for k in 0..4 {
-            a[2 * k] = v::_mm256_unpacklo_epi32(r[2 * k], r[2 * k + 1]);
-            a[2 * k + 1] = v::_mm256_unpackhi_epi32(r[2 * k], r[2 * k + 1]);
-        }
-        // b[4h + m] holds lanes m and m + 4 of rows 4h..4h + 4 (its two halves)
-        let mut b = [v::_mm256_setzero_si256(); 8];
-        for h in 0..2 {
-            let (x0, x1, y0, y1) = (a[4 * h], a[4 * h + 1], a[4 * h + 2], a[4 * h + 3]);
-            b[4 * h] = v::_mm256_unpacklo_epi64(x0, y0);
-            b[4 * h + 1] = v::_mm256_unpackhi_epi64(x0, y0);
-            b[4 * h + 2] = v::_mm256_unpacklo_epi64(x1, y1);
-            b[4 * h + 3] = v::_mm256_unpackhi_epi64(x1, y1);
-        }
-        let mut t = [v::_mm256_setzero_si256(); 8];
-        for m in 0..4 {
-            t[m] = v::_mm256_permute2x128_si256::<0x20>(b[m], b[4 + m]);
-            t[4 + m] = v::_mm256_permute2x128_si256::<0x31>(b[m], b[4 + m]);
-        }
-        t
-    }
-
     /// 16 full keys j0.. as two vectors of 8, one 32-block at a time (an
     /// 8 × 8 transpose of its 32-bit lanes), by `vpmaddubsw` of |q| and k
     /// with q's sign, then `vpmaddwd` by ones.
@@ -332,14 +300,20 @@ mod x86 {
         for half in 0..2 {
             let base = keys.add((j0 + 8 * half) * w);
             for b in 0..nb {
-                let mut r = [v::_mm256_setzero_si256(); 8];
+                // each key's 32 codes as 8 lanes of 4 (float lanes: the transpose only moves bits)
+                let mut r = [v::_mm256_setzero_ps(); 8];
                 let mut bits = [0i16; 8];
                 for lane in 0..8 {
                     let block = base.add(lane * w + b * Q8_BYTES);
-                    r[lane] = v::_mm256_loadu_si256(block.add(2) as *const v::__m256i);
+                    r[lane] = v::_mm256_loadu_ps(block.add(2) as *const f32);
                     bits[lane] = (block as *const i16).read_unaligned();
                 }
-                let t = transpose_8x8(r);
+                // t[k]: lane = key, its 4 codes k
+                let cols = crate::attention::x86_avx2::transpose_8x8(r);
+                let mut t = [v::_mm256_setzero_si256(); 8];
+                for k in 0..8 {
+                    t[k] = v::_mm256_castps_si256(cols[k]);
+                }
                 let dk = v::_mm256_cvtph_ps(v::_mm_loadu_si128(bits.as_ptr() as *const v::__m128i));
                 for qi in 0..q.len() {
                     let codes = q.q.as_ptr().add(qi * d + b * Q8_BLOCK) as *const i32;
@@ -432,8 +406,7 @@ mod tests {
                 }
                 for n in [1, 3, 9] {
                     let queries = rows(n, d, 2 + n as u32);
-                    let ptrs: Vec<*const f32> = (0..n).map(|i| queries[i * d..].as_ptr()).collect();
-                    let all = unsafe { Q8Queries::of(&ptrs, d) };
+                    let all = Q8Queries::of(&queries, d);
                     let q = all.view(0, n);
                     let blocks = (0, total.div_ceil(KB));
                     let span = blocks.1 * KB;
