@@ -130,6 +130,9 @@ pub(crate) fn x_rows(path: Path, q8: bool, q: QType) -> usize {
     if path.avx512() && q8 && q.kquant() {
         return 8; // its integer sums and accumulators: 2 · 8 of the 32 registers
     }
+    if q8 && q8_by_operand(path, q) {
+        return Q8_OPERAND_ROWS;
+    }
     match (path.avx512(), path.vector(), q8) {
         (true, _, false) => XMAX,
         (true, _, true) => XMAX,
@@ -149,12 +152,30 @@ pub(crate) fn panels_per_tile(path: Path, xr: usize, q8: bool, q: QType) -> usiz
         (1, _) => 4,
         (2, _) => 2,
         (3..=8, false) => 2,
+        (3.., true) if q8_by_operand(path, q) => 2,
         // x's broadcasts shared by the two panels (`q8_tile_512`); not Q8_0,
         // whose two panels' bytes streamed read 1.08-1.10x slower at 3-4 rows
         (3..=5, true) if !q.kquant() && q != QType::Q8_0 => 2,
         _ => 1,
     }
 }
+
+/// Whether q8 tiles of `q` on `path` walk two panels operand by operand
+/// (`x86::q8_tile_512_by_operand`) at 3 to `Q8_OPERAND_ROWS` x rows: the
+/// 32-block formats with VNNI. One weight (1536 × 576) in L2, one thread,
+/// Intel family 6 model 207, cycles per 16-row block and x row against the
+/// tiles before (`q8_tile_512`: two panels at 3–5 rows, one at 6–16): Q4_1
+/// 10.0–10.9 → 8.8–9.5 at 5 rows, 8.7–9.6 → 7.6–8.2 at 8, 8.4–9.0 → 7.4–7.5
+/// at 17 (9 + 8); Q8_0 14–15 → 11.6–11.8 at 3. 16 rows go as 8 + 8: one pass of
+/// 16 would hold 32 chains and accumulators, more than the registers.
+/// Without VNNI (`vpmaddubsw` + `vpmaddwd`, more registers a step) the
+/// tiles before stay: this walk read 5–40% slower there.
+pub(crate) fn q8_by_operand(path: Path, q: QType) -> bool {
+    path == Path::Avx512Vnni && q.blocked()
+}
+
+/// The most x rows of a pass of `q8_by_operand`'s tiles.
+const Q8_OPERAND_ROWS: usize = 9;
 
 /// The tile's sums into `sums[panel][x row][lane]`.
 pub(crate) fn tile(x: &[f32], xq: Quantized<'_>, p: &[u8], lay: Layout, t: Tile, path: Path, sums: &mut Sums) {
@@ -872,7 +893,7 @@ pub(crate) mod x86 {
                 }
             };
         }
-        shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2 3 4 5], 3 => [1], 4 => [1])
+        shapes!(1 => [1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16], 2 => [1 2 3 4 5 6 7 8 9], 3 => [1], 4 => [1])
     }
 
     /// The q8 tile: per panel block, the 8 operands (Q4, Q5: each group's low
@@ -884,7 +905,9 @@ pub(crate) mod x86 {
     /// (code + 8); the correction takes 128·Σx or 8·Σx back out. A tile of
     /// two panels holds both panels' operands and broadcasts each x group once
     /// for both (a broadcast memory operand per `vpdpbusd` costs the core
-    /// about a quarter of the tile's time: `benchmarks/vnni_probe`).
+    /// about a quarter of the tile's time: `benchmarks/vnni_probe`). With
+    /// VNNI a tile of two panels walks them operand by operand instead
+    /// (`q8_tile_512_by_operand`, `q8_by_operand`).
     #[inline(always)]
     unsafe fn q8_tile_512<const VNNI: bool, const F: u8, const W: usize, const XR: usize>(
         xq: &Q8Rows,
@@ -894,8 +917,14 @@ pub(crate) mod x86 {
         sums: &mut Sums,
     ) {
         let (k, nb, q) = (lay.k, lay.nb, format(F));
-        let mut acc = start_tile_512::<W, XR>(t, sums);
         let (_, sign_trick) = int8_codes(q, VNNI);
+        if VNNI && W == 2 && XR >= 3 {
+            if W * XR >= 8 {
+                return q8_tile_512_by_operand::<VNNI, F, W, XR, 1>(xq, p, lay, t, sums);
+            }
+            return q8_tile_512_by_operand::<VNNI, F, W, XR, 2>(xq, p, lay, t, sums);
+        }
+        let mut acc = start_tile_512::<W, XR>(t, sums);
         for b in t.b0..t.b1 {
             if t.lead {
                 prefetch_panels(p, lay, t, b);
@@ -912,7 +941,8 @@ pub(crate) mod x86 {
                         }
                     }
                     for (w, c) in chains.into_iter().enumerate() {
-                        acc[w][r] = x.scaled(r, c, q, sign_trick, &panels[w], acc[w][r]);
+                        let sum = v::_mm512_add_epi32(c[0], c[1]);
+                        acc[w][r] = x.scaled(r, sum, q, sign_trick, (panels[w].d, panels[w].m), acc[w][r]);
                     }
                 }
                 continue;
@@ -929,7 +959,78 @@ pub(crate) mod x86 {
                         }
                         c[i % 2] = dot4_512::<VNNI>(c[i % 2], panel.magnitude[i], xv);
                     }
-                    acc[w][r] = x.scaled(r, c, q, sign_trick, &panel, acc[w][r]);
+                    let sum = v::_mm512_add_epi32(c[0], c[1]);
+                    acc[w][r] = x.scaled(r, sum, q, sign_trick, (panel.d, panel.m), acc[w][r]);
+                }
+            }
+        }
+        for w in 0..W {
+            for r in 0..XR {
+                v::_mm512_storeu_ps(sums[w][r].as_mut_ptr(), acc[w][r]);
+            }
+        }
+    }
+
+    /// The q8 tile operand by operand (`q8_tile_512`'s sums, the same bits:
+    /// a block's integer sums are exact in any order): per panel block,
+    /// each operand is formed once and multiplied into every x row's chain
+    /// at once, so only the W operands of the step are live beside the
+    /// W·XR·CH chains and W·XR accumulators (CH = 2 chains per row when
+    /// fewer than 8 rows and panels would leave `vpdpbusd`'s latency bare).
+    #[inline(always)]
+    unsafe fn q8_tile_512_by_operand<
+        const VNNI: bool,
+        const F: u8,
+        const W: usize,
+        const XR: usize,
+        const CH: usize,
+    >(
+        xq: &Q8Rows,
+        p: &[u8],
+        lay: Layout,
+        t: Tile,
+        sums: &mut Sums,
+    ) {
+        let (k, nb, q) = (lay.k, lay.nb, format(F));
+        let mut acc = start_tile_512::<W, XR>(t, sums);
+        for b in t.b0..t.b1 {
+            if t.lead {
+                prefetch_panels(p, lay, t, b);
+            }
+            let x = Q8Block { xq, r0: t.r0, k, nb, b };
+            let mut bases = [p.as_ptr(); W];
+            let mut qh = [v::_mm512_setzero_si512(); W];
+            for w in 0..W {
+                bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
+                qh[w] = high_words_512(bases[w], lay);
+            }
+            let mut chains = [[[v::_mm512_setzero_si512(); CH]; XR]; W];
+            for step in 0..8 {
+                // Q4, Q5: a group's low nibbles, then its high ones (one load)
+                let i = if q == QType::Q8_0 {
+                    step
+                } else {
+                    step / 2 + 4 * (step % 2)
+                };
+                let mut ops = [v::_mm512_setzero_si512(); W];
+                for w in 0..W {
+                    ops[w] = q8_operand_512::<VNNI>(bases[w], lay, qh[w], i, q);
+                }
+                for r in 0..XR {
+                    let xv = x.group(r, i);
+                    for w in 0..W {
+                        chains[w][r][step % CH] = dot4_512::<VNNI>(chains[w][r][step % CH], ops[w], xv);
+                    }
+                }
+            }
+            for w in 0..W {
+                let scales = scales_512(bases[w], q);
+                for r in 0..XR {
+                    let mut s = chains[w][r][0];
+                    for c in 1..CH {
+                        s = v::_mm512_add_epi32(s, chains[w][r][c]);
+                    }
+                    acc[w][r] = x.scaled(r, s, q, false, scales, acc[w][r]);
                 }
             }
         }
@@ -954,33 +1055,13 @@ pub(crate) mod x86 {
     impl Q8Operands {
         #[inline(always)]
         unsafe fn of<const VNNI: bool>(p: &[u8], lay: Layout, panel: usize, b: usize, q: QType) -> Q8Operands {
-            let (signed, sign_trick) = int8_codes(q, VNNI);
+            let (_, sign_trick) = int8_codes(q, VNNI);
             let base = p.as_ptr().add(lay.base(panel, b));
             let (d, m) = scales_512(base, q);
-            let qh = if q.high_bits() {
-                v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
-            } else {
-                v::_mm512_setzero_si512()
-            };
-            let low = v::_mm512_set1_epi8(0x0f);
+            let qh = high_words_512(base, lay);
             let mut ops = [v::_mm512_setzero_si512(); 8];
             for (i, op) in ops.iter_mut().enumerate() {
-                let g = if q == QType::Q8_0 { i } else { i % 4 };
-                let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
-                *op = match q {
-                    QType::Q8_0 => raw,
-                    _ if i < 4 => v::_mm512_and_si512(raw, low),
-                    _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
-                };
-                if q.high_bits() {
-                    *op = v::_mm512_or_si512(*op, fifth_bits_512(qh, i));
-                }
-                if q == QType::IQ4_NL {
-                    *op = v::_mm512_shuffle_epi8(iq4_nl_bytes_512(), *op); // nibble -> its level
-                }
-                if signed && !sign_trick {
-                    *op = v::_mm512_xor_si512(*op, v::_mm512_set1_epi8(-128)); // code + 128: unsigned
-                }
+                *op = q8_operand_512::<VNNI>(base, lay, qh, i, q);
             }
             let magnitude = if sign_trick {
                 ops.map(|o| v::_mm512_abs_epi8(o))
@@ -989,6 +1070,48 @@ pub(crate) mod x86 {
             };
             Q8Operands { ops, magnitude, d, m }
         }
+    }
+
+    /// A panel block's qh words (formats with a fifth bit; else zeros).
+    #[inline(always)]
+    unsafe fn high_words_512(base: *const u8, lay: Layout) -> v::__m512i {
+        if lay.q.high_bits() {
+            v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
+        } else {
+            v::_mm512_setzero_si512()
+        }
+    }
+
+    /// Operand i of a panel block at `base` (`Q8Operands::ops`): group i
+    /// (Q8_0), or group i mod 4's low (i < 4) or high nibbles, the fifth
+    /// bits or-ed in (Q5), IQ4_NL's levels, + 128 for signed codes under `vpdpbusd`.
+    #[inline(always)]
+    unsafe fn q8_operand_512<const VNNI: bool>(
+        base: *const u8,
+        lay: Layout,
+        qh: v::__m512i,
+        i: usize,
+        q: QType,
+    ) -> v::__m512i {
+        let (signed, sign_trick) = int8_codes(q, VNNI);
+        let low = v::_mm512_set1_epi8(0x0f);
+        let g = if q == QType::Q8_0 { i } else { i % 4 };
+        let raw = v::_mm512_loadu_si512(base.add(lay.qs + g * GROUP) as *const v::__m512i);
+        let mut op = match q {
+            QType::Q8_0 => raw,
+            _ if i < 4 => v::_mm512_and_si512(raw, low),
+            _ => v::_mm512_and_si512(v::_mm512_srli_epi16::<4>(raw), low),
+        };
+        if q.high_bits() {
+            op = v::_mm512_or_si512(op, fifth_bits_512(qh, i));
+        }
+        if q == QType::IQ4_NL {
+            op = v::_mm512_shuffle_epi8(iq4_nl_bytes_512(), op); // nibble -> its level
+        }
+        if signed && !sign_trick {
+            op = v::_mm512_xor_si512(op, v::_mm512_set1_epi8(-128)); // code + 128: unsigned
+        }
+        op
     }
 
     /// The q8 x rows r0.. at one 32-block b.
@@ -1009,21 +1132,20 @@ pub(crate) mod x86 {
             v::_mm512_set1_epi32(*xs.add(i))
         }
 
-        /// `acc` plus row r's block sum scaled: the two chains added, the code
-        /// offset's correction, then acc + (d·d_x)·sum and (formats with a
-        /// min) + m·s_x.
+        /// `acc` plus row r's block sum `s` (the chains added: exact)
+        /// scaled: the code offset's correction, then acc + (d·d_x)·sum and
+        /// (formats with a min) + m·s_x, with the panel's scales d and m.
         #[inline(always)]
         unsafe fn scaled(
             &self,
             r: usize,
-            chains: [v::__m512i; 2],
+            mut s: v::__m512i,
             q: QType,
             sign_trick: bool,
-            panel: &Q8Operands,
+            (d, m): (v::__m512, v::__m512),
             acc: v::__m512,
         ) -> v::__m512 {
             let at = (self.r0 + r) * self.nb + self.b;
-            let mut s = v::_mm512_add_epi32(chains[0], chains[1]);
             let sum = *self.xq.sum.get_unchecked(at);
             match q {
                 QType::Q8_0 | QType::IQ4_NL if !sign_trick => {
@@ -1033,10 +1155,10 @@ pub(crate) mod x86 {
                 QType::Q5_0 => s = v::_mm512_sub_epi32(s, v::_mm512_set1_epi32(16 * sum)),
                 _ => {}
             }
-            let scale = v::_mm512_mul_ps(panel.d, v::_mm512_set1_ps(*self.xq.d.get_unchecked(at)));
+            let scale = v::_mm512_mul_ps(d, v::_mm512_set1_ps(*self.xq.d.get_unchecked(at)));
             let acc = v::_mm512_fmadd_ps(scale, v::_mm512_cvtepi32_ps(s), acc);
             if q.with_min() {
-                v::_mm512_fmadd_ps(panel.m, v::_mm512_set1_ps(*self.xq.s.get_unchecked(at)), acc)
+                v::_mm512_fmadd_ps(m, v::_mm512_set1_ps(*self.xq.s.get_unchecked(at)), acc)
             } else {
                 acc
             }

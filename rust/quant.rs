@@ -1313,7 +1313,7 @@ pub(crate) mod tests {
         }
     }
 
-    const SHAPES: [(usize, usize); 14] = [
+    const SHAPES: [(usize, usize); 17] = [
         (1, 1),
         (1, 19),
         (1, 70), // 5 panels: a tile of 4, then one of 1; on 2 threads stripe 0 split 2 + 2
@@ -1323,7 +1323,10 @@ pub(crate) mod tests {
         (3, 70),  // q8: tiles of 2 panels (x shared), then one of 1
         (4, 200), // q8: tiles of 2 panels across split stripes
         (5, 33),
+        (6, 50),  // q8: two panels walked operand by operand, then one of 1
+        (7, 200), // q8: the same, across split stripes
         (8, 9),
+        (9, 40), // q8 with VNNI: the most rows of a pass of two panels
         (13, 70),
         (16, 17),
         (17, 16),
