@@ -205,6 +205,49 @@ def test_logits_match_the_dequantized_float32_twin(
     assert torch.equal(q[2](rows), twin.model.layers[1].self_attn.q_proj.weight.detach())
 
 
+def test_the_weights_are_gathered_on_huge_pages_and_keep_their_bytes(
+    files: dict[str, tuple[Path, Any]], tiny: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`gguf.arena`: every packed weight is a read-only view into one buffer
+    starting at a 2 MiB boundary, in module order, a weight shared by the
+    embedding and the head once, each the bytes a fresh load packs; the
+    layers' weight lists see the moved arrays; the logits are the same bits
+    as with `SPECDEC_HUGE_PAGES=0` (the weights left where they were packed)."""
+    from specdec_rs.gguf.arena import HUGE_PAGE
+    from specdec_rs.gguf.modules import QuantLinear
+
+    path = tmp_path / "mixed.gguf"  # stacked and apart weights, two formats
+    write_llama(tiny, path, linear_type="Q4_1", types={"blk.1.ffn_up.weight": "Q4_0"})
+    gathered = load_gguf(path, tokenizer=False)[0]
+    monkeypatch.setenv("SPECDEC_HUGE_PAGES", "0")
+    apart = load_gguf(path, tokenizer=False)[0]
+
+    def packed(model: Any) -> list[np.ndarray]:
+        seen: dict[int, np.ndarray] = {}
+        for m in model.modules():
+            if isinstance(m, QuantLinear):
+                seen.setdefault(id(m.packed), m.packed)
+        return list(seen.values())
+
+    mine, theirs = packed(gathered), packed(apart)
+    assert len(mine) == len(theirs) > 8
+    bases = {w.base.ctypes.data if w.base is not None else None for w in mine}
+    assert len(bases) == 1 and None not in bases  # one buffer
+    starts = [w.ctypes.data for w in mine]
+    assert starts[0] % HUGE_PAGE == 0 and starts == sorted(starts)
+    assert all(s % 64 == 0 for s in starts)
+    assert all(not w.flags.writeable for w in mine)
+    assert all(np.array_equal(a, b) for a, b in zip(mine, theirs, strict=True))
+    tied = apart.lm_head.packed is apart.model.embed_tokens.table.packed
+    assert (gathered.lm_head.packed is gathered.model.embed_tokens.table.packed) == tied
+    for layer in gathered.model.layers:
+        assert all(any(w is p for p in mine) for w, _ in layer._weights)
+    assert not any(np.shares_memory(w, mine[0].base) for w in theirs)
+    ids = torch.randint(0, V, (1, 9), generator=torch.Generator().manual_seed(4))
+    with torch.inference_mode():
+        assert torch.equal(gathered(ids).logits, apart(ids).logits)
+
+
 def test_a_file_that_mixes_formats_within_a_projection(tiny: Any, tmp_path: Path) -> None:
     """q, k, v (and gate, up) of different formats, as a Q4_K_M file keeps
     attn_v: each its own product; the same function as the twin, in torch's

@@ -40,6 +40,7 @@ from specdec_rs.gguf.architectures import (
     layer_tensors,
     supported,
 )
+from specdec_rs.gguf.arena import gather_weights
 from specdec_rs.gguf.layer import FusedLlamaLayer, LocalRotary
 from specdec_rs.gguf.modules import NATIVE_TYPES, QuantEmbedding, QuantLinear
 from specdec_rs.gguf.reader import INTEGER_TYPES, GGUFFile, Tensor, read
@@ -638,6 +639,7 @@ def load_gguf(
             "use a GGUF file with its tokenizer, or load_gguf(path, tokenizer=False)",
         )
     model = build(f)
+    gather_weights(model)
     set_activations(model, activations)
     set_cache_type(model, cache_type)
     threads = choose_threads(model)
