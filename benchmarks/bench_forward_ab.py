@@ -4,10 +4,12 @@ Rust call) built once on the current extension and once on another build's
 (`--before`), each with its own cache after the same chat prompt; a forward
 of n new positions, the builds alternated (order swapped every repeat),
 cropped back after each; medians, the median of the pairs' ratios, and
-whether the logits were the same bits.
+whether the logits were the same bits. `--run R`: each build runs R
+forwards of one n back to back (as decoding runs one shape) and each
+repeat's figure is their median, the first left out.
 
     python benchmarks/bench_forward_ab.py --before /tmp/base/python/specdec_rs/_core.abi3.so \\
-        --activations f32 --ns 1,5 --repeats 40 [--context 2048 --cache-type q8_0]
+        --activations f32 --ns 1,5 --repeats 40 [--context 2048 --cache-type q8_0] [--run 10]
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ def main() -> None:
         "--context", type=int, default=0, help="random tokens before the forwards (0: chat prompt)"
     )
     ap.add_argument("--cache-type", choices=("f32", "f16", "q8_0"), default="f32")
+    ap.add_argument("--run", type=int, default=1, help="forwards back to back per build")
     args = ap.parse_args()
     ns = [int(n) for n in args.ns.split(",")]
     before = load_build(args.before)
@@ -88,14 +91,18 @@ def main() -> None:
             for n in ns:
                 order = ["before", "after"] if rep % 2 else ["after", "before"]
                 for name in order:
-                    start = time.perf_counter()
-                    out, _ = stacks[name].forward([blocks[n]], [caches[name]])
-                    times[(name, n)].append(time.perf_counter() - start)
-                    runner.crop(caches[name], len(context))
+                    run = []
+                    for _ in range(args.run):
+                        start = time.perf_counter()
+                        out, _ = stacks[name].forward([blocks[n]], [caches[name]])
+                        run.append(time.perf_counter() - start)
+                        runner.crop(caches[name], len(context))
+                    times[(name, n)].append(statistics.median(run[1:] or run))
                     logits[(name, n)] = out
     print(
         f"activations {args.activations}; {args.cache_type} cache; context {len(context)} tokens; "
         f"{args.repeats} repeats"
+        + (f" of {args.run} forwards back to back" if args.run > 1 else "")
     )
     print("| n | before ms | after ms | before / after (median of pairs) | same logits |")
     print("|---:|---:|---:|---:|---|")
