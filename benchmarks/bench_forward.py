@@ -23,7 +23,10 @@ default is f16) and each context L:
    peak (float32 fused multiply-adds; q8: the integer dot products, 4x
    the float32 rate with VNNI, 2x without).
 3. Batches: T(B, n) of B rows (`BatchEngine.forward_blocks`), and the decode
-   throughput B / T(B, 1) against 1 / T(1, 1).
+   throughput B / T(B, 1) against 1 / T(1, 1); each T the median of runs of
+   `BATCH_RUN` forwards of one shape back to back (the first left out), as a
+   batch decodes (timed one at a time among other shapes, T(1, 1) read 1.3-1.6x
+   its back-to-back time and B = 8 over B = 1 3.2-3.7x instead of 2.25x).
 
 Medians of `--repeats` rounds, the position counts interleaved in each
 round; 10 ms pass after every timed call, so neither engine's spinning
@@ -242,8 +245,12 @@ def breakdown(
     return rows
 
 
+BATCH_RUN = 10  # forwards of one batch shape back to back (`batch_rows`)
+
+
 def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> dict[str, float]:
-    """T(B, n) in ms at a context of 128 (medians, interleaved)."""
+    """T(B, n) in ms at a context of 128: medians of runs of `BATCH_RUN`
+    forwards back to back, the shapes in turn."""
     engine = BatchEngine(ours.model, None, max_batch=max(batches), k=0)
     base = runner.new_cache(ours.model)
     with torch.inference_mode():
@@ -252,16 +259,19 @@ def batch_rows(ours: Ours, batches: list[int], ns: list[int], repeats: int) -> d
 
         caches = [copy.deepcopy(base) for _ in range(max(batches))]
         times: dict[tuple[int, int], list[float]] = {(b, n): [] for b in batches for n in ns}
-        for _ in range(repeats + 1):
+        for _ in range(repeats):
             for b in batches:
                 for n in ns:
                     blocks = [context_ids(ours.vocab, n) for _ in range(b)]
-                    start = time.perf_counter()
-                    engine.forward_blocks(blocks, caches[:b], hidden=False)
-                    times[(b, n)].append(time.perf_counter() - start)
-                    for c in caches[:b]:
-                        runner.crop(c, 128)
-    return {f"T({b}, {n})": statistics.median(t[1:]) * 1e3 for (b, n), t in times.items()}
+                    run = []
+                    for _ in range(BATCH_RUN):
+                        start = time.perf_counter()
+                        engine.forward_blocks(blocks, caches[:b], hidden=False)
+                        run.append(time.perf_counter() - start)
+                        for c in caches[:b]:
+                            runner.crop(c, 128)
+                    times[(b, n)].append(statistics.median(run[1:]))
+    return {f"T({b}, {n})": statistics.median(t) * 1e3 for (b, n), t in times.items()}
 
 
 def main() -> None:
