@@ -1002,7 +1002,7 @@ pub(crate) mod x86 {
             let mut qh = [v::_mm512_setzero_si512(); W];
             for w in 0..W {
                 bases[w] = p.as_ptr().add(lay.base(t.panel + w, b));
-                qh[w] = high_words_512(bases[w], lay);
+                qh[w] = qh_512(bases[w], lay);
             }
             let mut chains = [[[v::_mm512_setzero_si512(); CH]; XR]; W];
             for step in 0..8 {
@@ -1058,7 +1058,7 @@ pub(crate) mod x86 {
             let (_, sign_trick) = int8_codes(q, VNNI);
             let base = p.as_ptr().add(lay.base(panel, b));
             let (d, m) = scales_512(base, q);
-            let qh = high_words_512(base, lay);
+            let qh = qh_512(base, lay);
             let mut ops = [v::_mm512_setzero_si512(); 8];
             for (i, op) in ops.iter_mut().enumerate() {
                 *op = q8_operand_512::<VNNI>(base, lay, qh, i, q);
@@ -1069,16 +1069,6 @@ pub(crate) mod x86 {
                 ops
             };
             Q8Operands { ops, magnitude, d, m }
-        }
-    }
-
-    /// A panel block's qh words (formats with a fifth bit; else zeros).
-    #[inline(always)]
-    unsafe fn high_words_512(base: *const u8, lay: Layout) -> v::__m512i {
-        if lay.q.high_bits() {
-            v::_mm512_loadu_si512(base.add(lay.qh) as *const v::__m512i)
-        } else {
-            v::_mm512_setzero_si512()
         }
     }
 
