@@ -55,6 +55,36 @@ def stacks_of(target: Any, before: ModuleType) -> dict[str, stack_module.Stack]:
     return stacks
 
 
+def alternated(
+    stacks: dict[str, Any],
+    caches: dict[str, Any],
+    blocks: dict[int, torch.Tensor],
+    context: int,
+    names: tuple[str, str],
+    repeats: int,
+    run: int,
+) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], torch.Tensor]]:
+    """Two stacks' forwards of each block (n -> its n ids) after `context`
+    cached positions, cropped back after each: per repeat and n, each stack
+    runs `run` forwards back to back (the pair's order swapped every repeat)
+    and its figure is their median, the first left out. ((name, n) -> the
+    repeats' seconds, (name, n) -> the last logits)."""
+    times: dict[tuple[str, int], list[float]] = {(s, n): [] for s in names for n in blocks}
+    logits: dict[tuple[str, int], torch.Tensor] = {}
+    for rep in range(repeats):
+        for n, block in blocks.items():
+            for name in names if rep % 2 else names[::-1]:
+                seconds = []
+                for _ in range(run):
+                    start = time.perf_counter()
+                    out, _ = stacks[name].forward([block], [caches[name]])
+                    seconds.append(time.perf_counter() - start)
+                    runner.crop(caches[name], context)
+                times[(name, n)].append(statistics.median(seconds[1:] or seconds))
+                logits[(name, n)] = out
+    return times, logits
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--before", required=True, help="the other build's _core extension file")
@@ -77,8 +107,6 @@ def main() -> None:
     else:
         context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     stacks = stacks_of(target, before)
-    times: dict[tuple[str, int], list[float]] = {(b, n): [] for b in stacks for n in ns}
-    logits: dict[tuple[str, int], torch.Tensor] = {}
     with torch.inference_mode():
         caches = {}
         for name, stack in stacks.items():
@@ -87,18 +115,9 @@ def main() -> None:
         blocks = {
             n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in ns
         }
-        for rep in range(args.repeats):
-            for n in ns:
-                order = ["before", "after"] if rep % 2 else ["after", "before"]
-                for name in order:
-                    run = []
-                    for _ in range(args.run):
-                        start = time.perf_counter()
-                        out, _ = stacks[name].forward([blocks[n]], [caches[name]])
-                        run.append(time.perf_counter() - start)
-                        runner.crop(caches[name], len(context))
-                    times[(name, n)].append(statistics.median(run[1:] or run))
-                    logits[(name, n)] = out
+        times, logits = alternated(
+            stacks, caches, blocks, len(context), ("before", "after"), args.repeats, args.run
+        )
     print(
         f"activations {args.activations}; {args.cache_type} cache; context {len(context)} tokens; "
         f"{args.repeats} repeats"

@@ -17,11 +17,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
 from typing import Any
 
 import specdec_rs.runner.stack as stack_module
 import torch
+from bench_forward_ab import alternated
 from specdec_rs import models, runner
 from specdec_rs.prompts import workloads
 
@@ -58,8 +58,6 @@ def main() -> None:
     held = huge_pages_kib() - before_kib
     context = workloads.encode(tokenizer, workloads.prompts("chat")[0])
     stacks = {"4k": stack_module.Stack(apart), "2m": stack_module.Stack(gathered)}
-    times: dict[tuple[str, int], list[float]] = {(s, n): [] for s in stacks for n in ns}
-    logits: dict[tuple[str, int], torch.Tensor] = {}
     blocks = {
         n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in ns
     }
@@ -67,17 +65,9 @@ def main() -> None:
         caches = {name: runner.new_cache(m) for name, m in (("4k", apart), ("2m", gathered))}
         for name, stack in stacks.items():
             stack.forward([context], [caches[name]])
-        for rep in range(args.repeats):
-            for n in ns:
-                for name in ("4k", "2m") if rep % 2 else ("2m", "4k"):
-                    run = []
-                    for _ in range(args.run):
-                        start = time.perf_counter()
-                        out, _ = stacks[name].forward([blocks[n]], [caches[name]])
-                        run.append(time.perf_counter() - start)
-                        runner.crop(caches[name], len(context))
-                    times[(name, n)].append(statistics.median(run[1:]))
-                    logits[(name, n)] = out
+        times, logits = alternated(
+            stacks, caches, blocks, len(context), ("4k", "2m"), args.repeats, args.run
+        )
     print(
         f"activations {args.activations}; context {len(context)} tokens; {args.repeats} repeats "
         f"of {args.run} forwards; huge pages held: {held // 1024} MiB"
