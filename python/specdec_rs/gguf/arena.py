@@ -43,31 +43,27 @@ def gather_weights(model: Any) -> int:
 
     if os.environ.get(OPT_OUT, "1") == "0":
         return 0
-    holders: dict[int, list[QuantLinear]] = {}
-    arrays: dict[int, np.ndarray] = {}
+    holders: dict[int, list[QuantLinear]] = {}  # id of a packed array -> its modules
     for module in model.modules():
         if isinstance(module, QuantLinear):
-            key = id(module.packed)
-            arrays.setdefault(key, module.packed)
-            holders.setdefault(key, []).append(module)
-    if not arrays:
+            holders.setdefault(id(module.packed), []).append(module)
+    if not holders:
         return 0
-    sizes = {key: -(-a.nbytes // ALIGN) * ALIGN for key, a in arrays.items()}
-    total = sum(sizes.values())
+    sizes = [-(-mods[0].packed.nbytes // ALIGN) * ALIGN for mods in holders.values()]
+    total = sum(sizes)
     arena = _aligned(total)
     layers = [m for m in model.modules() if isinstance(m, FusedLlamaLayer)]
     for layer in layers:
         layer._weights = []  # drop their references: each old array is freed once moved
     at = 0
-    for key in list(arrays):
-        old = arrays.pop(key)
+    for modules, size in zip(holders.values(), sizes, strict=True):
+        old = modules[0].packed
         view = arena[at : at + old.nbytes]
         view[:] = old
         view.flags.writeable = False
-        for module in holders[key]:
+        for module in modules:
             module.packed = view
-        at += sizes[key]
-        del old
+        at += size
     for layer in layers:
         layer._weights = layer._native_weights()
     return total
