@@ -97,6 +97,27 @@ fn gelu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
     }
 }
 
+/// The constrained target's logits (`structured.masked_logits`): row r of
+/// `out` (`vocab` values a row) is the first `vocab` logits of row r of
+/// `logits` (`width` ≥ `vocab` a row), with the ids that row r of `allowed`
+/// (`vocab` flags a row, for the first `allowed.len() / vocab` rows) refuses
+/// at −∞; the rows after them are copied as they are. A select, no
+/// arithmetic: the same bits on every path.
+fn mask_logits_body(logits: &[f32], width: usize, allowed: &[bool], out: &mut [f32], vocab: usize) {
+    let masked = allowed.len() / vocab.max(1);
+    for (r, dst) in out.chunks_exact_mut(vocab).enumerate() {
+        let src = &logits[r * width..r * width + vocab];
+        if r < masked {
+            let flags = &allowed[r * vocab..(r + 1) * vocab];
+            for ((o, &x), &a) in dst.iter_mut().zip(src).zip(flags) {
+                *o = if a { x } else { f32::NEG_INFINITY };
+            }
+        } else {
+            dst.copy_from_slice(src);
+        }
+    }
+}
+
 macro_rules! per_path {
     ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
         /// See the module docs; the same bits on every path.
@@ -125,6 +146,11 @@ macro_rules! per_path {
 per_path!(rms_norm, rms_norm_body, (x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize));
 per_path!(silu_mul, silu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
 per_path!(gelu_mul, gelu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
+per_path!(
+    mask_logits,
+    mask_logits_body,
+    (logits: &[f32], width: usize, allowed: &[bool], out: &mut [f32], vocab: usize)
+);
 
 #[cfg(test)]
 mod tests {
@@ -224,6 +250,38 @@ mod tests {
         let want = run(Path::Portable);
         for p in paths {
             assert_eq!(run(p), want, "{p:?}");
+        }
+    }
+
+    /// Masked logits: refused ids at −∞ in the masked rows (whatever was
+    /// there, NaN included), allowed ids and later rows bit for bit, the
+    /// padding past `vocab` dropped; on every path.
+    #[test]
+    fn masked_logits_keep_the_allowed_bits() {
+        let (width, vocab, rows, masked) = (70, 67, 4, 3);
+        let logits: Vec<f32> = (0..width * rows)
+            .map(|i| {
+                if i % 13 == 5 {
+                    f32::NAN
+                } else {
+                    (i as f32 * 0.61).sin() * 9.0
+                }
+            })
+            .collect();
+        let allowed: Vec<bool> = (0..vocab * masked).map(|i| i % 3 != 1).collect();
+        for p in Path::all().into_iter().filter(|p| path_available(*p)) {
+            let mut out = vec![0.0f32; vocab * rows];
+            mask_logits(p, &logits, width, &allowed, &mut out, vocab);
+            for r in 0..rows {
+                for j in 0..vocab {
+                    let (got, x) = (out[r * vocab + j], logits[r * width + j]);
+                    if r < masked && !allowed[r * vocab + j] {
+                        assert_eq!(got, f32::NEG_INFINITY, "{p:?} row {r} id {j}");
+                    } else {
+                        assert_eq!(got.to_bits(), x.to_bits(), "{p:?} row {r} id {j}");
+                    }
+                }
+            }
         }
     }
 }

@@ -408,3 +408,29 @@ def test_a_batch_round_with_forced_drafts_does_not_measure_the_goodput_choice(
     )  # fmt: skip
     assert any(forced for forced, _ in seen) and any(measured for _, measured in seen)
     assert not any(forced and measured for forced, measured in seen)
+
+
+def test_masked_logits_refuse_exactly_the_disallowed_ids() -> None:
+    """The constrained target's logits (a Rust select on the CPU): refused ids
+    at -inf in the masked rows whatever they held (NaN where the head skipped
+    a panel), allowed ids and the later rows bit for bit, the padded ids
+    dropped; the same as the torch select; bad shapes a ValueError."""
+    from specdec_rs import _core
+    from specdec_rs.structured import masked_logits
+
+    rng = np.random.default_rng(0)
+    width, vocab = 70, 67
+    logits = torch.from_numpy(rng.standard_normal((4, width)).astype(np.float32))
+    logits[0, 5] = logits[2, 60] = float("nan")
+    allowed = rng.random((3, vocab)) < 0.4
+    allowed[0, 5] = False
+    got = masked_logits(logits, allowed, vocab)
+    assert got.shape == (4, vocab)
+    want = logits[:, :vocab].clone()
+    want[:3][torch.from_numpy(~allowed)] = float("-inf")
+    assert torch.equal(got[:3].isneginf(), torch.from_numpy(~allowed))
+    np.testing.assert_array_equal(got.numpy().view(np.int32), want.numpy().view(np.int32))
+    with pytest.raises(ValueError, match="allowed of"):
+        _core.masked_logits(logits.numpy(), allowed[:, :10], vocab)
+    with pytest.raises(ValueError, match="vocab"):
+        _core.masked_logits(logits.numpy(), allowed, width + 1)

@@ -171,6 +171,40 @@ pub(super) fn dequantize_transposed(
     Ok(())
 }
 
+/// The constrained target's logits: `logits` float32 (n, width) → (n,
+/// vocab), the first `vocab` ids of every row with those refused by
+/// `allowed` (m ≤ n rows of `vocab` bools, for the first m rows) at −inf,
+/// the later rows as they are (`rowwise::mask_logits`), GIL released.
+#[pyfunction]
+pub(super) fn masked_logits<'py>(
+    py: Python<'py>,
+    logits: PyReadonlyArray2<'py, f32>,
+    allowed: PyReadonlyArray2<'py, bool>,
+    vocab: usize,
+) -> PyResult<Bound<'py, PyArray2<f32>>> {
+    let (n, width) = (logits.shape()[0], logits.shape()[1]);
+    let (m, flags) = (allowed.shape()[0], allowed.shape()[1]);
+    if vocab == 0 || vocab > width || flags != vocab || m > n {
+        return Err(PyValueError::new_err(format!(
+            "masked_logits: logits ({n}, {width}), allowed ({m}, {flags}), vocab {vocab}; \
+             expected 0 < vocab <= logits' width, allowed of (m <= {n}, vocab) flags"
+        )));
+    }
+    let (ls, fs) = (
+        c_slice(&logits, "masked_logits: logits")?,
+        c_slice(&allowed, "masked_logits: allowed")?,
+    );
+    let path = crate::quant::best_path();
+    let out = py.detach(|| {
+        let mut out = vec![0.0f32; n * vocab];
+        crate::rowwise::mask_logits(path, ls, width, fs, &mut out, vocab);
+        out
+    });
+    Array2::from_shape_vec((n, vocab), out)
+        .map(|a| a.into_pyarray(py))
+        .map_err(|e| PyRuntimeError::new_err(format!("masked_logits: {e}")))
+}
+
 /// float32 rows `x` (n, k), k a multiple of 32, quantized per 32-block as
 /// ggml does (`q8.rs`): (codes int8 (n, k), d (n, k/32), s (n, k/32; zeros
 /// unless `with_s`), sums int32 (n, k/32)). For the tests' twin of `activations="q8"`.

@@ -208,6 +208,7 @@ fn _core(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(kernels::unpack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::dequantize_transposed, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::quantize_q8, m)?)?;
+    m.add_function(wrap_pyfunction!(kernels::masked_logits, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::pack_rows, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::panel_rows, m)?)?;
     m.add_function(wrap_pyfunction!(kernels::layer_profile, m)?)?;

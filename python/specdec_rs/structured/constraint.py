@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import numpy.typing as npt
 
+from specdec_rs import _core
 from specdec_rs.processors import Sampler
 from specdec_rs.structured.grammar import Grammar
 
@@ -284,6 +285,11 @@ def masked_logits(logits: Any, allowed: npt.NDArray[np.bool_], vocab: int) -> An
     later rows, which the round never reads, unchanged."""
     import torch
 
+    if logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2:
+        # one select a value in Rust (torch's masked_fill: about 0.1 ms a row of 49,152)
+        rows = np.ascontiguousarray(logits.detach().numpy())
+        flags = np.ascontiguousarray(allowed, bool)
+        return torch.from_numpy(_core.masked_logits(rows, flags, vocab))
     out = logits[..., :vocab].clone()
     m = len(allowed)
     refused = torch.from_numpy(~allowed).to(out.device)
