@@ -1,6 +1,6 @@
 //! The attention kernel alone over SmolLM2-135M's 30 layers (9 query heads,
 //! 3 key-value heads of 64): n new positions after `past` cached ones, the
-//! best of 20 runs.
+//! best of 20 runs (`ATTN_RUNS`: another count).
 //!
 //!     cargo run --release --example attn_bench -- PAST N THREADS [PATH] [CACHE] [cold] [q8]
 //!     cargo run --release --example attn_bench -- 2048 1 2
@@ -88,7 +88,12 @@ fn main() {
     let qkv: Vec<f32> = (0..n * row).map(|i| (i % 17) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; n * 9 * d];
     let mut best = f64::MAX;
-    for run in 0..20 {
+    // ATTN_RUNS: more runs (a profile of the kernel alone, past the setup)
+    let runs: usize = std::env::var("ATTN_RUNS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(20);
+    for run in 0..runs {
         let t = Instant::now();
         for l in (run % copies) * layers..(run % copies + 1) * layers {
             let kv = match cache {

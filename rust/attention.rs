@@ -8,7 +8,8 @@
 //! group, or a share of them) over a range of chunks: the keys are read in
 //! blocks of 16, each block transposed once (d × 16) and multiplied into
 //! every query of the task (16 scores a vector, no horizontal sums); the
-//! values are read once per pass of 3 or 4 queries. The common head sizes
+//! values are read once per pass of up to 6 queries (head size 64; 3 at
+//! 128, 4 at others), each value row converted once for the pass. The common head sizes
 //! have tiles of their own whose sums stay in registers. A decoding step
 //! after a long context (few queries, many keys) splits each head's chunks
 //! among the threads; the chunks are then combined. Under a mask, the run
@@ -61,7 +62,7 @@ const KB: usize = 16;
 const QB: usize = 8;
 /// Key blocks a step of the scores may take (transposed side by side).
 const KT_BLOCKS: usize = 2;
-/// Queries a value row feeds at once.
+/// Queries a value row feeds at once (head sizes without a tile of their own).
 const VB: usize = 4;
 /// The largest head size.
 pub(crate) const DMAX: usize = 256;
@@ -1130,7 +1131,10 @@ mod x86 {
                     1 => values_fixed::<T, 4, 1>(&vp, q0),
                     2 => values_fixed::<T, 4, 2>(&vp, q0),
                     3 => values_fixed::<T, 4, 3>(&vp, q0),
-                    _ => values_fixed::<T, 4, 4>(&vp, q0),
+                    4 => values_fixed::<T, 4, 4>(&vp, q0),
+                    5 => values_fixed::<T, 4, 5>(&vp, q0),
+                    // 24 sums in registers: a row's conversion shared by 6 queries
+                    _ => values_fixed::<T, 4, 6>(&vp, q0),
                 },
                 8 => match left {
                     1 => values_fixed::<T, 8, 1>(&vp, q0),
@@ -1661,21 +1665,25 @@ mod tests {
         same_bits(64, CHUNK - 4, CHUNK + 16);
     }
 
-    /// Every count of a head's queries (1 to 24: groups of 1, 2, 3 and 8
-    /// heads, 1 to 3 rows) over contexts whose key blocks end a step of the
-    /// scores anywhere: the bits of the portable code on every path, thread
+    /// Every count of a head's queries (1 to 40: groups of 1, 2, 3 and 8
+    /// heads, 1 to 5 rows) over contexts whose key blocks end a step of the
+    /// scores anywhere, head sizes 32 and 64 (a value pass of 64 takes 1 to
+    /// 6 queries): the bits of the portable code on every path, thread
     /// count and batch (the scores take 1 or 2 blocks at a time).
     #[test]
     fn every_count_of_queries_and_blocks_has_the_same_bits() {
-        for (heads, kv_heads) in [(2, 2), (4, 2), (6, 2), (8, 1)] {
-            let s = Shape::llama(0, heads, kv_heads, 32, 0, 0.0);
-            let width = (heads + 2 * kv_heads) * 32;
-            for (past, n) in [(0, 1), (20, 2), (47, 3), (63, 1), (100, 3), (CHUNK + 30, 2)] {
+        for ((heads, kv_heads), d) in [(2, 2), (4, 2), (6, 2), (8, 1)]
+            .into_iter()
+            .flat_map(|h| [(h, 32), (h, 64)])
+        {
+            let s = Shape::llama(0, heads, kv_heads, d, 0, 0.0);
+            let width = (heads + 2 * kv_heads) * d;
+            for (past, n) in [(0, 1), (20, 2), (47, 3), (63, 1), (100, 3), (90, 5), (CHUNK + 30, 2)] {
                 let capacity = past + n + 16;
                 let qkv = values(n * width, 5);
                 let cache = F32Cache {
-                    keys: &values(kv_heads * capacity * 32, 6),
-                    values: &values(kv_heads * capacity * 32, 7),
+                    keys: &values(kv_heads * capacity * d, 6),
+                    values: &values(kv_heads * capacity * d, 7),
                     capacity,
                     past,
                 };
@@ -1694,7 +1702,7 @@ mod tests {
                             ..cache
                         };
                         let got = one.attention_bits(&qkv[i * width..], s, 0..1, None, path, 1);
-                        let row = heads * 32;
+                        let row = heads * d;
                         assert_eq!(got, want[i * row..(i + 1) * row], "row {i} {path:?}");
                     }
                 }

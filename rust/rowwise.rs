@@ -103,6 +103,7 @@ fn gelu_mul_body(gu: &[f32], out: &mut [f32], inter: usize) {
 /// (`vocab` flags a row, for the first `allowed.len() / vocab` rows) refuses
 /// at −∞; the rows after them are copied as they are. A select, no
 /// arithmetic: the same bits on every path.
+#[cfg_attr(not(feature = "python"), allow(dead_code))]
 fn mask_logits_body(logits: &[f32], width: usize, allowed: &[bool], out: &mut [f32], vocab: usize) {
     let masked = allowed.len() / vocab.max(1);
     for (r, dst) in out.chunks_exact_mut(vocab).enumerate() {
@@ -119,8 +120,9 @@ fn mask_logits_body(logits: &[f32], width: usize, allowed: &[bool], out: &mut [f
 }
 
 macro_rules! per_path {
-    ($name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
+    ($(#[$attr:meta])* $name:ident, $body:ident, ($($arg:ident: $ty:ty),*)) => {
         /// See the module docs; the same bits on every path.
+        $(#[$attr])*
         pub(crate) fn $name(path: Path, $($arg: $ty),*) {
             #[cfg(target_arch = "x86_64")]
             {
@@ -147,6 +149,7 @@ per_path!(rms_norm, rms_norm_body, (x: &[f32], w: &[f32], eps: f32, out: &mut [f
 per_path!(silu_mul, silu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
 per_path!(gelu_mul, gelu_mul_body, (gu: &[f32], out: &mut [f32], inter: usize));
 per_path!(
+    #[cfg_attr(not(feature = "python"), allow(dead_code))] // the Python boundary's (`_core.masked_logits`)
     mask_logits,
     mask_logits_body,
     (logits: &[f32], width: usize, allowed: &[bool], out: &mut [f32], vocab: usize)
