@@ -29,6 +29,7 @@ __all__ = [
     "read_bandwidth",
     "pack_weight",
     "quantize_q8",
+    "masked_logits",
     "qlinear",
     "qlinear_path",
     "unpack_rows",
