@@ -59,16 +59,18 @@ def alternated(
     stacks: dict[str, Any],
     caches: dict[str, Any],
     blocks: dict[int, torch.Tensor],
-    context: int,
+    context: int | dict[str, int],
     names: tuple[str, str],
     repeats: int,
     run: int,
 ) -> tuple[dict[tuple[str, int], list[float]], dict[tuple[str, int], torch.Tensor]]:
     """Two stacks' forwards of each block (n -> its n ids) after `context`
-    cached positions, cropped back after each: per repeat and n, each stack
-    runs `run` forwards back to back (the pair's order swapped every repeat)
-    and its figure is their median, the first left out. ((name, n) -> the
-    repeats' seconds, (name, n) -> the last logits)."""
+    cached positions (one count, or each name's own), cropped back after
+    each: per repeat and n, each stack runs `run` forwards back to back (the
+    pair's order swapped every repeat) and its figure is their median, the
+    first left out. ((name, n) -> the repeats' seconds, (name, n) -> the
+    last logits)."""
+    past = context if isinstance(context, dict) else dict.fromkeys(names, context)
     times: dict[tuple[str, int], list[float]] = {(s, n): [] for s in names for n in blocks}
     logits: dict[tuple[str, int], torch.Tensor] = {}
     for rep in range(repeats):
@@ -79,7 +81,7 @@ def alternated(
                     start = time.perf_counter()
                     out, _ = stacks[name].forward([block], [caches[name]])
                     seconds.append(time.perf_counter() - start)
-                    runner.crop(caches[name], context)
+                    runner.crop(caches[name], past[name])
                 times[(name, n)].append(statistics.median(seconds[1:] or seconds))
                 logits[(name, n)] = out
     return times, logits

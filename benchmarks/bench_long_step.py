@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import specdec_rs.runner.stack as stack_module
 import torch
 from bench_forward import context_ids
+from bench_forward_ab import alternated
 from specdec_rs import models, runner
 
 
@@ -37,26 +37,17 @@ def main() -> None:
     target, _ = models.load_smollm2(activations=args.activations, cache_type=args.cache_type)
     vocab = int(target.config.vocab_size)
     stack = stack_module.Stack(target)
-    contexts = {short: context_ids(vocab, short), long: context_ids(vocab, long)}
-    times: dict[tuple[int, int], list[float]] = {(c, n): [] for c in contexts for n in ns}
+    names = (str(short), str(long))
+    contexts = {str(c): c for c in (short, long)}
     with torch.inference_mode():
-        caches = {c: runner.new_cache(target) for c in contexts}
-        for c, ids in contexts.items():
-            stack.forward([ids], [caches[c]])
-        blocks = {
-            n: torch.randint(0, 1000, (n,), generator=torch.Generator().manual_seed(n)) for n in ns
-        }
-        for rep in range(args.repeats):
-            for n in ns:
-                order = [short, long] if rep % 2 else [long, short]
-                for c in order:
-                    seconds = []
-                    for _ in range(args.run):
-                        start = time.perf_counter()
-                        stack.forward([blocks[n]], [caches[c]])
-                        seconds.append(time.perf_counter() - start)
-                        runner.crop(caches[c], c)
-                    times[(c, n)].append(statistics.median(seconds[1:] or seconds))
+        caches = {name: runner.new_cache(target) for name in names}
+        for name, c in contexts.items():
+            stack.forward([context_ids(vocab, c)], [caches[name]])
+        seeded = {n: torch.Generator().manual_seed(n) for n in ns}
+        blocks = {n: torch.randint(0, 1000, (n,), generator=seeded[n]) for n in ns}
+        times, _ = alternated(
+            dict.fromkeys(names, stack), caches, blocks, contexts, names, args.repeats, args.run
+        )
     print(
         f"{args.activations} activations, {args.cache_type} cache; {args.repeats} repeats of "
         f"{args.run} forwards back to back, contexts alternated"
@@ -64,10 +55,11 @@ def main() -> None:
     print(f"| n | step after {short} ms | step after {long} ms | ratio (median of pairs) |")
     print("|---:|---:|---:|---:|")
     for n in ns:
-        pairs = [b / a for a, b in zip(times[(short, n)], times[(long, n)], strict=True)]
+        a, b = times[(names[0], n)], times[(names[1], n)]
+        pairs = [y / x for x, y in zip(a, b, strict=True)]
         print(
-            f"| {n} | {statistics.median(times[(short, n)]) * 1e3:.2f} "
-            f"| {statistics.median(times[(long, n)]) * 1e3:.2f} | {statistics.median(pairs):.3f} |"
+            f"| {n} | {statistics.median(a) * 1e3:.2f} | {statistics.median(b) * 1e3:.2f} "
+            f"| {statistics.median(pairs):.3f} |"
         )
 
 

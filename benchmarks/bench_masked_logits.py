@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import collections
 import time
-from typing import Any
 
 import numpy as np
 import specdec_rs as sd
@@ -32,15 +31,8 @@ from specdec_rs import models
 METHODS = ("none", "prompt-lookup")
 
 
-def torch_select(logits: Any, allowed: np.ndarray, vocab: int) -> Any:
-    """The select as it was written before the Rust one (torch's masked_fill)."""
-    out = logits[..., :vocab].clone()
-    m = len(allowed)
-    out[:m] = out[:m].masked_fill(torch.from_numpy(~allowed), float("-inf"))
-    return out
-
-
-SELECTS = {"torch": torch_select, "rust": constraint_module.masked_logits}
+# torch's select: the code before the Rust one, kept for other devices
+SELECTS = {"torch": constraint_module.masked_logits_torch, "rust": constraint_module.masked_logits}
 
 
 def alone(repeats: int = 2000) -> None:
